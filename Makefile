@@ -1,0 +1,37 @@
+# Set-up and entry points.  `make demo` and `make test` build .venv on first use.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# openfhe's wheels hold a CPython 3.10 extension only, so the venv must be 3.10.
+PYTHON310 ?= $(shell command -v python3.10 2>/dev/null \
+	|| ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10*/bin/python3.10 2>/dev/null | tail -n 1)
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.created:
+	@if [ -z "$(PYTHON310)" ]; then \
+		echo "fednorm needs CPython 3.10 (openfhe ships 3.10 wheels only)."; \
+		echo "Install it (e.g. 'pyenv install 3.10') or set PYTHON310=/path/to/python3.10."; \
+		exit 1; fi
+	$(PYTHON310) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed-dev
+	@for method in zscore minmax robust yeojohnson; do \
+		$(VENV)/bin/fednorm simulate --dataset bcw --parties 10 --method $$method || exit 1; \
+		echo; \
+	done
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,127 @@
+"""Frames on the wire: msgpack with ext types for numpy arrays and crypto objects.
+
+A frame is ``[version, protocol, session, round, sender, kind, body]``.  The header
+fields let a receiver reject anything out of place (wrong session, replayed round,
+wrong sender, wrong sub-protocol) before it looks at the body.  Crypto objects are
+opaque to this module: the CKKS layer registers encoders for its types with
+:func:`register_ext_type`, so the codec never imports OpenFHE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, build_message
+
+WIRE_VERSION = 1
+NUMPY_EXT = 1
+_ALLOWED_DTYPE_KINDS = "biuf"
+
+
+@dataclass(frozen=True)
+class Header:
+    """Who sent a frame, where it belongs, and what it claims to be."""
+
+    protocol: str
+    session: str
+    round: int
+    sender: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class _ExtType:
+    code: int
+    cls: type
+    encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], Any]
+
+
+_EXT_BY_CODE: dict[int, _ExtType] = {}
+_EXT_BY_CLASS: dict[type, _ExtType] = {}
+
+
+def register_ext_type(
+    code: int, cls: type, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any]
+) -> None:
+    """Teach the codec to carry objects of ``cls`` as msgpack ext ``code``."""
+    if code == NUMPY_EXT or not 0 <= code <= 127:
+        raise ValueError(f"ext code {code} is reserved or out of range")
+    existing = _EXT_BY_CODE.get(code)
+    if existing is not None and existing.cls is not cls:
+        raise ValueError(f"ext code {code} already used by {existing.cls.__name__}")
+    ext = _ExtType(code, cls, encode, decode)
+    _EXT_BY_CODE[code] = ext
+    _EXT_BY_CLASS[cls] = ext
+
+
+def _encode_array(array: np.ndarray) -> bytes:
+    if array.dtype.kind not in _ALLOWED_DTYPE_KINDS:
+        raise TypeError(f"cannot send numpy arrays of dtype {array.dtype}")
+    return msgpack.packb([array.dtype.str, list(array.shape), array.tobytes(order="C")])
+
+
+def _decode_array(data: bytes) -> np.ndarray:
+    try:
+        dtype_str, shape, raw = msgpack.unpackb(data)
+        dtype = np.dtype(dtype_str)
+        if dtype.kind not in _ALLOWED_DTYPE_KINDS:
+            raise ValueError(f"dtype {dtype} not allowed")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    except Exception as exc:
+        raise ProtocolError(f"malformed numpy array in frame: {exc}") from None
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        return msgpack.ExtType(NUMPY_EXT, _encode_array(obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    ext = _EXT_BY_CLASS.get(type(obj))
+    if ext is None:
+        raise TypeError(f"cannot encode {type(obj).__name__} in a frame")
+    return msgpack.ExtType(ext.code, ext.encode(obj))
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == NUMPY_EXT:
+        return _decode_array(data)
+    ext = _EXT_BY_CODE.get(code)
+    if ext is None:
+        raise ProtocolError(f"unknown ext type {code} in frame")
+    return ext.decode(data)
+
+
+def encode_frame(header: Header, msg: Message) -> bytes:
+    """Serialize one message with its header."""
+    if header.kind != msg.KIND:
+        raise ValueError(f"header kind {header.kind!r} does not match message {msg.KIND!r}")
+    frame = [WIRE_VERSION, header.protocol, header.session, header.round, header.sender,
+             header.kind, msg.fields()]
+    return msgpack.packb(frame, default=_default, use_bin_type=True)
+
+
+def decode_frame(data: bytes) -> tuple[Header, Message]:
+    """Parse one frame; anything malformed is a :class:`ProtocolError`."""
+    try:
+        frame = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=True)
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"undecodable frame ({len(data)} bytes): {exc}") from None
+    if not isinstance(frame, list) or len(frame) != 7:
+        raise ProtocolError("frame is not a 7-element list")
+    version, protocol, session, round_, sender, kind, body = frame
+    if version != WIRE_VERSION:
+        raise ProtocolError(f"wire version {version!r}, expected {WIRE_VERSION}")
+    if not (isinstance(protocol, str) and isinstance(session, str) and isinstance(kind, str)
+            and isinstance(round_, int) and isinstance(sender, int) and isinstance(body, dict)):
+        raise ProtocolError("frame header has fields of the wrong type")
+    header = Header(protocol, session, round_, sender, kind)
+    return header, build_message(kind, body)

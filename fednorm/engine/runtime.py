@@ -1,0 +1,200 @@
+"""The role runner: what a protocol role can do, and nothing more.
+
+A protocol role is an ``async`` function that only talks through a
+:class:`RoleContext`: ``send`` / ``receive`` to one peer, ``broadcast`` /
+``gather`` across all parties.  The context stamps and checks every frame
+(session, sub-protocol, per-link round, sender, kind), enforces receive
+timeouts, counts bytes, and runs heavy crypto in worker threads.  Roles never
+see sockets, and transports never see messages: a :class:`Link` moves bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import trio
+
+from fednorm.engine.codec import Header, decode_frame, encode_frame
+from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.messages import Abort, Message
+
+SERVER = 0
+M = TypeVar("M", bound=Message)
+T = TypeVar("T")
+
+
+def role_name(role: int) -> str:
+    """Human name of a role id: the server is 0, parties are 1..P."""
+    return "server" if role == SERVER else f"party {role}"
+
+
+class Link(Protocol):
+    """A reliable, ordered, authenticated byte pipe to one peer.
+
+    ``receive`` raises :class:`PartyDropped` when the peer is gone.  Who the peer
+    is comes from the transport (a channel, a TLS certificate), which is why a
+    frame whose header names another sender is rejected.
+    """
+
+    async def send(self, frame: bytes) -> None: ...
+
+    async def receive(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class TrafficStats:
+    """What one role put on and took off the wire."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    rounds: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def count_sent(self, kind: str, size: int) -> None:
+        self.bytes_sent += size
+        self.messages_sent += 1
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + size
+
+    def count_received(self, size: int) -> None:
+        self.bytes_received += size
+        self.messages_received += 1
+
+
+class RoleContext:
+    """Identity, links and bookkeeping of one role in one session."""
+
+    def __init__(
+        self,
+        me: int,
+        links: Mapping[int, Link],
+        session: str,
+        *,
+        protocol: str,
+        timeout: float | None = 60.0,
+        crypto: Any = None,
+        worker_limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.me = me
+        self.session = session
+        self.timeout = timeout
+        self.crypto = crypto
+        self.stats = TrafficStats()
+        self._links = dict(links)
+        self._protocols = [protocol]
+        self._send_round = dict.fromkeys(self._links, 0)
+        self._receive_round = dict.fromkeys(self._links, 0)
+        self._limiter = worker_limiter
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def is_server(self) -> bool:
+        return self.me == SERVER
+
+    @property
+    def parties(self) -> list[int]:
+        """The party ids this role talks to (for a party: none but the server)."""
+        return sorted(peer for peer in self._links if peer != SERVER)
+
+    @property
+    def protocol(self) -> str:
+        return self._protocols[-1]
+
+    @contextmanager
+    def subprotocol(self, name: str) -> Iterator[None]:
+        """Frames inside this block belong to sub-protocol ``name`` (e.g. ``robust/kth``)."""
+        self._protocols.append(f"{self.protocol}/{name}")
+        try:
+            yield
+        finally:
+            self._protocols.pop()
+
+    # -- messaging --------------------------------------------------------------
+    def _link(self, peer: int) -> Link:
+        try:
+            return self._links[peer]
+        except KeyError:
+            raise ValueError(f"{role_name(self.me)} has no link to {role_name(peer)}") from None
+
+    async def send(self, peer: int, msg: Message) -> None:
+        """Send one message to ``peer``."""
+        link = self._link(peer)
+        header = Header(self.protocol, self.session, self._send_round[peer], self.me, msg.KIND)
+        frame = encode_frame(header, msg)
+        self._send_round[peer] += 1
+        self.stats.count_sent(msg.KIND, len(frame))
+        await link.send(frame)
+
+    async def receive(self, peer: int, expected: type[M] | tuple[type[Message], ...]) -> M:
+        """Receive the next message from ``peer``; it must be of (one of) ``expected``."""
+        kinds = expected if isinstance(expected, tuple) else (expected,)
+        link = self._link(peer)
+        try:
+            with trio.fail_after(self.timeout if self.timeout is not None else float("inf")):
+                frame = await link.receive()
+        except trio.TooSlowError:
+            waiting_for = "|".join(k.KIND for k in kinds)
+            raise ProtocolTimeout(role_name(peer), self.timeout or 0.0, waiting_for) from None
+        self.stats.count_received(len(frame))
+        header, msg = decode_frame(frame)
+        self._check_header(peer, header, kinds)
+        self._receive_round[peer] += 1
+        return msg  # type: ignore[return-value]
+
+    def _check_header(
+        self, peer: int, header: Header, expected: tuple[type[Message], ...]
+    ) -> None:
+        who = role_name(peer)
+        if header.session != self.session:
+            raise ProtocolError(f"frame from {who} belongs to session {header.session!r}")
+        if header.sender != peer:
+            raise ProtocolError(f"frame on {who}'s link claims sender {header.sender}")
+        if header.kind == Abort.KIND:
+            raise PartyDropped(who, "aborted the run")
+        if header.round != self._receive_round[peer]:
+            raise ProtocolError(
+                f"frame from {who} has round {header.round}, "
+                f"expected {self._receive_round[peer]} (out of order or replayed)"
+            )
+        if header.protocol != self.protocol:
+            raise ProtocolError(
+                f"frame from {who} is for protocol {header.protocol!r}, expected {self.protocol!r}"
+            )
+        if header.kind not in {cls.KIND for cls in expected}:
+            wanted = " or ".join(repr(cls.KIND) for cls in expected)
+            raise ProtocolError(f"expected {wanted} from {who}, got {header.kind!r}")
+
+    async def broadcast(self, msg: Message) -> None:
+        """Server: send the same message to every party."""
+        for party in self.parties:
+            await self.send(party, msg)
+
+    async def gather(self, expected: type[M]) -> dict[int, M]:
+        """Server: one message of type ``expected`` from every party (a protocol round).
+
+        Parties are read in id order; their frames wait buffered in the links, so
+        reading in order costs no time, and the first failure surfaces on its own
+        rather than inside an exception group.
+        """
+        self.stats.rounds += 1
+        return {party: await self.receive(party, expected) for party in self.parties}
+
+    async def send_abort(self, reason: str) -> None:
+        """Best effort: tell every peer this role is failing, so they stop promptly."""
+        for peer, link in self._links.items():
+            header = Header(self.protocol, self.session, self._send_round[peer], self.me,
+                            Abort.KIND)
+            with trio.move_on_after(1.0):
+                with suppress(Exception):
+                    await link.send(encode_frame(header, Abort(reason=reason)))
+
+    # -- heavy work -------------------------------------------------------------
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a heavy (GIL-releasing) call in a worker thread, off the event loop."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)

@@ -1,0 +1,138 @@
+"""What every protocol module shares: options, the registry, and small helpers.
+
+A protocol is a pair of roles, ``server(ctx, options)`` and
+``party(ctx, X, options)``, each returning the fitted normalizer.  Modules
+register themselves with :func:`register`, keyed by method and privacy mode, so
+the simulator, the TCP runner and the CLI pick protocols by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.messages import as_float_vector
+from fednorm.engine.runtime import RoleContext
+from fednorm.protocols.normalizers import Normalizer
+
+METHODS = ("zscore", "minmax", "robust", "yeojohnson")
+PRIVACY_MODES = ("plain", "mhe")
+QuantileRule = Literal["interpolate", "gap"]
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Knobs shared by the protocols; each protocol reads only the ones it needs.
+
+    ``epsilon`` is the absolute precision of the rank search (the paper's ε); when
+    it is None, each feature gets ``relative_epsilon`` times its own range, so a
+    feature near 1e-3 is found as precisely as one near 1e6.
+    """
+
+    epsilon: float | None = None
+    relative_epsilon: float = 1e-9
+    quantile_rule: QuantileRule = "interpolate"
+    vabs: tuple[float, ...] | None = None
+    reveal_counts: bool = False
+    preset: str = "paper"
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and not self.epsilon > 0:
+            raise InputError(f"epsilon must be positive, got {self.epsilon}")
+        if not 0 < self.relative_epsilon < 1:
+            raise InputError(f"relative_epsilon must be in (0, 1), got {self.relative_epsilon}")
+        if self.quantile_rule not in ("interpolate", "gap"):
+            raise InputError(
+                f"quantile_rule must be 'interpolate' or 'gap', not {self.quantile_rule!r}"
+            )
+
+
+ServerRole = Callable[[RoleContext, FitOptions], Awaitable[Normalizer]]
+PartyRole = Callable[[RoleContext, np.ndarray, FitOptions], Awaitable[Normalizer]]
+LocalFit = Callable[[np.ndarray, FitOptions], Normalizer]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A registered protocol: its id on the wire and its two roles."""
+
+    name: str
+    method: str
+    privacy: str
+    server: ServerRole
+    party: PartyRole
+
+
+_PROTOCOLS: dict[tuple[str, str], Protocol] = {}
+_LOCAL_FITS: dict[str, LocalFit] = {}
+
+
+def register(method: str, privacy: str, server: ServerRole, party: PartyRole) -> Protocol:
+    """Make a protocol available by (method, privacy)."""
+    protocol = Protocol(f"{method}-{privacy}", method, privacy, server, party)
+    _PROTOCOLS[method, privacy] = protocol
+    return protocol
+
+
+def register_local(method: str, fit: LocalFit) -> None:
+    """Register the local (no communication) baseline of ``method``."""
+    _LOCAL_FITS[method] = fit
+
+
+def get_protocol(method: str, privacy: str) -> Protocol:
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if privacy not in PRIVACY_MODES:
+        raise InputError(f"unknown privacy mode {privacy!r}; choose from plain, mhe")
+    try:
+        return _PROTOCOLS[method, privacy]
+    except KeyError:
+        raise InputError(f"method {method!r} is not available with privacy {privacy!r}") from None
+
+
+def fit_local(method: str, X: np.ndarray, options: FitOptions | None = None) -> Normalizer:
+    """Local normalization: fit on this party's data alone (the paper's baseline)."""
+    if method not in _LOCAL_FITS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    return _LOCAL_FITS[method](check_party_data(X), options or FitOptions())
+
+
+def check_party_data(X: np.ndarray) -> np.ndarray:
+    """A party's data as a 2-D float array; anything else is an InputError."""
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"party data is not numeric: {exc}") from None
+    if X.ndim != 2 or X.shape[1] == 0:
+        raise InputError(f"party data must be a 2-D array with features, got shape {X.shape}")
+    if np.isinf(X).any():
+        raise InputError("party data contains infinite values")
+    return X
+
+
+def feature_counts(X: np.ndarray) -> np.ndarray:
+    """Per-feature number of present (non-NaN) values."""
+    return np.sum(~np.isnan(X), axis=0).astype(np.float64)
+
+
+def gathered_vectors(replies: Mapping[int, object], name: str, width: int | None = None
+                     ) -> np.ndarray:
+    """Stack field ``name`` of every party's reply into a (parties, width) array.
+
+    The width is the first party's unless given; a party whose vector differs is
+    named in the error, since mismatched feature counts are that party's fault.
+    """
+    rows = []
+    for party, reply in replies.items():
+        value = getattr(reply, name)
+        if width is None:
+            width = len(value) if isinstance(value, np.ndarray) else -1
+        rows.append(as_float_vector(value, width, f"{name} from party {party}"))
+    if not rows:
+        raise ProtocolError("no party replied")
+    return np.vstack(rows)

@@ -1,0 +1,187 @@
+"""Fitted normalizers: what every protocol (federated, PPF or local) produces.
+
+A normalizer holds per-feature parameters, transforms a party's array, reports
+its parameters under the names of the ``simulate --json`` contract, and converts
+to the equivalent fitted scikit-learn transformer when scikit-learn is there.
+Zero scales are handled the way scikit-learn does (scale 1), so a constant
+feature maps to 0 instead of NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fednorm.engine.errors import InputError
+
+
+def _safe_scale(scale: np.ndarray) -> np.ndarray:
+    """Scale 1 where the spread is zero or undefined (scikit-learn's convention)."""
+    eps = 10 * np.finfo(np.float64).eps
+    scale = np.asarray(scale, dtype=np.float64)
+    return np.where(np.isfinite(scale) & (np.abs(scale) > eps), scale, 1.0)
+
+
+def _check_width(X: np.ndarray, width: int) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != width:
+        raise InputError(f"expected an array with {width} feature columns, got shape {X.shape}")
+    return X
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Common shape: named per-feature parameter vectors."""
+
+    METHOD: ClassVar[str] = ""
+    PARAMS: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def n_features(self) -> int:
+        return len(getattr(self, self.PARAMS[0]))
+
+    def params(self) -> dict[str, list[float]]:
+        """Parameters as plain lists, keyed as in the ``--json`` contract."""
+        return {name: [float(v) for v in getattr(self, name)] for name in self.PARAMS}
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        return self._transform(_check_width(X, self.n_features))
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_sklearn(self) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ZScoreNormalizer(Normalizer):
+    """(x - mean) / sqrt(var), with population variance (ddof 0)."""
+
+    METHOD: ClassVar[str] = "zscore"
+    PARAMS: ClassVar[tuple[str, ...]] = ("mean", "var")
+    mean: np.ndarray
+    var: np.ndarray
+    count: np.ndarray | None = None
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.mean) / _safe_scale(np.sqrt(self.var))
+
+    def to_sklearn(self) -> Any:
+        from sklearn.preprocessing import StandardScaler
+
+        scaler = StandardScaler()
+        scaler.mean_ = np.asarray(self.mean, dtype=np.float64)
+        scaler.var_ = np.asarray(self.var, dtype=np.float64)
+        scaler.scale_ = _safe_scale(np.sqrt(self.var))
+        scaler.n_features_in_ = self.n_features
+        scaler.n_samples_seen_ = (
+            np.asarray(self.count, dtype=np.int64) if self.count is not None else 0
+        )
+        return scaler
+
+
+@dataclass(frozen=True)
+class MinMaxNormalizer(Normalizer):
+    """(x - min) / (max - min) into [0, 1]."""
+
+    METHOD: ClassVar[str] = "minmax"
+    PARAMS: ClassVar[tuple[str, ...]] = ("min", "max")
+    min: np.ndarray
+    max: np.ndarray
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.min) / _safe_scale(self.max - self.min)
+
+    def to_sklearn(self) -> Any:
+        from sklearn.preprocessing import MinMaxScaler
+
+        scaler = MinMaxScaler()
+        data_range = np.asarray(self.max - self.min, dtype=np.float64)
+        scaler.scale_ = 1.0 / _safe_scale(data_range)
+        scaler.min_ = -np.asarray(self.min) * scaler.scale_
+        scaler.data_min_ = np.asarray(self.min, dtype=np.float64)
+        scaler.data_max_ = np.asarray(self.max, dtype=np.float64)
+        scaler.data_range_ = data_range
+        scaler.n_features_in_ = self.n_features
+        scaler.n_samples_seen_ = 0
+        return scaler
+
+
+@dataclass(frozen=True)
+class RobustNormalizer(Normalizer):
+    """(x - median) / (q3 - q1), scikit-learn's RobustScaler with quantile range (25, 75)."""
+
+    METHOD: ClassVar[str] = "robust"
+    PARAMS: ClassVar[tuple[str, ...]] = ("q1", "median", "q3")
+    q1: np.ndarray
+    median: np.ndarray
+    q3: np.ndarray
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.median) / _safe_scale(self.q3 - self.q1)
+
+    def to_sklearn(self) -> Any:
+        from sklearn.preprocessing import RobustScaler
+
+        scaler = RobustScaler()
+        scaler.center_ = np.asarray(self.median, dtype=np.float64)
+        scaler.scale_ = _safe_scale(self.q3 - self.q1)
+        scaler.n_features_in_ = self.n_features
+        return scaler
+
+
+def yeo_johnson(X: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
+    """The Yeo-Johnson power transform, column-wise, NaN-preserving (as scikit-learn)."""
+    X = np.asarray(X, dtype=np.float64)
+    lambdas = np.broadcast_to(np.asarray(lambdas, dtype=np.float64), X.shape[1:] or (1,))
+    out = np.empty_like(X)
+    positive = X >= 0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        lam = np.broadcast_to(lambdas, X.shape)
+        log_pos = np.log1p(np.where(positive, X, 0.0))
+        log_neg = np.log1p(np.where(positive, 0.0, -X))
+        near_zero = np.abs(lam) < np.spacing(1.0)
+        near_two = np.abs(lam - 2) < np.spacing(1.0)
+        pos = np.where(near_zero, log_pos, np.expm1(lam * log_pos) / np.where(near_zero, 1, lam))
+        neg = np.where(
+            near_two, -log_neg, -np.expm1((2 - lam) * log_neg) / np.where(near_two, 1, 2 - lam)
+        )
+        out = np.where(positive, pos, neg)
+    return np.where(np.isnan(X), np.nan, out)
+
+
+@dataclass(frozen=True)
+class YeoJohnsonNormalizer(Normalizer):
+    """Yeo-Johnson with per-feature lambda, then z-score of the transformed data."""
+
+    METHOD: ClassVar[str] = "yeojohnson"
+    PARAMS: ClassVar[tuple[str, ...]] = ("lambda", "mean", "var")
+    lambdas: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+    @property
+    def n_features(self) -> int:
+        return len(self.lambdas)
+
+    def params(self) -> dict[str, list[float]]:
+        return {
+            "lambda": [float(v) for v in self.lambdas],
+            "mean": [float(v) for v in self.mean],
+            "var": [float(v) for v in self.var],
+        }
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        return (yeo_johnson(X, self.lambdas) - self.mean) / _safe_scale(np.sqrt(self.var))
+
+    def to_sklearn(self) -> Any:
+        from sklearn.preprocessing import PowerTransformer
+
+        transformer = PowerTransformer(method="yeo-johnson", standardize=True)
+        transformer.lambdas_ = np.asarray(self.lambdas, dtype=np.float64)
+        transformer._scaler = ZScoreNormalizer(self.mean, self.var).to_sklearn()
+        transformer.n_features_in_ = self.n_features
+        return transformer

@@ -1,0 +1,216 @@
+"""The k-th ranked element by binary search on aggregated counts (paper Algorithm 4).
+
+The server keeps, for every target (a feature and a 1-based rank k), a bracket
+[lo, hi] that holds the k-th smallest value x_(k).  Each round it sends the
+midpoints; every party answers how many of its values are ≤ each midpoint; the
+sums decide which half holds x_(k).  All features and all ranks are searched in
+the same rounds, and a target stops once its bracket is narrower than its ε, so
+the answer is within ε/2 of x_(k) after at most ⌈log2(range/ε)⌉ rounds.
+
+:class:`RankSearch` is the sans-IO state machine; the plaintext and encrypted
+protocols only differ in how the per-round counts get summed.
+
+Quantiles follow numpy's / scikit-learn's linear interpolation between the two
+order statistics around position q·(n−1).  The paper's rule — accept any
+midpoint in the gap between those two order statistics — is kept as
+``quantile_rule="gap"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.base import FitOptions, QuantileRule, gathered_vectors
+
+
+@message("rank.probe")
+class RankProbe(Message):
+    """Midpoints to count at: ``points[i]`` applies to feature ``features[i]``."""
+
+    features: np.ndarray
+    points: np.ndarray
+
+
+@message("rank.counts")
+class RankCounts(Message):
+    """A party's number of values ≤ each probe point."""
+
+    at_most: np.ndarray
+
+
+@message("rank.done")
+class RankDone(Message):
+    """Every target is found: the search is over."""
+
+
+@dataclass(frozen=True)
+class QuantilePlan:
+    """Which order statistics a set of quantiles needs, and how to combine them."""
+
+    features: np.ndarray  # per target: feature index
+    ranks: np.ndarray  # per target: 1-based rank k
+    gap: np.ndarray  # per target: True → accept any value in [x_(k), x_(k+1))
+    lower: np.ndarray  # (quantiles, features): target index of x_(floor)
+    upper: np.ndarray  # (quantiles, features): target index of x_(floor+1), or -1
+    fraction: np.ndarray  # (quantiles, features): interpolation weight of upper
+
+    def combine(self, values: np.ndarray) -> np.ndarray:
+        """Quantiles (quantiles, features) from the found target values."""
+        low = values[self.lower]
+        high = np.where(self.upper >= 0, values[np.maximum(self.upper, 0)], low)
+        return low + self.fraction * (high - low)
+
+
+def plan_quantiles(
+    counts: np.ndarray, quantiles: Sequence[float], rule: QuantileRule = "interpolate"
+) -> QuantilePlan:
+    """Targets for ``quantiles`` of every feature with ``counts[j]`` values.
+
+    Features without values get no targets (their quantiles come out NaN).
+    """
+    targets: dict[tuple[int, int, bool], int] = {}
+    shape = (len(quantiles), len(counts))
+    lower = np.full(shape, -1, dtype=np.int64)
+    upper = np.full(shape, -1, dtype=np.int64)
+    fraction = np.zeros(shape)
+
+    def target(feature: int, rank: int, gap: bool = False) -> int:
+        return targets.setdefault((feature, rank, gap), len(targets))
+
+    for qi, q in enumerate(quantiles):
+        for j, n in enumerate(counts.astype(np.int64)):
+            if n <= 0:
+                continue
+            position = q * (n - 1)
+            floor = int(np.floor(position))
+            frac = position - floor
+            if frac > 0 and rule == "gap":
+                lower[qi, j] = target(j, floor + 1, gap=True)
+            else:
+                lower[qi, j] = target(j, floor + 1)
+                if frac > 0:
+                    upper[qi, j] = target(j, floor + 2)
+                    fraction[qi, j] = frac
+    keys = list(targets)
+    return QuantilePlan(
+        features=np.array([k[0] for k in keys], dtype=np.int64),
+        ranks=np.array([k[1] for k in keys], dtype=np.int64),
+        gap=np.array([k[2] for k in keys], dtype=bool),
+        lower=lower, upper=upper, fraction=fraction,
+    )
+
+
+def feature_epsilon(low: np.ndarray, high: np.ndarray, options: FitOptions) -> np.ndarray:
+    """Per-feature search precision: the absolute ε if given, else relative to the range."""
+    if options.epsilon is not None:
+        return np.full(len(low), options.epsilon)
+    return np.maximum((high - low) * options.relative_epsilon, np.finfo(np.float64).tiny)
+
+
+class RankSearch:
+    """Server-side state of Algorithm 4 for many (feature, rank) targets at once."""
+
+    def __init__(
+        self,
+        plan: QuantilePlan,
+        counts: np.ndarray,
+        low: np.ndarray,
+        high: np.ndarray,
+        epsilon: np.ndarray,
+    ) -> None:
+        f = plan.features
+        self.features = f
+        self.ranks = plan.ranks
+        self.gap = plan.gap
+        self.n = counts[f]
+        self.lo = low[f].astype(np.float64)
+        self.hi = high[f].astype(np.float64)
+        self.epsilon = epsilon[f]
+        self.value = np.full(len(f), np.nan)
+        self.done = np.zeros(len(f), dtype=bool)
+        self.rounds = 0
+        # The smallest and largest ranks are the bounds themselves: no search needed.
+        self._finish(~self.gap & (self.ranks <= 1), self.lo)
+        self._finish(~self.gap & (self.ranks >= self.n), self.hi)
+        self._finish_narrow()
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.done.all())
+
+    def _finish(self, mask: np.ndarray, values: np.ndarray) -> None:
+        mask = mask & ~self.done
+        self.value[mask] = values[mask]
+        self.done |= mask
+
+    def _finish_narrow(self) -> None:
+        self._finish(self.hi - self.lo <= self.epsilon, (self.lo + self.hi) / 2)
+
+    def probe(self) -> RankProbe:
+        """Midpoints of the open targets' brackets."""
+        open_ = ~self.done
+        return RankProbe(features=self.features[open_],
+                         points=(self.lo[open_] + self.hi[open_]) / 2)
+
+    def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
+        """Narrow the open brackets with the pooled counts of values ≤ each midpoint."""
+        open_ = np.flatnonzero(~self.done)
+        if len(at_most) != len(open_):
+            raise ProtocolError(f"expected {len(open_)} counts, got {len(at_most)}")
+        self.rounds += 1
+        middle = probe.points
+        k = self.ranks[open_]
+        in_gap = self.gap[open_] & (at_most == k)
+        accepted = np.zeros(len(self.done), dtype=bool)
+        accepted[open_[in_gap]] = True
+        value = np.zeros(len(self.done))
+        value[open_] = middle
+        self._finish(accepted, value)
+        go_down = at_most >= k
+        self.hi[open_] = np.where(go_down & ~in_gap, middle, self.hi[open_])
+        self.lo[open_] = np.where(~go_down & ~in_gap, middle, self.lo[open_])
+        self._finish_narrow()
+
+
+class SortedColumns:
+    """A party's columns sorted once, so each round's counting is a binary search."""
+
+    def __init__(self, X: np.ndarray) -> None:
+        self._columns = [np.sort(col[~np.isnan(col)]) for col in X.T]
+
+    def count_at_most(self, probe: RankProbe) -> np.ndarray:
+        features = np.asarray(probe.features, dtype=np.int64)
+        if len(features) != len(probe.points) or (
+            len(features) and (features.min() < 0 or features.max() >= len(self._columns))
+        ):
+            raise ProtocolError("rank probe names features this party does not have")
+        counts = np.empty(len(features), dtype=np.float64)
+        for i, (j, point) in enumerate(zip(features, probe.points, strict=True)):
+            counts[i] = np.searchsorted(self._columns[j], point, side="right")
+        return counts
+
+
+async def kth_server(ctx: RoleContext, search: RankSearch) -> np.ndarray:
+    """Server side of the plaintext search: probe, sum the counts, narrow; until all found."""
+    with ctx.subprotocol("kth"):
+        while not search.finished:
+            probe = search.probe()
+            await ctx.broadcast(probe)
+            replies = await ctx.gather(RankCounts)
+            pooled = gathered_vectors(replies, "at_most", len(probe.points)).sum(axis=0)
+            search.update(probe, pooled)
+        await ctx.broadcast(RankDone())
+    return search.value
+
+
+async def kth_party(ctx: RoleContext, columns: SortedColumns) -> None:
+    """Party side: answer every probe with local counts until the server says done."""
+    with ctx.subprotocol("kth"):
+        while isinstance(msg := await ctx.receive(SERVER, (RankProbe, RankDone)), RankProbe):
+            await ctx.send(SERVER, RankCounts(at_most=columns.count_at_most(msg)))

@@ -1,0 +1,90 @@
+"""Federated robust scaling: pooled Q1, median and Q3 (paper Algorithm 3, plaintext).
+
+Round 1 gives the server each feature's pooled count and range; then the k-th
+ranked element search (:mod:`fednorm.protocols.rank`) finds the order
+statistics around each quartile position, and the quartiles are interpolated
+from them as scikit-learn's ``RobustScaler`` does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.base import (
+    FitOptions,
+    check_party_data,
+    feature_counts,
+    gathered_vectors,
+    register,
+    register_local,
+)
+from fednorm.protocols.minmax import local_extremes
+from fednorm.protocols.normalizers import RobustNormalizer
+from fednorm.protocols.rank import (
+    RankSearch,
+    SortedColumns,
+    feature_epsilon,
+    kth_party,
+    kth_server,
+    plan_quantiles,
+)
+
+QUARTILES = (0.25, 0.5, 0.75)
+
+
+@message("robust.local_summary")
+class LocalSummary(Message):
+    count: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+
+@message("robust.result")
+class RobustResult(Message):
+    q1: np.ndarray
+    median: np.ndarray
+    q3: np.ndarray
+
+
+def _normalizer(quartiles: np.ndarray) -> RobustNormalizer:
+    return RobustNormalizer(q1=quartiles[0], median=quartiles[1], q3=quartiles[2])
+
+
+async def server(ctx: RoleContext, options: FitOptions) -> RobustNormalizer:
+    summaries = await ctx.gather(LocalSummary)
+    count = gathered_vectors(summaries, "count").sum(axis=0)
+    low = gathered_vectors(summaries, "min", len(count)).min(axis=0)
+    high = gathered_vectors(summaries, "max", len(count)).max(axis=0)
+    plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
+    search = RankSearch(plan, count, low, high, feature_epsilon(low, high, options))
+    values = await kth_server(ctx, search)
+    quartiles = plan.combine(values)
+    quartiles[:, count == 0] = np.nan
+    result = RobustResult(q1=quartiles[0], median=quartiles[1], q3=quartiles[2])
+    await ctx.broadcast(result)
+    return _normalizer(quartiles)
+
+
+async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
+    X = check_party_data(X)
+    low, high = local_extremes(X)
+    await ctx.send(SERVER, LocalSummary(count=feature_counts(X), min=low, max=high))
+    await kth_party(ctx, SortedColumns(X))
+    result = await ctx.receive(SERVER, RobustResult)
+    return _normalizer(np.vstack([result.q1, result.median, result.q3]))
+
+
+def fit_local(X: np.ndarray, options: FitOptions) -> RobustNormalizer:
+    """Exact local quartiles (numpy's linear interpolation, as RobustScaler)."""
+    count = feature_counts(X)
+    quartiles = np.full((3, X.shape[1]), np.nan)
+    present = count > 0
+    if present.any():
+        quartiles[:, present] = np.nanpercentile(X[:, present], [25, 50, 75], axis=0)
+    return _normalizer(quartiles)
+
+
+register("robust", "plain", server, party)
+register_local("robust", fit_local)

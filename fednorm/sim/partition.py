@@ -1,0 +1,273 @@
+"""Non-IID partitioners that turn one tabular dataset into a simulated federation.
+
+Normalization only matters in federated learning because parties see different slices of
+the data, so the simulator must reproduce the kinds of skew studied in NIID-Bench
+(Li et al., "Federated Learning on Non-IID Data Silos: An Experimental Study", ICDE 2022):
+
+* ``iid``          -- a shuffled, near-equal split: the baseline with no skew;
+* ``label:β``      -- Dirichlet label-distribution skew: each class is spread over the
+  parties with proportions drawn from Dir(β); small β gives parties few classes;
+* ``quantity:β``   -- Dirichlet quantity skew: party sizes drawn from Dir(β), labels IID;
+* ``feature:σ``    -- noise-based feature skew: an IID split where party i of P adds
+  Gaussian noise with standard deviation σ·i/P, so parties disagree on feature scales,
+  which is exactly what federated normalization has to reconcile.
+
+Every split is driven by one ``np.random.default_rng(seed)``, so a seed names a split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+from fednorm.engine.errors import InputError
+
+SplitKind = Literal["iid", "label", "quantity", "feature"]
+
+ACCEPTED_FORMS = "'iid', 'label:β' (β > 0), 'quantity:β' (β > 0) or 'feature:σ' (σ ≥ 0)"
+
+# Dirichlet draws are resampled until every party is big enough; bounding the retries
+# turns an impossible request (tiny β, many parties) into an error instead of a hang.
+MAX_ATTEMPTS = 1000
+
+# A float target with more distinct values than this is treated as continuous, and
+# label skew then works on quantile bins of it (there are no classes to skew).
+MAX_DISCRETE_LABELS = 20
+CONTINUOUS_LABEL_BINS = 10
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How to split rows over parties; parsed from / printed as text such as ``label:0.5``."""
+
+    kind: SplitKind
+    param: float | None = None
+
+    def __post_init__(self) -> None:
+        # Validating here (not only in ``parse``) keeps hand-built specs equally safe.
+        if self.kind not in get_args(SplitKind):
+            raise InputError(f"unknown split kind {self.kind!r}; use {ACCEPTED_FORMS}")
+        if self.kind == "iid":
+            if self.param is not None:
+                raise InputError(f"'iid' takes no parameter; use {ACCEPTED_FORMS}")
+            return
+        if not _is_real(self.param) or not math.isfinite(self.param):
+            raise InputError(f"{self.kind!r} needs a finite number; use {ACCEPTED_FORMS}")
+        object.__setattr__(self, "param", float(self.param))  # label:1 == label:1.0
+        lowest_ok = self.param >= 0 if self.kind == "feature" else self.param > 0
+        if not lowest_ok:
+            raise InputError(f"{self.kind}:{self.param} is out of range; use {ACCEPTED_FORMS}")
+
+    @classmethod
+    def parse(cls, text: str) -> SplitSpec:
+        """Read ``iid``, ``label:β``, ``quantity:β`` or ``feature:σ`` (case-insensitive)."""
+        if not isinstance(text, str):
+            raise InputError(f"a split must be text such as 'label:0.5', got {text!r}")
+        kind, sep, param_text = text.strip().lower().partition(":")
+        if kind not in get_args(SplitKind) or (kind == "iid") == bool(sep):
+            raise InputError(f"cannot read split {text!r}; use {ACCEPTED_FORMS}")
+        if kind == "iid":
+            return cls("iid")
+        try:
+            param = float(param_text)
+        except ValueError:
+            raise InputError(
+                f"cannot read the parameter of split {text!r}; use {ACCEPTED_FORMS}"
+            ) from None
+        return cls(kind, param)
+
+    def __str__(self) -> str:
+        if self.param is None:
+            return self.kind
+        text = repr(float(self.param))  # shortest text that reads back to the same float
+        return f"{self.kind}:{text.removesuffix('.0')}"
+
+
+@dataclass
+class Partition:
+    """One party's rows; ``indices`` point into the original rows for traceability."""
+
+    X: np.ndarray
+    y: np.ndarray | None
+    indices: np.ndarray
+
+
+def partition(
+    X: np.ndarray,
+    y: np.ndarray | None,
+    parties: int,
+    split: SplitSpec | str,
+    seed: int = 0,
+    min_samples: int = 1,
+) -> list[Partition]:
+    """Split the rows of ``X`` (and ``y``) over ``parties`` parties as ``split`` says.
+
+    Every row goes to exactly one party and every party gets at least ``min_samples``
+    rows. The inputs are never modified: each party gets its own copy of its rows.
+    """
+    spec = split if isinstance(split, SplitSpec) else SplitSpec.parse(split)
+    X = np.asarray(X)
+    y = None if y is None else np.asarray(y)
+    _check_inputs(X, y, parties, spec, seed, min_samples)
+    rng = np.random.default_rng(seed)
+    n_rows = X.shape[0]
+    if spec.kind == "label":
+        assert y is not None and spec.param is not None  # guaranteed by _check_inputs
+        groups = _label_skew_groups(_discrete_labels(y), parties, spec.param, min_samples, rng)
+    elif spec.kind == "quantity":
+        assert spec.param is not None
+        sizes = _dirichlet_sizes(n_rows, parties, spec.param, min_samples, rng)
+        groups = np.split(rng.permutation(n_rows), np.cumsum(sizes)[:-1])
+    else:
+        groups = np.array_split(rng.permutation(n_rows), parties)
+    result = [Partition(X[rows], None if y is None else y[rows], rows) for rows in groups]
+    if spec.kind == "feature":
+        assert spec.param is not None
+        _add_party_noise(result, spec.param, rng)
+    return result
+
+
+def describe(partitions: Sequence[Partition]) -> dict:
+    """Summarize a split for reports: party sizes and, when there is a target, label counts.
+
+    A continuous target is summarized by the same quantile bins that label skew uses
+    (bin numbers 0..9 as keys), computed over all parties together so bins are shared.
+    """
+    sizes = [len(part.indices) for part in partitions]
+    summary: dict = {"parties": len(partitions), "rows": sum(sizes), "sizes": sizes}
+    if not partitions or any(part.y is None for part in partitions):
+        summary["label_counts"] = None
+        return summary
+    labels = _discrete_labels(np.concatenate([part.y for part in partitions]))
+    per_party = np.split(labels, np.cumsum(sizes)[:-1])
+    summary["label_counts"] = [
+        dict(sorted(Counter(party_labels.tolist()).items())) for party_labels in per_party
+    ]
+    return summary
+
+
+def _check_inputs(
+    X: np.ndarray,
+    y: np.ndarray | None,
+    parties: int,
+    spec: SplitSpec,
+    seed: int,
+    min_samples: int,
+) -> None:
+    """Reject every bad request up front, so a failure never leaves half a split behind."""
+    for name, value, lowest in (("parties", parties, 1), ("min_samples", min_samples, 1)):
+        if not _is_int(value) or value < lowest:
+            raise InputError(f"{name} must be an integer ≥ {lowest}, got {value!r}")
+    if not _is_int(seed) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    if X.ndim != 2:
+        raise InputError(f"X must be 2-D (rows × features), got shape {X.shape}")
+    if not np.issubdtype(X.dtype, np.number):
+        raise InputError(f"X must be numeric, got dtype {X.dtype}")
+    n_rows = X.shape[0]
+    if y is not None and (y.ndim != 1 or len(y) != n_rows):
+        raise InputError(f"y must be 1-D with one value per row of X ({n_rows}), got {y.shape}")
+    if parties * min_samples > n_rows:
+        raise InputError(
+            f"cannot give {parties} parties at least {min_samples} "
+            f"row{'s' if min_samples != 1 else ''} each from {n_rows} rows"
+        )
+    if spec.kind == "label":
+        if y is None:
+            raise InputError(f"split {spec} skews labels, so it needs a target y")
+        if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
+            raise InputError(f"split {spec} needs a label for every row, but y has NaN")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _discrete_labels(y: np.ndarray) -> np.ndarray:
+    """The labels to skew or count: ``y`` itself, or quantile-bin numbers 0..9 if continuous.
+
+    Binning lets label skew (and label histograms) apply to regression targets: parties
+    then differ in which range of the target they hold, the regression analogue.
+    """
+    if np.issubdtype(y.dtype, np.floating) and len(np.unique(y)) > 10**9:
+        inner_quantiles = np.linspace(0, 1, CONTINUOUS_LABEL_BINS + 1)[1:-1]
+        return np.searchsorted(np.quantile(y, inner_quantiles), y, side="right")
+    return y
+
+
+def _label_skew_groups(
+    labels: np.ndarray, parties: int, beta: float, min_samples: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """NIID-Bench label skew: spread each class over the parties by Dir(β) proportions.
+
+    As in NIID-Bench, a party that already holds its fair share (n / parties) of rows gets
+    no more of later classes; this keeps sizes from drifting far apart, so that the skew
+    stays in the labels. The whole draw is repeated until every party is big enough.
+    """
+    fair_share = len(labels) / parties
+    class_rows = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    for _ in range(MAX_ATTEMPTS):
+        groups: list[list[np.ndarray]] = [[] for _ in range(parties)]
+        sizes = np.zeros(parties, dtype=np.int64)
+        for rows in class_rows:
+            proportions = rng.dirichlet(np.full(parties, beta)) * (sizes < fair_share)
+            total = proportions.sum()
+            if not total > 0:  # every eligible share underflowed to 0: draw again
+                break
+            shares = np.split(rng.permutation(rows), _cut_points(proportions / total, len(rows)))
+            for party, share in enumerate(shares):
+                groups[party].append(share)
+                sizes[party] += len(share)
+        else:
+            if sizes.min() >= min_samples:
+                # Shuffle within a party so its rows are not ordered by class.
+                return [rng.permutation(np.concatenate(group)) for group in groups]
+    raise _never_big_enough(f"label:{beta:g}", parties, min_samples)
+
+
+def _dirichlet_sizes(
+    n_rows: int, parties: int, beta: float, min_samples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """NIID-Bench quantity skew: party sizes from Dir(β), redrawn until each is big enough."""
+    for _ in range(MAX_ATTEMPTS):
+        proportions = rng.dirichlet(np.full(parties, beta))
+        if not np.isfinite(proportions).all() or not proportions.sum() > 0:
+            continue
+        cuts = _cut_points(proportions / proportions.sum(), n_rows)
+        sizes = np.diff(cuts, prepend=0, append=n_rows)
+        if sizes.min() >= min_samples:
+            return sizes
+    raise _never_big_enough(f"quantity:{beta:g}", parties, min_samples)
+
+
+def _cut_points(proportions: np.ndarray, n_rows: int) -> np.ndarray:
+    """Where to cut ``n_rows`` shuffled rows so that the pieces follow ``proportions``."""
+    return (np.cumsum(proportions) * n_rows).astype(np.int64)[:-1]
+
+
+def _never_big_enough(split: str, parties: int, min_samples: int) -> InputError:
+    return InputError(
+        f"split {split} did not give each of {parties} parties at least {min_samples} "
+        f"row{'s' if min_samples != 1 else ''} in {MAX_ATTEMPTS} draws; "
+        "use a larger β, fewer parties or a smaller min_samples"
+    )
+
+
+def _add_party_noise(parts: list[Partition], sigma: float, rng: np.random.Generator) -> None:
+    """Feature skew: party i of P (1-based) gets N(0, (σ·i/P)²) noise on every value.
+
+    Noise grows with the party number so the federation spans mild to strong distortion;
+    NaN (missing) stays NaN because NaN plus noise is NaN.
+    """
+    for number, part in enumerate(parts, start=1):
+        scale = sigma * number / len(parts)
+        part.X = np.asarray(part.X, dtype=np.float64) + rng.normal(0.0, scale, part.X.shape)

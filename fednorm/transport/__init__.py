@@ -1,0 +1,1 @@
+"""Byte transports between roles.  They know links and frames, never crypto."""

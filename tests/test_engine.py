@@ -1,0 +1,185 @@
+"""The engine: codec, frame checks, timeouts, and structured failure of a federation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+import numpy as np
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fednorm.engine.codec import Header, decode_frame, encode_frame
+from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols import get_protocol
+from fednorm.protocols.zscore import LocalSums
+from fednorm.sim.federation import run_federation
+from fednorm.transport.memory import link_pair
+
+
+@message("test.payload")
+class Payload(Message):
+    values: np.ndarray
+    note: str
+
+
+@message("test.other")
+class Other(Message):
+    n: int
+
+
+HEADER = Header("proto", "session-1", 0, 1, "test.payload")
+
+
+@settings(max_examples=50, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.float64, np.int64, np.uint8, np.bool_]),
+                  hnp.array_shapes(min_dims=0, max_dims=3, min_side=0)), st.text())
+def test_frames_round_trip_numpy_arrays(values: np.ndarray, note: str) -> None:
+    header, msg = decode_frame(encode_frame(HEADER, Payload(values=values, note=note)))
+    assert header == HEADER
+    assert msg.values.dtype == values.dtype and msg.values.shape == values.shape
+    np.testing.assert_array_equal(msg.values, values)
+    assert msg.note == note
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_are_protocol_errors(data: bytes) -> None:
+    with contextlib.suppress(ProtocolError):
+        decode_frame(data)
+
+
+def _raw_frame(kind: str, body: dict, version: int = 1) -> bytes:
+    return msgpack.packb([version, "proto", "s", 0, 1, kind, body])
+
+
+@pytest.mark.parametrize(
+    ("frame", "match"),
+    [
+        (_raw_frame("no.such.kind", {}), "unknown message kind"),
+        (_raw_frame("test.other", {"n": 1, "extra": 2}), "unexpected"),
+        (_raw_frame("test.other", {}), "missing"),
+        (_raw_frame("test.other", {"n": 1}, version=99), "wire version"),
+        (msgpack.packb([1, 2, 3]), "7-element"),
+        (encode_frame(HEADER, Payload(values=np.ones(4), note=""))[:-5], "undecodable"),
+        (msgpack.packb([1, "p", "s", 0, 1, "test.payload",
+                        {"values": msgpack.ExtType(1, b"\x01\x02"), "note": ""}]), "numpy"),
+        (msgpack.packb([1, "p", "s", 0, 1, "test.other", {"n": msgpack.ExtType(99, b"")}]),
+         "ext type"),
+    ],
+)
+def test_malformed_frames_are_rejected(frame: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_frame(frame)
+
+
+def test_object_arrays_cannot_be_sent() -> None:
+    with pytest.raises(TypeError):
+        encode_frame(HEADER, Payload(values=np.array([object()]), note=""))
+
+
+def _pair(timeout: float | None = 5.0) -> tuple[RoleContext, RoleContext, object]:
+    server_end, party_end = link_pair(SERVER, 1)
+    server = RoleContext(SERVER, {1: server_end}, "s1", protocol="proto", timeout=timeout)
+    party = RoleContext(1, {SERVER: party_end}, "s1", protocol="proto", timeout=timeout)
+    return server, party, party_end
+
+
+async def test_messages_flow_and_bytes_are_counted() -> None:
+    server, party, _ = _pair()
+    await party.send(SERVER, Other(n=7))
+    assert (await server.receive(1, Other)).n == 7
+    assert party.stats.bytes_sent == server.stats.bytes_received > 0
+
+
+async def test_wrong_kind_is_a_protocol_error() -> None:
+    server, party, _ = _pair()
+    await party.send(SERVER, Other(n=7))
+    with pytest.raises(ProtocolError, match=r"expected 'test\.payload'"):
+        await server.receive(1, Payload)
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        (Header("proto", "other-session", 0, 1, "test.other"), "session"),
+        (Header("proto", "s1", 0, 2, "test.other"), "claims sender"),
+        (Header("proto", "s1", 5, 1, "test.other"), "out of order"),
+        (Header("proto/kth", "s1", 0, 1, "test.other"), "for protocol"),
+    ],
+)
+async def test_misplaced_frames_are_protocol_errors(header: Header, match: str) -> None:
+    server, _, party_end = _pair()
+    await party_end.send(encode_frame(header, Other(n=1)))
+    with pytest.raises(ProtocolError, match=match):
+        await server.receive(1, Other)
+
+
+async def test_replayed_frame_is_rejected() -> None:
+    server, _, party_end = _pair()
+    frame = encode_frame(Header("proto", "s1", 0, 1, "test.other"), Other(n=1))
+    await party_end.send(frame)
+    await party_end.send(frame)
+    await server.receive(1, Other)
+    with pytest.raises(ProtocolError, match="replayed"):
+        await server.receive(1, Other)
+
+
+async def test_silent_peer_times_out() -> None:
+    server, _, _ = _pair(timeout=0.05)
+    with pytest.raises(ProtocolTimeout, match="party 1"):
+        await server.receive(1, Other)
+
+
+async def test_closed_link_is_a_dropout() -> None:
+    server, _, party_end = _pair()
+    await party_end.aclose()
+    with pytest.raises(PartyDropped, match="party 1"):
+        await server.receive(1, Other)
+
+
+async def test_abort_from_peer_stops_the_receiver() -> None:
+    server, party, _ = _pair()
+    await party.send_abort("disk full")
+    with pytest.raises(PartyDropped, match="aborted"):
+        await server.receive(1, Other)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+async def test_a_failing_party_cancels_the_federation_and_its_error_surfaces() -> None:
+    zscore = get_protocol("zscore", "plain")
+    reached_end: list[int] = []
+
+    async def failing_party(ctx, X, options):
+        if ctx.me == 2:
+            raise Boom("party 2 broke")
+        result = await zscore.party(ctx, X, options)
+        reached_end.append(ctx.me)
+        return result
+
+    protocol = type(zscore)(zscore.name, "zscore", "plain", zscore.server, failing_party)
+    with trio.fail_after(5), pytest.raises(Boom, match="party 2 broke"):
+        await run_federation(protocol, [np.ones((3, 2))] * 3)
+    assert reached_end == []
+
+
+async def test_a_party_sending_a_wrong_width_vector_is_named() -> None:
+    zscore = get_protocol("zscore", "plain")
+
+    async def lying_party(ctx, X, options):
+        if ctx.me == 3:
+            await ctx.send(SERVER, LocalSums(count=np.ones(5), total=np.ones(5)))
+            await trio.sleep_forever()
+        return await zscore.party(ctx, X, options)
+
+    protocol = type(zscore)(zscore.name, "zscore", "plain", zscore.server, lying_party)
+    with trio.fail_after(5), pytest.raises(ProtocolError, match="party 3"):
+        await run_federation(protocol, [np.ones((3, 2))] * 3)

@@ -1,0 +1,151 @@
+"""Plaintext federated protocols against the pooled numpy / scikit-learn oracle."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.preprocessing import MinMaxScaler, RobustScaler, StandardScaler
+from strategies import Federation, federations
+
+from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions, fit_local
+from fednorm.sim.federation import simulate
+
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _nan_stat(fn, X: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return fn(X.astype(np.longdouble), axis=0).astype(np.float64)
+
+
+def _spread(X: np.ndarray) -> np.ndarray:
+    """Largest magnitude per feature: the scale that summation error is relative to."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nan_to_num(np.nanmax(np.abs(X), axis=0))
+
+
+@SETTINGS
+@given(federations())
+def test_zscore_equals_pooled_mean_and_variance(fed: Federation) -> None:
+    result = simulate(fed.parts, "zscore").normalizer
+    mean, var = _nan_stat(np.nanmean, fed.pooled), _nan_stat(np.nanvar, fed.pooled)
+    scale = _spread(fed.pooled)
+    assert np.array_equal(np.isnan(result.mean), np.isnan(mean))
+    assert np.all(np.abs(result.mean - mean)[~np.isnan(mean)] <= 1e-9 * scale[~np.isnan(mean)])
+    # Variance: relative 1e-9, plus an absolute floor at float64 resolution of x².
+    ok = ~np.isnan(var)
+    assert np.all(np.abs(result.var - var)[ok] <= 1e-9 * var[ok] + 1e-15 * scale[ok] ** 2)
+
+
+@SETTINGS
+@given(federations())
+def test_minmax_equals_pooled_extremes_exactly(fed: Federation) -> None:
+    result = simulate(fed.parts, "minmax").normalizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_array_equal(result.min, np.nanmin(fed.pooled, axis=0))
+        np.testing.assert_array_equal(result.max, np.nanmax(fed.pooled, axis=0))
+
+
+@SETTINGS
+@given(federations(), st.sampled_from([None, 1e-3]))
+def test_robust_quartiles_equal_robust_scaler_within_epsilon(
+    fed: Federation, epsilon: float | None
+) -> None:
+    options = FitOptions(epsilon=epsilon)
+    result = simulate(fed.parts, "robust", options=options).normalizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q1, median, q3 = np.nanpercentile(fed.pooled, [25, 50, 75], axis=0)
+        low, high = np.nanmin(fed.pooled, axis=0), np.nanmax(fed.pooled, axis=0)
+    eps = epsilon if epsilon is not None else 1e-9 * (high - low)
+    ok = ~np.isnan(median)
+    for found, expected in ((result.q1, q1), (result.median, median), (result.q3, q3)):
+        # Each order statistic is within ε/2, so the interpolated quartile is within ε.
+        assert np.all(np.abs(found - expected)[ok] <= np.broadcast_to(eps, ok.shape)[ok] + 1e-300)
+    assert np.all(np.isnan(result.median[~ok]))
+
+
+def test_robust_matches_sklearn_robust_scaler_on_bcw() -> None:
+    from fednorm.sim.datasets import load_dataset
+    from fednorm.sim.partition import partition
+
+    data = load_dataset("bcw")
+    parts = [p.X for p in partition(data.X, data.y, 10, "label:0.5", seed=3)]
+    fitted = simulate(parts, "robust").normalizer
+    scaler = RobustScaler().fit(data.X)
+    eps = 1e-9 * (data.X.max(axis=0) - data.X.min(axis=0))
+    assert np.all(np.abs(fitted.median - scaler.center_) <= eps)
+    assert np.all(np.abs((fitted.q3 - fitted.q1) - scaler.scale_) <= 2 * eps)
+    np.testing.assert_allclose(fitted.to_sklearn().transform(data.X), scaler.transform(data.X),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_gap_rule_returns_a_value_between_the_middle_order_statistics() -> None:
+    parts = [np.array([[1.0], [2.0]]), np.array([[10.0], [20.0]])]
+    median = simulate(parts, "robust", options=FitOptions(quantile_rule="gap")).normalizer.median
+    assert 2.0 <= median[0] < 10.0  # interpolation would give exactly 6.0
+    interpolated = simulate(parts, "robust").normalizer.median
+    assert abs(interpolated[0] - 6.0) <= 1e-9 * 19
+
+
+@given(federations(max_parties=5, nan=False, kinds=("normal",), magnitudes=(1.0, 1e3)))
+@settings(max_examples=20, deadline=None)
+def test_fitted_normalizers_transform_like_sklearn(fed: Federation) -> None:
+    pooled = fed.pooled
+    zscore = simulate(fed.parts, "zscore").normalizer
+    np.testing.assert_allclose(zscore.transform(pooled),
+                               StandardScaler().fit(pooled).transform(pooled), atol=1e-8)
+    np.testing.assert_allclose(zscore.to_sklearn().transform(pooled), zscore.transform(pooled))
+    minmax = simulate(fed.parts, "minmax").normalizer
+    np.testing.assert_allclose(minmax.transform(pooled),
+                               MinMaxScaler().fit(pooled).transform(pooled), atol=1e-12)
+    np.testing.assert_allclose(minmax.to_sklearn().transform(pooled), minmax.transform(pooled))
+
+
+@pytest.mark.parametrize("method", ["zscore", "minmax", "robust"])
+def test_one_party_federation_equals_local_fit(method: str) -> None:
+    X = np.random.default_rng(0).normal(size=(40, 3))
+    federated = simulate([X], method).normalizer.params()
+    local = fit_local(method, X).params()
+    # Quantiles come from a search with ε = 1e-9 × range; the rest is exact arithmetic.
+    atol = 1e-9 * float(np.ptp(X)) if method == "robust" else 1e-12
+    for name in local:
+        np.testing.assert_allclose(federated[name], local[name], rtol=1e-12, atol=atol)
+
+
+def test_local_fit_differs_from_federated_under_feature_skew() -> None:
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(loc=i, size=(30, 2)) for i in range(3)]
+    federated = simulate(parts, "zscore").normalizer
+    local = fit_local("zscore", parts[0])
+    assert np.all(np.abs(local.mean - federated.mean) > 0.5)
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ([], "at least one party"),
+        ([np.ones((3, 2)), np.ones((3, 3))], "disagree on the number of features"),
+        ([np.ones(3)], "2-D"),
+        ([np.array([[1.0, np.inf]])], "infinite"),
+    ],
+)
+def test_bad_federation_input_is_rejected_before_running(parts, message) -> None:
+    with pytest.raises(InputError, match=message):
+        simulate(parts, "zscore")
+
+
+def test_unknown_method_and_privacy_are_input_errors() -> None:
+    with pytest.raises(InputError, match="unknown method"):
+        simulate([np.ones((2, 2))], "quantile")
+    with pytest.raises(InputError, match="unknown privacy"):
+        simulate([np.ones((2, 2))], "zscore", privacy="secret")

@@ -1,6 +1,6 @@
-"""The ``fednorm`` command.
+"""``fednorm simulate``: a whole federation in memory, compared with the pooled fit.
 
-``fednorm simulate`` loads a dataset, splits it over P parties, runs a
+It loads a dataset, splits it over P parties, runs a
 normalization protocol between them in memory, and compares the result with the
 same normalization fitted on the pooled data.
 """
@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fednorm.engine.errors import FednormError, InputError
 from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
 from fednorm.sim.datasets import load_dataset
 from fednorm.sim.federation import SimulationResult, simulate
@@ -108,7 +105,7 @@ def _human_report(
     return "\n".join(lines)
 
 
-def _add_simulate(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="run a federation in memory and compare to pooled")
     p.add_argument("--dataset", default="bcw", help="'bcw' (built in) or a CSV path")
     p.add_argument("--target", help="target column of a CSV (kept out of the features)")
@@ -122,29 +119,3 @@ def _add_simulate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=simulate_command)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fednorm",
-        description="Federated and privacy-preserving data normalization for federated learning.",
-    )
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    _add_simulate(subparsers)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except InputError as exc:
-        print(f"fednorm: error: {exc}", file=sys.stderr)
-        return 2
-    except FednormError as exc:
-        print(f"fednorm: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from fednorm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,36 @@
+"""The ``fednorm`` command: one module per group of subcommands, each adding its parsers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fednorm.cli import simulate
+from fednorm.engine.errors import FednormError, InputError
+
+SUBCOMMAND_MODULES = [simulate]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fednorm",
+        description="Federated and privacy-preserving data normalization for federated learning.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMAND_MODULES:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; bad input exits 2, any other fednorm failure exits 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except InputError as exc:
+        print(f"fednorm: error: {exc}", file=sys.stderr)
+        return 2
+    except FednormError as exc:
+        print(f"fednorm: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

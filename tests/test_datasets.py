@@ -100,6 +100,13 @@ def test_missing_file_is_an_input_error(tmp_path):
         load_dataset(str(tmp_path))  # a directory is not a CSV file
 
 
+def test_binary_file_is_an_input_error(tmp_path):
+    path = tmp_path / "image.csv"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    with pytest.raises(InputError, match="cannot read"):
+        load_dataset(path)
+
+
 def test_string_target_is_label_encoded_in_sorted_order(tmp_path):
     path = write_csv(tmp_path, "x,kind\n1,zebra\n2,ant\n3,mole\n4,ant\n")
     data = load_dataset(str(path), target="kind")

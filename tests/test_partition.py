@@ -159,6 +159,35 @@ def test_label_skew_bins_a_continuous_target():
     assert set().union(*counts) <= set(range(10))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_label_skew_stops_feeding_a_party_once_it_has_its_fair_share(seed):
+    # NIID-Bench's cap: a party at n / parties rows gets none of the later classes, so no
+    # party can exceed its fair share by more than one class's worth of rows.
+    X, y = make_data(3000, n_classes=10)
+    sizes = [len(p.indices) for p in partition(X, y, 10, "label:0.1", seed=seed)]
+    assert max(sizes) <= 3000 / 10 + 300
+
+
+def test_label_skew_with_tiny_classes_follows_proportions_not_party_order():
+    # 2000 one-row classes (an integer target, so not binned): with near-uniform Dir(1000)
+    # proportions each row should land on a random party. Rounding every remainder to the
+    # last party instead would fill parties with contiguous runs of the target.
+    X, _ = make_data(2000)
+    y = np.arange(2000)
+    deciles = y // 200
+    parts = partition(X, y, 8, "label:1000", seed=2)
+    binned = [Partition(p.X, deciles[p.indices], p.indices) for p in parts]
+    assert mean_label_skew(binned, deciles, 10) < 0.1
+
+
+def test_label_skew_does_not_leave_a_partys_rows_ordered_by_class():
+    X, y = make_data(400, n_classes=4)
+    for part in partition(X, y, 4, "label:1", seed=3):
+        classes = len(np.unique(part.y))
+        if classes > 1:
+            assert np.count_nonzero(np.diff(part.y)) > classes - 1
+
+
 def test_quantity_skew_makes_sizes_unequal_while_iid_keeps_them_equal():
     X, y = make_data(2000)
     iid = coefficient_of_variation(partition(X, y, 10, "iid", seed=5))

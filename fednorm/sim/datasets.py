@@ -59,7 +59,7 @@ class _Table:
     line_numbers: list[int]
 
 
-def load_dataset(name_or_path: str, target: str | None = None) -> Dataset:
+def load_dataset(name_or_path: str | Path, target: str | None = None) -> Dataset:
     """Load a built-in dataset by name (``"bcw"``) or a CSV file by path.
 
     Built-in names win over a file of the same name; write ``./bcw`` to mean the file.
@@ -75,8 +75,12 @@ def load_dataset(name_or_path: str, target: str | None = None) -> Dataset:
             f"{str(name_or_path)!r} is neither a built-in dataset "
             f"({', '.join(sorted(_BUILTINS))}) nor a CSV file"
         )
-    with path.open(newline="", encoding="utf-8-sig") as stream:
-        table = _read_csv(stream, source=str(path))
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as stream:
+            table = _read_csv(stream, source=str(path))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        # Unreadable, binary or malformed files are bad input too, not crashes.
+        raise InputError(f"cannot read {path} as a UTF-8 CSV file: {exc}") from None
     return _build_dataset(table, name=path.stem, target=target)
 
 

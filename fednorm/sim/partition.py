@@ -198,7 +198,7 @@ def _discrete_labels(y: np.ndarray) -> np.ndarray:
     Binning lets label skew (and label histograms) apply to regression targets: parties
     then differ in which range of the target they hold, the regression analogue.
     """
-    if np.issubdtype(y.dtype, np.floating) and len(np.unique(y)) > 10**9:
+    if np.issubdtype(y.dtype, np.floating) and len(np.unique(y)) > MAX_DISCRETE_LABELS:
         inner_quantiles = np.linspace(0, 1, CONTINUOUS_LABEL_BINS + 1)[1:-1]
         return np.searchsorted(np.quantile(y, inner_quantiles), y, side="right")
     return y
@@ -209,29 +209,52 @@ def _label_skew_groups(
 ) -> list[np.ndarray]:
     """NIID-Bench label skew: spread each class over the parties by Dir(β) proportions.
 
-    As in NIID-Bench, a party that already holds its fair share (n / parties) of rows gets
-    no more of later classes; this keeps sizes from drifting far apart, so that the skew
-    stays in the labels. The whole draw is repeated until every party is big enough.
+    The whole draw is repeated until every party has ``min_samples`` rows.
     """
-    fair_share = len(labels) / parties
-    class_rows = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    class_ids, class_sizes = np.unique(labels, return_inverse=True, return_counts=True)[1:]
     for _ in range(MAX_ATTEMPTS):
-        groups: list[list[np.ndarray]] = [[] for _ in range(parties)]
-        sizes = np.zeros(parties, dtype=np.int64)
-        for rows in class_rows:
-            proportions = rng.dirichlet(np.full(parties, beta)) * (sizes < fair_share)
-            total = proportions.sum()
-            if not total > 0:  # every eligible share underflowed to 0: draw again
-                break
-            shares = np.split(rng.permutation(rows), _cut_points(proportions / total, len(rows)))
-            for party, share in enumerate(shares):
-                groups[party].append(share)
-                sizes[party] += len(share)
-        else:
-            if sizes.min() >= min_samples:
-                # Shuffle within a party so its rows are not ordered by class.
-                return [rng.permutation(np.concatenate(group)) for group in groups]
+        counts = _class_counts_per_party(class_sizes, parties, beta, rng)
+        if counts is not None and counts.sum(axis=0).min() >= min_samples:
+            return _deal_rows(class_ids.reshape(-1), counts, rng)
     raise _never_big_enough(f"label:{beta:g}", parties, min_samples)
+
+
+def _class_counts_per_party(
+    class_sizes: np.ndarray, parties: int, beta: float, rng: np.random.Generator
+) -> np.ndarray | None:
+    """How many rows of class k party j gets (``counts[k, j]``); None if a draw degenerated.
+
+    As in NIID-Bench, a party that already holds its fair share (n / parties) of rows gets
+    none of the later classes; this keeps sizes from drifting far apart, so that the skew
+    stays in the labels rather than in the quantities.
+    """
+    fair_share = class_sizes.sum() / parties
+    proportions = rng.dirichlet(np.full(parties, beta), size=len(class_sizes))
+    counts = np.zeros((len(class_sizes), parties), dtype=np.int64)
+    party_sizes = np.zeros(parties, dtype=np.int64)
+    for k, class_size in enumerate(class_sizes):
+        share = proportions[k] * (party_sizes < fair_share)
+        total = share.sum()
+        if not total > 0:  # every eligible share underflowed to 0 (tiny β): draw again
+            return None
+        counts[k] = _apportion(share / total, class_size)
+        party_sizes += counts[k]
+    return counts
+
+
+def _deal_rows(
+    class_ids: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Give each party ``counts[k, j]`` random rows of class k, in random order.
+
+    The final shuffle keeps a party's rows from being ordered by class, which would
+    bias any training loop that batches rows in order.
+    """
+    n_classes, parties = counts.shape
+    shuffled = rng.permutation(len(class_ids))
+    grouped_by_class = shuffled[np.argsort(class_ids[shuffled], kind="stable")]
+    owner = np.repeat(np.tile(np.arange(parties), n_classes), counts.ravel())
+    return [rng.permutation(grouped_by_class[owner == party]) for party in range(parties)]
 
 
 def _dirichlet_sizes(
@@ -240,18 +263,27 @@ def _dirichlet_sizes(
     """NIID-Bench quantity skew: party sizes from Dir(β), redrawn until each is big enough."""
     for _ in range(MAX_ATTEMPTS):
         proportions = rng.dirichlet(np.full(parties, beta))
-        if not np.isfinite(proportions).all() or not proportions.sum() > 0:
+        total = proportions.sum()
+        if not total > 0:  # all shares underflowed to 0 (tiny β)
             continue
-        cuts = _cut_points(proportions / proportions.sum(), n_rows)
-        sizes = np.diff(cuts, prepend=0, append=n_rows)
+        sizes = _apportion(proportions / total, n_rows)
         if sizes.min() >= min_samples:
             return sizes
     raise _never_big_enough(f"quantity:{beta:g}", parties, min_samples)
 
 
-def _cut_points(proportions: np.ndarray, n_rows: int) -> np.ndarray:
-    """Where to cut ``n_rows`` shuffled rows so that the pieces follow ``proportions``."""
-    return (np.cumsum(proportions) * n_rows).astype(np.int64)[:-1]
+def _apportion(proportions: np.ndarray, n_rows: int) -> np.ndarray:
+    """Whole row counts that follow ``proportions`` and sum to ``n_rows``.
+
+    Largest remainder rounding: NIID-Bench's floor-based cut points instead hand every
+    rounding remainder to the last party, which for small classes (a rare label, or a
+    one-row value) fills parties in index order rather than by the drawn proportions.
+    """
+    exact = proportions * n_rows
+    counts = np.floor(exact).astype(np.int64)
+    shortfall = n_rows - int(counts.sum())
+    counts[np.argsort(counts - exact, kind="stable")[:shortfall]] += 1
+    return counts
 
 
 def _never_big_enough(split: str, parties: int, min_samples: int) -> InputError:

@@ -1,0 +1,480 @@
+"""Federated Yeo-Johnson: the pooled maximum-likelihood λ, then a pooled z-score.
+
+scikit-learn's ``PowerTransformer(method="yeo-johnson")`` picks, per feature, the λ
+that maximizes the profile log-likelihood over the non-NaN values
+
+    llf(λ) = −n/2 · log var(yj(x, λ)) + (λ − 1) · Σ sign(x)·log1p(|x|)
+
+(with SciPy ≥ 1.9 it calls ``scipy.stats.yeojohnson``, i.e. ``fminbound`` on bounds
+that keep yj(x, λ) and its variance inside the float64 range for |x| up to 20·max|x|),
+then standardizes the transformed data.  Here:
+
+1. Each party sends per feature its count, max |x| and number of negative values
+   (for SciPy's bounds), mean and M2 of x / max|x| (for the constant-feature test;
+   scaled so that |x| near 1e300 does not overflow M2), and Σ sign(x)·log1p(|x|)
+   (the λ-linear term of llf).
+2. The server searches λ on a grid, all features in parallel: each round it sends
+   :data:`GRID` candidates per open feature, spread evenly in asinh(λ) over the
+   current bracket; every party answers the mean and M2 of yj(x, λ) for each
+   (feature, candidate); the server merges them with Chan et al.'s parallel formula
+   (no Σy² − n·ȳ² cancellation), evaluates llf, and keeps the two grid cells around
+   the best candidate.  A log-likelihood that is not finite (overflow, or a variance
+   below the smallest normal float, as SciPy rejects it) counts as −inf, and so does
+   one that is mostly rounding noise (see :func:`candidate_scores`).
+3. The server broadcasts the λ's; both sides run :mod:`zscore` as a sub-protocol on
+   the transformed data.
+
+Searching in asinh(λ) makes the final grid spacing :data:`TOLERANCE` mean an error of
+about TOLERANCE·max(1, |λ|), and lets one grid span SciPy's bounds, which reach
+|λ| ~ 1e4 for data near 1e-3.  A unimodal llf keeps its maximizer inside the kept
+bracket, and the bracket shrinks by (GRID − 1)/2 per round, so the search takes at
+most :data:`MAX_SEARCH_ROUNDS` rounds whatever the data (brackets are clipped to
+|λ| ≤ :data:`LAMBDA_CAP`); the whole protocol at most :data:`MAX_ROUNDS` gather rounds.
+
+Conventions: a feature whose pooled non-NaN values are constant (scikit-learn's
+``_is_constant_feature`` test on the pooled mean and variance) gets λ = 1, the
+identity, and variance 0, so the normalizer maps it to 0; a feature with no values
+gets λ = 1 and NaN mean and variance, as in :mod:`zscore`.  scikit-learn makes the
+same choices, except that its constant test sees NaN (and so never fires) on a
+column holding NaNs; it then optimizes λ on constant data, which has no maximizer.
+λ is never chosen where llf is mostly rounding noise (few values of one sign far
+from 0, λ far out: yj(x, λ) ≈ 1/|λ| for all x and the spread lives in the last
+bits); scikit-learn can land there, and its λ is then noise too.
+
+:class:`LambdaSearch` is sans-IO: it only turns pooled variances into the next
+candidates, so an encrypted variant can reuse it with its own aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, as_float_vector, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols import zscore
+from fednorm.protocols.base import (
+    FitOptions,
+    check_party_data,
+    feature_counts,
+    gathered_vectors,
+    register,
+    register_local,
+)
+from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
+
+GRID = 64  # candidates per feature and round
+TOLERANCE = 1e-8  # final grid spacing, in asinh(λ) units
+LAMBDA_CAP = 1e12  # brackets are clipped to |λ| ≤ this, which bounds the rounds
+LLF_NOISE = 1e-3  # candidates whose llf rounding noise exceeds this are rejected
+NOISE_PENALTY = 10.0  # the search maximizes llf − NOISE_PENALTY · its rounding noise
+MAX_GRID = 4096  # a party refuses bigger candidate grids (a cheap denial-of-service guard)
+BLOCK_ROWS = 4096  # a party transforms its rows in blocks of this many
+
+_EPS = np.finfo(np.float64).eps
+_TINY = np.finfo(np.float64).tiny
+
+
+def search_rounds(width: float, grid: int = GRID, tolerance: float = TOLERANCE) -> int:
+    """Rounds the grid search needs for a bracket ``width`` wide (in asinh(λ) units).
+
+    Round r probes a grid of spacing s_r = width/(grid−1)·(2/(grid−1))^(r−1), and
+    the search stops once s_r ≤ tolerance.
+    """
+    if width <= (grid - 1) * tolerance:
+        return 1
+    shrink = (grid - 1) / 2
+    return 1 + math.ceil(math.log(width / ((grid - 1) * tolerance)) / math.log(shrink))
+
+
+MAX_SEARCH_ROUNDS = search_rounds(2 * math.asinh(LAMBDA_CAP))
+MAX_ROUNDS = 1 + MAX_SEARCH_ROUNDS + 2  # summary, λ search, z-score's two rounds
+
+
+# -- messages ---------------------------------------------------------------------------
+@message("yeojohnson.local_summary")
+class LocalSummary(Message):
+    """Per feature: count, max |x|, mean and M2 of x / max |x|, #(x < 0), Σ sign(x)·log1p|x|."""
+
+    count: np.ndarray
+    max_abs: np.ndarray
+    scaled_mean: np.ndarray
+    scaled_m2: np.ndarray
+    negatives: np.ndarray
+    log_sum: np.ndarray
+
+
+@message("yeojohnson.candidates")
+class Candidates(Message):
+    """Row i of ``lambdas`` holds the candidate λ's for feature ``features[i]``."""
+
+    features: np.ndarray
+    lambdas: np.ndarray
+
+
+@message("yeojohnson.moments")
+class Moments(Message):
+    """A party's mean and M2 of yj(x, λ) per (feature, candidate), row-major."""
+
+    mean: np.ndarray
+    m2: np.ndarray
+
+
+@message("yeojohnson.lambdas")
+class Lambdas(Message):
+    """The search is over: the chosen λ per feature."""
+
+    lambdas: np.ndarray
+
+
+# -- shared math ----------------------------------------------------------------------
+def merge_moments(
+    count: np.ndarray, mean: np.ndarray, m2: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chan et al.'s parallel merge of per-party (count, mean, M2) along axis 0.
+
+    M2 = Σ M2_p + Σ n_p (mean_p − mean)², all terms non-negative, so nothing cancels.
+    A party with no values (n_p = 0) must send mean 0 and M2 0.
+    """
+    total = count.sum(axis=0)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        pooled = (count * mean).sum(axis=0) / np.maximum(total, 1)
+        spread = np.where(count > 0, count * (mean - pooled) ** 2, 0.0)
+        return total, pooled, m2.sum(axis=0) + spread.sum(axis=0)
+
+
+def is_constant(count: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """scikit-learn's ``_is_constant_feature``: var within the two-pass error bound.
+
+    The bound (Chan, Golub & LeVeque) is n·eps·var + (n·mean·eps)²; features without
+    values count as constant too (λ = 1 for them as well).
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = count * _EPS * var + (count * mean * _EPS) ** 2
+        return (count == 0) | ~(var > bound)
+
+
+def lambda_bounds(max_abs: np.ndarray, negatives: np.ndarray, count: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """SciPy's ``yeojohnson_normmax`` bounds, clipped to ±:data:`LAMBDA_CAP`.
+
+    They keep yj(x, λ) for |x| ≤ 20·max|x| within half the float64 exponent range,
+    so the variance of the transformed data neither overflows nor underflows.  When
+    they cross (values of both signs beyond ~1e146; SciPy then raises), λ is fixed to 1.
+    """
+    log_tiny = (math.log(_TINY) - math.log(_EPS)) / 2
+    log_max = (math.log(np.finfo(np.float64).max) + math.log(_EPS)) / 2
+    with np.errstate(divide="ignore", over="ignore"):
+        log1p_max = np.log1p(20 * max_abs)
+        lower, upper = log_tiny / log1p_max, log_max / log1p_max
+    all_negative, some_negative = negatives >= count, negatives > 0
+    lower, upper = (
+        np.where(all_negative, 2 - upper,
+                 np.where(some_negative, np.maximum(2 - upper, lower), lower)),
+        np.where(all_negative, 2 - lower,
+                 np.where(some_negative, np.minimum(2 - lower, upper), upper)),
+    )
+    lower = np.nan_to_num(np.clip(lower, -LAMBDA_CAP, LAMBDA_CAP), nan=-LAMBDA_CAP)
+    upper = np.nan_to_num(np.clip(upper, -LAMBDA_CAP, LAMBDA_CAP), nan=LAMBDA_CAP)
+    # Both signs beyond about ±1e146: no λ is safe for both tails (SciPy raises).
+    crossed = lower > upper
+    return np.where(crossed, 1.0, lower), np.where(crossed, 1.0, upper)
+
+
+def log_likelihood(lambdas: np.ndarray, count: np.ndarray, var: np.ndarray,
+                   log_sum: np.ndarray) -> np.ndarray:
+    """llf(λ) from the pooled variance of yj(x, λ); −inf where it is not finite or
+    the variance is below tiny (where SciPy's llf is +inf, which it rejects as −inf)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        llf = -count / 2 * np.log(var) + (lambdas - 1) * log_sum
+    return np.where((var >= _TINY) & np.isfinite(llf), llf, -np.inf)
+
+
+def rounding_noise(count: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """How far rounding alone moves the computed llf: about eps·sqrt(n·(1 + mean²/var)).
+
+    Each yj(x, λ) carries a relative error of about eps, so Σ(y − ȳ)² is off by a
+    relative 2·eps·sqrt(ȳ² + var)/(sqrt(n)·sd), and n/2·log(var) by n/2 times that.
+    It is ~1e-14 for ordinary data, and explodes where yj(x, λ) ≈ 1/|λ| for every x
+    (λ far out, data of one sign) and the variance lives in the last bits.
+    """
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        noise = _EPS * np.sqrt(count * (1 + mean**2 / var))
+    return np.where(np.isnan(noise), np.inf, noise)
+
+
+def candidate_scores(lambdas: np.ndarray, count: np.ndarray, mean: np.ndarray,
+                     var: np.ndarray, log_sum: np.ndarray) -> np.ndarray:
+    """What the search maximizes: llf − NOISE_PENALTY·(rounding noise of llf).
+
+    On a flat llf a candidate deep in the noisy region could otherwise win on a
+    rounding error (two values near −980: llf(2) − llf(5.5) is 5e-5, the noise at
+    5.5 is 7e-4); the penalty is ~1e-13 where llf is sound, so it does not move λ
+    there.  Candidates whose noise exceeds :data:`LLF_NOISE` are rejected (−inf).
+    """
+    noise = rounding_noise(count, mean, var)
+    score = log_likelihood(lambdas, count, var, log_sum) - NOISE_PENALTY * noise
+    return np.where(noise <= LLF_NOISE, score, -np.inf)
+
+
+# -- the server's search (sans-IO) -----------------------------------------------------------
+@dataclass(frozen=True)
+class PooledSummary:
+    """The pooled round-1 statistics the search is planned from.
+
+    ``mean`` and ``var`` are those of x / max|x| (pooled max): the constant-feature
+    test is scale-invariant, and scaled values cannot overflow.
+    """
+
+    count: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    max_abs: np.ndarray
+    negatives: np.ndarray
+    log_sum: np.ndarray
+
+    @classmethod
+    def merge(cls, count: np.ndarray, max_abs: np.ndarray, scaled_mean: np.ndarray,
+              scaled_m2: np.ndarray, negatives: np.ndarray, log_sum: np.ndarray
+              ) -> PooledSummary:
+        """Pool (parties, features) arrays of the parties' summaries."""
+        pooled_max = max_abs.max(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore", under="ignore"):
+            ratio = np.where(pooled_max > 0, max_abs / np.where(pooled_max > 0, pooled_max, 1),
+                             0.0)
+            total, mean, m2 = merge_moments(count, scaled_mean * ratio, scaled_m2 * ratio**2)
+            var = np.where(total > 0, m2 / np.maximum(total, 1), np.nan)
+        return cls(total, np.where(total > 0, mean, np.nan), var, pooled_max,
+                   negatives.sum(axis=0), log_sum.sum(axis=0))
+
+
+class LambdaSearch:
+    """Server-side state of the λ grid search, for all features at once.
+
+    ``probe()`` gives the candidates of the open features; ``update(mean, var)``
+    takes the pooled mean and population variance of yj(x, λ) for each of them,
+    shape (open features, grid), however they were aggregated.  Features that are
+    constant or empty are never searched and keep λ = 1.
+    """
+
+    def __init__(self, summary: PooledSummary, grid: int = GRID,
+                 tolerance: float = TOLERANCE) -> None:
+        if grid < 3:
+            raise ValueError(f"the λ grid needs at least 3 points, got {grid}")
+        self.grid = grid
+        self.tolerance = tolerance
+        self.lambdas = np.ones(len(summary.count))
+        searched = ~is_constant(summary.count, summary.mean, summary.var)
+        self.features = np.flatnonzero(searched)
+        lower, upper = lambda_bounds(summary.max_abs, summary.negatives, summary.count)
+        self.lo = np.arcsinh(lower[searched])
+        self.hi = np.arcsinh(upper[searched])
+        self.count = summary.count[searched]
+        self.log_sum = summary.log_sum[searched]
+        self.open = np.ones(len(self.features), dtype=bool)
+        self.rounds = 0
+        self.max_rounds = search_rounds(2 * math.asinh(LAMBDA_CAP), grid, tolerance)
+        self._grid: np.ndarray | None = None
+
+    @property
+    def finished(self) -> bool:
+        return not self.open.any() or self.rounds >= self.max_rounds
+
+    def probe(self) -> Candidates:
+        """Candidates for every open feature, evenly spaced in asinh(λ) over its bracket."""
+        steps = np.linspace(0.0, 1.0, self.grid)
+        lo, hi = self.lo[self.open], self.hi[self.open]
+        self._grid = lo[:, None] + (hi - lo)[:, None] * steps
+        return Candidates(features=self.features[self.open], lambdas=np.sinh(self._grid))
+
+    def update(self, mean: np.ndarray, var: np.ndarray) -> None:
+        """Keep the two grid cells around each open feature's best candidate."""
+        if self._grid is None:
+            raise RuntimeError("update() before probe()")
+        grid, self._grid = self._grid, None
+        mean, var = np.asarray(mean, dtype=np.float64), np.asarray(var, dtype=np.float64)
+        if mean.shape != grid.shape or var.shape != grid.shape:
+            raise ProtocolError(f"expected pooled means and variances of shape {grid.shape}, "
+                                f"got {mean.shape} and {var.shape}")
+        self.rounds += 1
+        open_ = np.flatnonzero(self.open)
+        lambdas = np.sinh(grid)
+        llf = candidate_scores(lambdas, self.count[open_, None], mean, var,
+                               self.log_sum[open_, None])
+        rows = np.arange(len(open_))
+        best = np.argmax(llf, axis=1)
+        # No finite llf at all: nothing to climb, take the candidate nearest the identity.
+        hopeless = np.isneginf(llf[rows, best])
+        best[hopeless] = np.argmin(np.abs(grid - math.asinh(1.0)), axis=1)[hopeless]
+        self.lambdas[self.features[open_]] = lambdas[rows, best]
+        spacing = (self.hi[open_] - self.lo[open_]) / (self.grid - 1)
+        self.lo[open_] = grid[rows, np.maximum(best - 1, 0)]
+        self.hi[open_] = grid[rows, np.minimum(best + 1, self.grid - 1)]
+        self.open[open_[(spacing <= self.tolerance) | hopeless]] = False
+
+
+# -- the party's side ------------------------------------------------------------------------
+class PartyColumns:
+    """One party's present values per feature, and the answers computed from them."""
+
+    def __init__(self, X: np.ndarray) -> None:
+        self.n_features = X.shape[1]
+        self._columns = [col[~np.isnan(col)] for col in X.T]
+        self._X = X
+
+    def summary(self) -> LocalSummary:
+        X = self._X
+        count = feature_counts(X)
+        max_abs = np.where(np.isnan(X), 0.0, np.abs(X)).max(axis=0, initial=0.0)
+        scaled = X / np.where(max_abs > 0, max_abs, 1.0)
+        mean = np.where(count > 0, np.nansum(scaled, axis=0) / np.maximum(count, 1), 0.0)
+        return LocalSummary(
+            count=count,
+            max_abs=max_abs,
+            scaled_mean=mean,
+            scaled_m2=np.nansum((scaled - mean) ** 2, axis=0),
+            negatives=np.sum(X < 0, axis=0).astype(np.float64),
+            log_sum=np.nansum(np.sign(X) * np.log1p(np.abs(X)), axis=0),
+        )
+
+    def check(self, probe: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        """The probe's features and candidates, or a ProtocolError if malformed."""
+        features, lambdas = probe.features, probe.lambdas
+        if not (isinstance(features, np.ndarray) and features.ndim == 1
+                and features.dtype.kind in "iu"):
+            raise ProtocolError("Yeo-Johnson candidates: features must be an integer vector")
+        if len(features) and (features.min() < 0 or features.max() >= self.n_features
+                              or len(np.unique(features)) != len(features)):
+            raise ProtocolError("Yeo-Johnson candidates name features this party does not have")
+        if not (isinstance(lambdas, np.ndarray) and lambdas.ndim == 2
+                and lambdas.shape[0] == len(features) and 1 <= lambdas.shape[1] <= MAX_GRID
+                and lambdas.dtype.kind in "iuf"):
+            shape = getattr(lambdas, "shape", type(lambdas).__name__)
+            raise ProtocolError(f"Yeo-Johnson candidates: expected a ({len(features)}, grid) "
+                                f"array with 1 ≤ grid ≤ {MAX_GRID}, got {shape}")
+        lambdas = lambdas.astype(np.float64, copy=False)
+        if not np.isfinite(lambdas).all():
+            raise ProtocolError("Yeo-Johnson candidates are not all finite")
+        return features.astype(np.int64), lambdas
+
+    def moments(self, probe: Candidates) -> Moments:
+        """Mean and M2 of yj(x, λ) per (feature, candidate); 0 and 0 without values."""
+        features, lambdas = self.check(probe)
+        mean = np.zeros(lambdas.shape)
+        m2 = np.zeros(lambdas.shape)
+        for i, j in enumerate(features):
+            if len(self._columns[j]):
+                mean[i], m2[i] = transformed_moments(self._columns[j], lambdas[i])
+        return Moments(mean=mean.ravel(), m2=m2.ravel())
+
+
+def transformed_moments(column: np.ndarray, lambdas: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and M2 of yj(column, λ) for each λ, in row blocks merged by Chan's formula.
+
+    Blocks keep the (rows, candidates) temporaries small for parties with many rows.
+    """
+    counts, means, m2s = [], [], []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, len(column), BLOCK_ROWS):
+            block = column[start:start + BLOCK_ROWS]
+            y = yeo_johnson(np.broadcast_to(block[:, None], (len(block), len(lambdas))), lambdas)
+            mean = y.mean(axis=0)
+            counts.append(np.full(len(lambdas), float(len(block))))
+            means.append(mean)
+            m2s.append(((y - mean) ** 2).sum(axis=0))
+    if len(means) == 1:
+        return means[0], m2s[0]
+    _, mean, m2 = merge_moments(np.vstack(counts), np.vstack(means), np.vstack(m2s))
+    return mean, m2
+
+
+# -- wiring ------------------------------------------------------------------------------
+def _pooled_moments(count: np.ndarray, probe: Candidates,
+                    replies: Mapping[int, Moments] | list[Moments]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled mean and population variance per (feature, candidate) from the parties'.
+
+    ``count`` is (parties, features), rows in the order of ``replies``.
+    """
+    shape = probe.lambdas.shape
+    named = replies if isinstance(replies, Mapping) else dict(enumerate(replies, 1))
+    mean = gathered_vectors(named, "mean", math.prod(shape)).reshape(-1, *shape)
+    m2 = gathered_vectors(named, "m2", math.prod(shape)).reshape(-1, *shape)
+    n = count[:, probe.features, None]
+    total, pooled_mean, pooled_m2 = merge_moments(n, mean, m2)
+    return pooled_mean, pooled_m2 / np.maximum(total, 1)
+
+
+def _summary_arrays(replies: Mapping[int, LocalSummary]) -> dict[str, np.ndarray]:
+    """The parties' summaries as (parties, features) arrays, sanity-checked."""
+    count = gathered_vectors(replies, "count")
+    arrays = {"count": count}
+    for name in ("max_abs", "scaled_mean", "scaled_m2", "negatives", "log_sum"):
+        arrays[name] = gathered_vectors(replies, name, count.shape[1])
+    valid = (
+        np.all(count >= 0) and np.all(count == np.round(count))
+        and np.all((arrays["negatives"] >= 0) & (arrays["negatives"] <= count))
+        and np.all(arrays["max_abs"] >= 0) and np.all(arrays["scaled_m2"] >= 0)
+        and all(np.isfinite(a).all() for a in arrays.values())
+    )
+    if not valid:
+        raise ProtocolError("a party's Yeo-Johnson summary is inconsistent "
+                            "(negative or fractional counts, or non-finite statistics)")
+    return arrays
+
+
+def _search_locally(columns: PartyColumns) -> np.ndarray:
+    """The whole λ search over one party's data, with no communication."""
+    summary = _summary_arrays({1: columns.summary()})
+    search = LambdaSearch(PooledSummary.merge(**summary))
+    while not search.finished:
+        probe = search.probe()
+        search.update(*_pooled_moments(summary["count"], probe, [columns.moments(probe)]))
+    return search.lambdas
+
+
+async def server(ctx: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
+    summary = _summary_arrays(await ctx.gather(LocalSummary))
+    search = LambdaSearch(PooledSummary.merge(**summary))
+    while not search.finished:
+        probe = search.probe()
+        await ctx.broadcast(probe)
+        replies = await ctx.gather(Moments)
+        search.update(*_pooled_moments(summary["count"], probe, replies))
+    await ctx.broadcast(Lambdas(lambdas=search.lambdas))
+    with ctx.subprotocol("zscore"):
+        scaled = await zscore.server(ctx, options)
+    return YeoJohnsonNormalizer(search.lambdas, scaled.mean, scaled.var)
+
+
+async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
+    X = check_party_data(X)
+    columns = PartyColumns(X)
+    await ctx.send(SERVER, columns.summary())
+    rounds = 0
+    while isinstance(msg := await ctx.receive(SERVER, (Candidates, Lambdas)), Candidates):
+        rounds += 1
+        if rounds > MAX_SEARCH_ROUNDS:
+            raise ProtocolError(f"the server's λ search exceeds {MAX_SEARCH_ROUNDS} rounds")
+        await ctx.send(SERVER, columns.moments(msg))
+    lambdas = as_float_vector(msg.lambdas, X.shape[1], "Yeo-Johnson lambdas from the server")
+    if not np.isfinite(lambdas).all():
+        raise ProtocolError("Yeo-Johnson lambdas from the server are not all finite")
+    with ctx.subprotocol("zscore"):
+        scaled = await zscore.party(ctx, yeo_johnson(X, lambdas), options)
+    return YeoJohnsonNormalizer(lambdas, scaled.mean, scaled.var)
+
+
+def fit_local(X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
+    lambdas = _search_locally(PartyColumns(X))
+    scaled = zscore.fit_local(yeo_johnson(X, lambdas), options)
+    return YeoJohnsonNormalizer(lambdas, scaled.mean, scaled.var)
+
+
+register("yeojohnson", "plain", server, party)
+register_local("yeojohnson", fit_local)

@@ -143,20 +143,20 @@ class RoleContext:
             raise ProtocolTimeout(role_name(peer), self.timeout or 0.0, waiting_for) from None
         self.stats.count_received(len(frame))
         header, msg = decode_frame(frame)
-        self._check_header(peer, header, kinds)
+        self._check_header(peer, header, kinds, msg)
         self._receive_round[peer] += 1
         return msg  # type: ignore[return-value]
 
     def _check_header(
-        self, peer: int, header: Header, expected: tuple[type[Message], ...]
+        self, peer: int, header: Header, expected: tuple[type[Message], ...], msg: Message
     ) -> None:
         who = role_name(peer)
         if header.session != self.session:
             raise ProtocolError(f"frame from {who} belongs to session {header.session!r}")
         if header.sender != peer:
             raise ProtocolError(f"frame on {who}'s link claims sender {header.sender}")
-        if header.kind == Abort.KIND:
-            raise PartyDropped(who, "aborted the run")
+        if isinstance(msg, Abort):
+            raise PartyDropped(who, f"aborted the run: {msg.reason}")
         if header.round != self._receive_round[peer]:
             raise ProtocolError(
                 f"frame from {who} has round {header.round}, "

@@ -1,0 +1,147 @@
+"""``fednorm certs init``, ``fednorm serve`` and ``fednorm party``: a federation over TCP.
+
+Everything a user can get wrong (data, certificates, ids, addresses, method) is
+checked before the first connection, so bad input exits 2 without bothering the
+peers; failures of the run itself exit 1 with the cause (e.g. "party 2 dropped").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+from exceptiongroup import BaseExceptionGroup
+
+from fednorm.protocols import METHODS, FitOptions
+from fednorm.remote import (
+    Party,
+    PartyConfig,
+    Server,
+    ServerConfig,
+    Timeouts,
+    check_out_dir,
+    load_party_data,
+    party_outputs,
+    write_atomically,
+)
+from fednorm.sim.federation import root_cause
+from fednorm.transport.tcp import parse_address
+from fednorm.transport.tls import init_certs
+
+T = TypeVar("T")
+INTERRUPTED = 130
+
+
+def _logger(role: str) -> Callable[[str], None]:
+    def log(message: str) -> None:
+        print(f"fednorm {role}: {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def certs_init_command(args: argparse.Namespace) -> int:
+    written = init_certs(args.out, args.parties, args.host, days=args.days, force=args.force)
+    print(f"wrote {len(written)} files to {args.out}: ca.pem (for every host), "
+          f"server.pem/.key, party-1..{args.parties}.pem/.key (keys are 0600; "
+          "ca.key only issues certificates: keep it offline)")
+    return 0
+
+
+def _timeouts(args: argparse.Namespace) -> Timeouts:
+    return Timeouts(join=args.join_timeout, protocol=args.timeout)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    host, port = parse_address(args.bind)
+    config = ServerConfig(
+        host, port, parties=args.parties, method=args.method, certs=args.certs,
+        privacy=args.privacy, options=FitOptions(epsilon=args.epsilon, preset=args.preset),
+        timeouts=_timeouts(args), sessions=None if args.keep_serving else args.sessions,
+        out=args.out,
+    )
+    server = Server(config, log=_logger("serve"))
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            bound_host, bound_port = await nursery.start(server.serve)
+            print(f"listening on {bound_host}:{bound_port}", flush=True)
+
+    _run(serve)  # the server logs each session's outcome as it ends
+    return 1 if any(outcome.error is not None for outcome in server.outcomes) else 0
+
+
+def party_command(args: argparse.Namespace) -> int:
+    host, port = parse_address(args.connect)
+    check_out_dir(args.out)
+    data = load_party_data(args.data, args.target)
+    party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args)),
+                  log=_logger(f"party {args.id}"))
+    run = _run(lambda: party.run(data.X, data.features))
+    written = write_atomically(party_outputs(args.out, data, run))
+    print(f"party {args.id}: {run.protocol.name} session {run.welcome.session} done; "
+          f"wrote {', '.join(map(str, written))}")
+    return 0
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    """trio.run, with a nursery's exception group reduced to its real cause."""
+    try:
+        return trio.run(main)
+    except BaseExceptionGroup as group:
+        raise root_cause(group) from None
+    except KeyboardInterrupt:
+        print("fednorm: interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
+
+
+def _add_timeouts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for each protocol message (default 60)")
+    p.add_argument("--join-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds to wait for the other parties to join (default 120)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    certs = subparsers.add_parser("certs", help="certificates for multi-host runs")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True)
+    init = certs_commands.add_parser("init", help="a CA, a server and N party certificates")
+    init.add_argument("--parties", type=int, required=True)
+    init.add_argument("--out", type=Path, required=True, help="directory to write to")
+    init.add_argument("--host", action="append", default=[],
+                      help="a name or address the server is reached by (repeatable)")
+    init.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    init.add_argument("--force", action="store_true", help="replace an existing CA")
+    init.set_defaults(handler=certs_init_command)
+
+    serve = subparsers.add_parser("serve", help="run the server of a multi-host federation")
+    serve.add_argument("--bind", required=True, metavar="HOST:PORT")
+    serve.add_argument("--parties", type=int, required=True)
+    serve.add_argument("--method", choices=METHODS, required=True)
+    serve.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
+    serve.add_argument("--preset", choices=("test", "paper"), default="paper",
+                       help="CKKS parameters for --privacy mhe")
+    serve.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
+    serve.add_argument("--certs", type=Path, required=True, metavar="DIR")
+    serve.add_argument("--out", type=Path, metavar="DIR", help="write params.json here")
+    sessions = serve.add_mutually_exclusive_group()
+    sessions.add_argument("--sessions", type=int, default=1, metavar="K",
+                          help="serve K sessions, then exit (default 1)")
+    sessions.add_argument("--keep-serving", action="store_true",
+                          help="serve sessions until interrupted")
+    _add_timeouts(serve)
+    serve.set_defaults(handler=serve_command)
+
+    party = subparsers.add_parser("party", help="run one party of a multi-host federation")
+    party.add_argument("--connect", required=True, metavar="HOST:PORT")
+    party.add_argument("--id", type=int, required=True, help="this party's id, 1..N")
+    party.add_argument("--data", type=Path, required=True, metavar="FILE.csv")
+    party.add_argument("--target", help="target column (kept, not normalized)")
+    party.add_argument("--certs", type=Path, required=True, metavar="DIR")
+    party.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="write normalized.csv and params.json here")
+    _add_timeouts(party)
+    party.set_defaults(handler=party_command)

@@ -1,0 +1,514 @@
+"""Multi-host runs over loopback: real processes, a fuzzed live server, and CLI input checks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fednorm.cli import main
+from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
+from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.protocols.base import feature_counts
+from fednorm.protocols.zscore import LocalSums
+from fednorm.remote import (
+    Party,
+    PartyConfig,
+    PartyRun,
+    Server,
+    ServerConfig,
+    Timeouts,
+    load_party_data,
+    write_atomically,
+)
+from fednorm.sim.federation import simulate
+from fednorm.transport.tcp import (
+    HANDSHAKE_MAX_FRAME,
+    NET_VERSION,
+    HandshakeRefused,
+    Hello,
+    Refusal,
+    connect_party,
+    decode_handshake,
+    encode_handshake,
+    wait_start,
+)
+from fednorm.transport.tls import init_certs, party_context
+
+ROOT = Path(__file__).resolve().parent.parent
+STALL_PARTY = Path(__file__).parent / "tcp_stall_party.py"
+FEATURES = ["a", "b", "c"]
+HEADER = ["a", "label", "b", "c"]
+FAST = Timeouts(join=5.0, handshake=2.0, protocol=5.0)
+
+
+def party_arrays(sizes: tuple[int, ...] = (40, 55, 30), seed: int = 0) -> list[np.ndarray]:
+    """Non-IID parties: shifted, differently spread columns, some values missing."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i, n in enumerate(sizes):
+        X = np.column_stack([rng.normal(i, 1 + i, n), rng.exponential(2 + i, n),
+                             rng.integers(0, 5, n).astype(float)])
+        X[rng.random(n) < 0.1, 1] = np.nan
+        parts.append(X)
+    return parts
+
+
+def write_csv(path: Path, X: np.ndarray) -> Path:
+    """Columns a, label, b, c: the target sits between features; NaN is an empty cell."""
+    lines = [",".join(HEADER)]
+    for r, row in enumerate(X):
+        cells = ["" if np.isnan(v) else repr(float(v)) for v in row]
+        lines.append(",".join([cells[0], "yes" if r % 3 else "no", *cells[1:]]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    init_certs(directory, parties=3)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def csvs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    directory = tmp_path_factory.mktemp("data")
+    return [write_csv(directory / f"party-{i}.csv", X)
+            for i, X in enumerate(party_arrays(), start=1)]
+
+
+# -- real processes ---------------------------------------------------------------------
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``fednorm ...`` (or a helper script) processes; kill leftovers at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(*args: object, script: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        entry = [str(script)] if script else ["-m", "fednorm"]
+        proc = subprocess.Popen([sys.executable, *entry, *map(str, args)], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        started.append(proc)
+        return proc
+
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def start_server(spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, method: str,
+                 out: Path) -> tuple[subprocess.Popen[bytes], int]:
+    proc = spawn("serve", "--bind", "127.0.0.1:0", "--parties", 3, "--method", method,
+                 "--certs", certs, "--out", out, "--timeout", 10, "--join-timeout", 20)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    line = proc.stdout.readline().decode() if ready else ""  # type: ignore[union-attr]
+    match = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line)
+    if match is None:
+        proc.kill()
+        raise AssertionError(f"server did not start: {line!r} {proc.communicate()[1]!r}")
+    return proc, int(match.group(1))
+
+
+def start_party(spawn: Callable[..., subprocess.Popen[bytes]], port: int, party: int,
+                data: Path, certs: Path, out: Path, **kwargs: object
+                ) -> subprocess.Popen[bytes]:
+    return spawn("party", "--connect", f"127.0.0.1:{port}", "--id", party, "--data", data,
+                 "--target", "label", "--certs", certs, "--out", out, "--timeout", 10,
+                 "--join-timeout", 20, **kwargs)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = proc.communicate()[1]
+        raise AssertionError(f"still running after {timeout} s: {err!r}") from None
+    return proc.returncode, err.decode()
+
+
+def read_params(out: Path) -> dict[str, np.ndarray]:
+    document = json.loads((out / "params.json").read_text())
+    assert document["features"] == FEATURES
+    return {k: np.array([np.nan if v is None else v for v in vs])
+            for k, vs in document["params"].items()}
+
+
+def read_normalized(out: Path) -> tuple[list[str], list[str], np.ndarray]:
+    with (out / "normalized.csv").open(newline="") as stream:
+        header, *rows = list(csv.reader(stream))
+    values = [[float(c) if c else np.nan for i, c in enumerate(r) if i != 1] for r in rows]
+    return header, [r[1] for r in rows], np.array(values)
+
+
+@pytest.mark.parametrize("method", ["zscore", "robust"])
+def test_a_multi_host_run_fits_what_the_in_memory_simulation_fits(
+    method: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
+    csvs: list[Path], tmp_path: Path,
+) -> None:
+    outs = [tmp_path / f"out-{role}" for role in range(4)]  # 0 is the server
+    server, port = start_server(spawn, certs, method, outs[0])
+    parties = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 2, 3)]
+    for proc in [server, *parties]:
+        code, err = finish(proc)
+        assert code == 0, err
+
+    data = [load_party_data(path, "label") for path in csvs]
+    expected = simulate([d.X for d in data], method).normalizer
+    for out in outs:
+        got = read_params(out)
+        assert got.keys() == expected.params().keys()
+        for name, values in expected.params().items():
+            np.testing.assert_allclose(got[name], values, rtol=1e-12, atol=0)
+    for p in (1, 2, 3):
+        header, labels, values = read_normalized(outs[p])
+        assert header == HEADER
+        assert labels == [row[1] for row in data[p - 1].rows]
+        np.testing.assert_allclose(values, expected.transform(data[p - 1].X), rtol=1e-12)
+
+
+def test_a_party_killed_mid_protocol_stops_everyone_and_nothing_is_written(
+    spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, csvs: list[Path],
+    tmp_path: Path,
+) -> None:
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    marker = tmp_path / "stalled"
+    server, port = start_server(spawn, certs, "zscore", outs[0])
+    honest = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 2)]
+    victim = start_party(spawn, port, 3, csvs[2], certs, outs[3], script=STALL_PARTY,
+                         env={**os.environ, "FEDNORM_STALL_MARKER": str(marker)})
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline and victim.poll() is None, finish(victim)
+        time.sleep(0.02)
+    victim.kill()  # SIGKILL, after round one of the protocol
+
+    killed = time.monotonic()
+    results = [finish(proc, timeout=15) for proc in [server, *honest]]
+    assert time.monotonic() - killed < 10  # the protocol timeout: they did not wait it out
+    for code, err in results:
+        assert code == 1, err
+        assert "party 3 dropped" in err, err
+    assert all(not out.exists() or not any(out.iterdir()) for out in outs)
+
+
+# -- a live server in this process ------------------------------------------------------
+class LiveServer:
+    """A :class:`Server` in its own thread and trio loop, as if on another host."""
+
+    def __init__(self, certs: Path, parties: int = 2) -> None:
+        config = ServerConfig("127.0.0.1", 0, parties=parties, method="zscore", certs=certs,
+                              timeouts=FAST, sessions=None)
+        self.log: list[str] = []
+        self.server = Server(config, log=self.log.append)
+        self.certs = certs
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as self._scope:
+            async with trio.open_nursery() as nursery:
+                _, self.port = await nursery.start(self.server.serve)
+                self._ready.set()
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        assert self._ready.wait(10), "the live server did not start"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+    def wait(self, condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"no {what}; server log: {self.log[-5:]}"
+            time.sleep(0.01)
+
+    async def wait_log(self, text: str, since: int) -> None:
+        with trio.fail_after(10):
+            while not any(text in line for line in self.log[since:]):
+                await trio.sleep(0.01)
+
+    async def party(self, party: int, X: np.ndarray, results: dict[int, object]) -> None:
+        """An honest party; its result or error lands in ``results``."""
+        config = PartyConfig("127.0.0.1", self.port, party, self.certs, FAST)
+        try:
+            results[party] = await Party(config).run(X, FEATURES)
+        except FednormError as exc:
+            results[party] = exc
+
+    def honest_session(self, arrays: list[np.ndarray]) -> dict[int, object]:
+        async def run() -> dict[int, object]:
+            results: dict[int, object] = {}
+            async with trio.open_nursery() as nursery:
+                for party, X in enumerate(arrays, start=1):
+                    nursery.start_soon(self.party, party, X, results)
+            return results
+
+        sessions = len(self.server.outcomes)
+        results = trio.run(run)
+        assert all(isinstance(r, PartyRun) for r in results.values()), results
+        self.wait(lambda: len(self.server.outcomes) > sessions, "session outcome")
+        assert self.server.outcomes[-1].error is None, self.server.outcomes[-1]
+        return results
+
+
+ARRAYS = party_arrays(sizes=(12, 9))
+
+
+@pytest.fixture(scope="module")
+def live(certs: Path) -> Iterator[LiveServer]:
+    with LiveServer(certs) as server:
+        server.honest_session(ARRAYS)  # so that there is an earlier session to replay
+        yield server
+
+
+def hello_for(party: int) -> Hello:
+    return Hello(NET_VERSION, WIRE_VERSION, party, tuple(FEATURES))
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+VALID_HELLO = encode_handshake(hello_for(1))
+GARBAGE = st.one_of(
+    st.tuples(st.just("frame"), st.binary(max_size=200)),  # random bytes in a frame
+    st.tuples(st.just("raw"), st.binary(max_size=200)),  # random bytes, no framing
+    st.tuples(st.just("oversized"), st.integers(HANDSHAKE_MAX_FRAME + 1, 2**32 - 1)),
+    st.tuples(st.just("truncated"), st.integers(0, len(VALID_HELLO) - 1)),  # cut body
+    st.tuples(st.just("cut"), st.integers(0, len(VALID_HELLO) - 1)),  # stream ends mid-frame
+    st.tuples(st.just("plaintext"), st.binary(min_size=1, max_size=200)),  # no TLS at all
+)
+
+
+async def send_garbage(port: int, certs: Path, kind: str, value: object) -> bytes:
+    """Send one kind of garbage as (TLS-authenticated) party 1; return what came back."""
+    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+    if kind != "plaintext":
+        stream = trio.SSLStream(stream, party_context(certs, 1), server_hostname="127.0.0.1")
+        await stream.do_handshake()
+    payload = {
+        "frame": lambda: frame(value), "raw": lambda: value, "plaintext": lambda: value,
+        "oversized": lambda: struct.pack(">I", value),
+        "truncated": lambda: frame(VALID_HELLO[:value]),
+        "cut": lambda: struct.pack(">I", len(VALID_HELLO)) + VALID_HELLO[:value],
+    }[kind]()
+    received = b""
+    with trio.fail_after(5):
+        try:
+            await stream.send_all(payload)
+            if kind in ("raw", "cut", "plaintext"):  # the server waits for more: end it
+                await stream.aclose()
+            while chunk := await stream.receive_some():
+                received += chunk
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await stream.aclose()
+    return received
+
+
+@settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(garbage=GARBAGE)
+def test_garbage_is_refused_and_the_server_completes_the_next_session(
+    live: LiveServer, garbage: tuple[str, object]
+) -> None:
+    kind, value = garbage
+    refused = len(live.server.rejections)
+    reply = trio.run(send_garbage, live.port, live.certs, kind, value)
+    live.wait(lambda: len(live.server.rejections) > refused, "rejection")
+    error = live.server.rejections[-1].error
+    if kind in ("frame", "oversized", "truncated", "plaintext"):
+        assert isinstance(error, ProtocolError), error
+    else:
+        assert isinstance(error, ProtocolError | PartyDropped), error
+    if kind in ("frame", "oversized", "truncated"):  # the client is told why
+        refusal = decode_handshake(reply[4:], Refusal)
+        assert refusal.reason == str(error)
+    live.honest_session(ARRAYS)
+
+
+MISPLACED = st.one_of(
+    st.tuples(st.just("session"), st.text(max_size=20)),
+    st.tuples(st.just("round"), st.integers(1, 2**31)),
+    st.tuples(st.just("sender"), st.integers(-3, 50).filter(lambda s: s != 1)),
+    st.tuples(st.just("replay"), st.none()),  # party 1's first frame of an earlier session
+)
+MISPLACED_REASON = {"session": "belongs to session", "replay": "belongs to session",
+                    "round": "has round", "sender": "claims sender"}
+
+
+async def misbehave(live: LiveServer, kind: str, value: object, earlier: str) -> object:
+    """Join as party 1, then send a well-formed first frame with one header field wrong."""
+    link, welcome = await connect_party(
+        "127.0.0.1", live.port, party_context(live.certs, 1), hello_for(1),
+        connect_timeout=5, handshake_timeout=5)
+    await wait_start(link, welcome.session, 5)
+    session = {"session": f"{value}~", "replay": earlier}.get(kind, welcome.session)
+    header = Header("zscore-plain", session, value if kind == "round" else 0,
+                    value if kind == "sender" else 1, LocalSums.KIND)
+    X = ARRAYS[0]
+    await link.send(encode_frame(header, LocalSums(count=feature_counts(X),
+                                                   total=np.nansum(X, axis=0))))
+    _, reply = decode_frame(await link.receive())  # the server's Abort
+    await link.aclose()
+    return reply
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(misplaced=MISPLACED)
+def test_misplaced_frames_fail_the_session_and_the_server_completes_the_next(
+    live: LiveServer, misplaced: tuple[str, object]
+) -> None:
+    kind, value = misplaced
+    sessions, earlier = len(live.server.outcomes), live.server.outcomes[-1].session
+
+    async def run() -> tuple[object, dict[int, object]]:
+        results: dict[int, object] = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.party, 2, ARRAYS[1], results)
+            reply = await misbehave(live, kind, value, earlier)
+        return reply, results
+
+    abort, results = trio.run(run)
+    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
+    error = live.server.outcomes[-1].error
+    assert isinstance(error, ProtocolError) and MISPLACED_REASON[kind] in str(error), error
+    assert getattr(abort, "reason", None) == str(error)
+    assert isinstance(results[2], PartyDropped) and str(error) in str(results[2])
+    live.honest_session(ARRAYS)
+
+
+def test_unknown_duplicate_and_foreign_parties_are_refused_while_a_session_completes(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign"
+    init_certs(foreign, parties=2)
+    (foreign / "ca.pem").write_bytes((live.certs / "ca.pem").read_bytes())  # trusts us
+
+    async def refusal(directory: Path, party: int) -> str:
+        with pytest.raises(HandshakeRefused) as refused:
+            await connect_party("127.0.0.1", live.port, party_context(directory, party),
+                                hello_for(party), connect_timeout=5, handshake_timeout=5)
+        return str(refused.value)
+
+    async def run() -> tuple[list[str], dict[int, object]]:
+        results: dict[int, object] = {}
+        since = len(live.log)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.party, 1, ARRAYS[0], results)
+            await live.wait_log("party 1 joined", since)
+            reasons = [await refusal(live.certs, 1), await refusal(live.certs, 3),
+                       await refusal(foreign, 2)]
+            nursery.start_soon(live.party, 2, ARRAYS[1], results)
+        return reasons, results
+
+    sessions = len(live.server.outcomes)
+    (duplicate, unknown, other_ca), results = trio.run(run)
+    assert "party 1 is already connected" in duplicate
+    assert "party 3 is not expected: parties are 1..2" in unknown
+    assert "alert" in other_ca or "closed the connection" in other_ca, other_ca
+    assert all(isinstance(r, PartyRun) for r in results.values()), results
+    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
+    assert live.server.outcomes[-1].error is None
+
+
+def test_a_refused_party_exits_1_with_the_cause_and_writes_nothing(
+    live: LiveServer, csvs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["party", "--connect", f"127.0.0.1:{live.port}", "--id", "3", "--data",
+                 str(csvs[2]), "--target", "label", "--certs", str(live.certs),
+                 "--out", str(tmp_path / "out")])
+    assert code == 1
+    assert "party 3 is not expected" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# -- input checks -----------------------------------------------------------------------
+@pytest.fixture
+def bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    text = tmp_path / "text.csv"
+    text.write_text("a,label,b\n1,yes,2\nx,no,3\n")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage\x80\n")
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    (tmp_path / "empty").mkdir()
+    return {"TEXT": text, "BINARY": binary, "FILE": afile, "EMPTY": tmp_path / "empty",
+            "MISSING": tmp_path / "missing.csv"}
+
+
+PARTY = ["party", "--connect", "127.0.0.1:9", "--id", "1", "--data", "DATA", "--target",
+         "label", "--certs", "CERTS", "--out", "OUT", "--join-timeout", "30"]
+SERVE = ["serve", "--bind", "127.0.0.1:0", "--parties", "3", "--method", "zscore",
+         "--certs", "CERTS", "--join-timeout", "30"]
+
+
+def edit(base: list[str], **changes: str) -> list[str]:
+    args = list(base)
+    for flag, value in changes.items():
+        args[args.index("--" + flag.replace("_", "-")) + 1] = value
+    return args
+
+
+@pytest.mark.parametrize("args, message", [
+    (edit(PARTY, data="MISSING"), "is not a file"),
+    (edit(PARTY, data="BINARY"), "cannot read"),
+    (edit(PARTY, data="TEXT"), "non-numeric value 'x'"),
+    (edit(PARTY, target="outcome"), "target 'outcome' is not a column"),
+    (edit(PARTY, id="0"), r"party ids are 1\.\.N"),
+    (edit(PARTY, id="9"), "no party 9 certificate"),
+    (edit(PARTY, certs="EMPTY"), "not a certs directory"),
+    (edit(PARTY, connect="localhost"), "HOST:PORT"),
+    (edit(PARTY, out="FILE"), "not a directory"),
+    (edit(SERVE, parties="0"), "at least 1"),
+    (edit(SERVE, certs="EMPTY"), "not a certs directory"),
+    (edit(SERVE, bind="0.0.0.0"), "HOST:PORT"),
+    (edit(SERVE, join_timeout="0"), "timeout must be positive"),
+    (edit(SERVE, method="zscroe"), "invalid choice: 'zscroe'"),
+    ([*SERVE, "--sessions", "0"], "at least 1"),
+])
+def test_bad_input_exits_2_before_connecting(
+    args: list[str], message: str, certs: Path, csvs: list[Path], tmp_path: Path,
+    bad_inputs: dict[str, Path], capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = {"DATA": csvs[0], "CERTS": certs, "OUT": tmp_path / "out", **bad_inputs}
+    argv = [str(names.get(a, a)) for a in args]
+    started = time.monotonic()
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert time.monotonic() - started < 5  # it did not try to connect
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_are_all_or_nothing(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    with pytest.raises(FednormError, match="cannot write outputs"):
+        write_atomically({tmp_path / "first.json": b"{}",
+                          tmp_path / "blocker" / "second.csv": b""})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]

@@ -1,0 +1,256 @@
+"""The CKKS context every role rebuilds from a preset name: encoding, arithmetic, bytes.
+
+Thread safety: OpenFHE releases the GIL in its heavy calls (measured: a Python thread
+stalls at most 6 ms while 100+ ms EvalMult / decryption-share calls run), so protocols
+may run them in worker threads. Methods here touch only their arguments, except the key
+installers, which write OpenFHE's process-wide key maps under a module lock: install keys
+during setup, before evaluation threads use them. OpenMP already uses every core inside
+each call, so on a small machine use threads *or* OpenMP (OMP_NUM_THREADS), not both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.ckks import serial
+from fednorm.engine.ckks.levels import (
+    LevelBudgetError,
+    consumed_levels,
+    levels_left,
+    require_consumed_at_most,
+)
+from fednorm.engine.ckks.presets import CkksPreset, get_preset
+from fednorm.engine.errors import InputError, ProtocolError
+
+Ciphertext = openfhe.Ciphertext
+Operand = openfhe.Ciphertext | np.ndarray | float | int
+
+_SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
+KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
+
+
+def _build_crypto_context(preset: CkksPreset) -> openfhe.CryptoContext:
+    params = openfhe.CCParamsCKKSRNS()
+    params.SetRingDim(preset.ring_dim)
+    params.SetSecurityLevel(getattr(openfhe, preset.security))
+    params.SetMultiplicativeDepth(preset.depth)
+    params.SetScalingModSize(preset.scaling_mod_bits)
+    params.SetFirstModSize(preset.first_mod_bits)
+    params.SetScalingTechnique(getattr(openfhe, preset.scaling_technique))
+    params.SetKeySwitchTechnique(getattr(openfhe, preset.key_switching))
+    params.SetSecretKeyDist(getattr(openfhe, preset.secret_key_dist))
+    params.SetInteractiveBootCompressionLevel(
+        getattr(openfhe.CompressionLevel, preset.boot_compression))
+    params.SetBatchSize(preset.slots)
+    cc = openfhe.GenCryptoContext(params)
+    for feature in preset.features:
+        cc.Enable(getattr(openfhe, feature))
+    if cc.GetRingDimension() != preset.ring_dim:
+        raise InputError(f"preset {preset.name!r}: OpenFHE chose ring dimension "
+                         f"{cc.GetRingDimension()}, not {preset.ring_dim}")
+    return cc
+
+
+class CkksContext:
+    """A multiparty CKKS context built from a preset (or its name), in any process.
+
+    Arithmetic helpers check levels *before* they compute (see :mod:`.levels`), so a
+    result that OpenFHE would silently get wrong becomes a :class:`LevelBudgetError`.
+    """
+
+    def __init__(self, preset: CkksPreset | str) -> None:
+        self.preset = get_preset(preset) if isinstance(preset, str) else preset
+        self.raw = _build_crypto_context(self.preset)
+        self._templates = serial.templates_for(self.raw, self.preset)
+
+    def __repr__(self) -> str:
+        return f"CkksContext({self.preset.name!r})"
+
+    # -- shape ---------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """Real values one ciphertext holds."""
+        return self.preset.slots
+
+    @property
+    def depth(self) -> int:
+        """Multiplicative depth: levels a fresh ciphertext may consume before decryption."""
+        return self.preset.depth
+
+    @property
+    def level_budget(self) -> int:
+        """Levels between collective bootstraps (depth - 4 with SLACK + FLEXIBLEAUTO)."""
+        return self.preset.level_budget
+
+    def consumed(self, ct: Ciphertext) -> int:
+        """Levels ``ct`` has consumed (a pending rescale counts)."""
+        return consumed_levels(ct)
+
+    def levels_left(self, ct: Ciphertext) -> int:
+        """Levels ``ct`` may still consume before it must be collectively bootstrapped."""
+        return levels_left(ct, self.level_budget)
+
+    def depth_left(self, ct: Ciphertext) -> int:
+        """Multiplications ``ct`` can still take at all (then it can only be decrypted)."""
+        return self.depth - consumed_levels(ct)
+
+    def towers(self, ct: Ciphertext) -> int:
+        """RNS towers (moduli) ``ct`` still carries."""
+        return self.preset.towers - ct.GetLevel()
+
+    # -- encoding ------------------------------------------------------------------------
+    def encode(self, values: np.ndarray | Sequence[float], level: int = 0) -> openfhe.Plaintext:
+        """Pack real ``values`` into a plaintext, zero-padded to all slots.
+
+        OpenFHE refuses to encode a vector whose largest magnitude is below 2^-38
+        ("Scaling factor too small"); such values are below CKKS resolution at scale
+        2^50 anyway (noise ~1e-11 after one operation), so they are encoded as zeros.
+        """
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.ndim != 1 or arr.size > self.slots:
+            raise InputError(f"need a 1-D array of at most {self.slots} values, got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise InputError("values must be finite")
+        padded = np.zeros(self.slots)
+        if arr.size and np.abs(arr).max() >= _SMALLEST_ENCODABLE:
+            padded[:arr.size] = arr
+        return self.raw.MakeCKKSPackedPlaintext(padded, 1, level)
+
+    def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray) -> Ciphertext:
+        """Encrypt ``values`` (padded to all slots) under ``public_key``."""
+        self.check_same_context(public_key, "public key")
+        return self.raw.Encrypt(public_key, self.encode(values))
+
+    def decode(self, plaintext: openfhe.Plaintext, n: int) -> np.ndarray:
+        """The first ``n`` real parts of a decrypted plaintext."""
+        if not 0 <= n <= self.slots:
+            raise InputError(f"n={n} outside [0, {self.slots}]")
+        return np.array(plaintext.GetRealPackedValue()[:n], dtype=np.float64)
+
+    # -- arithmetic ----------------------------------------------------------------------
+    def add(self, a: Ciphertext, b: Operand) -> Ciphertext:
+        """``a + b`` for a ciphertext, vector or scalar ``b`` (uses no level)."""
+        return self.raw.EvalAdd(a, self._operand(a, b))
+
+    def sub(self, a: Ciphertext, b: Operand) -> Ciphertext:
+        """``a - b`` for a ciphertext, vector or scalar ``b`` (uses no level)."""
+        return self.raw.EvalSub(a, self._operand(a, b))
+
+    def mul(self, a: Ciphertext, b: Operand) -> Ciphertext:
+        """``a * b``: ciphertext (relinearized), vector or scalar ``b``; uses one level."""
+        used = max(consumed_levels(a), consumed_levels(b) if isinstance(b, Ciphertext) else 0)
+        if used + 1 > self.depth:
+            raise LevelBudgetError(f"multiplication needs level {used + 1}, depth is "
+                                   f"{self.depth}: bootstrap first")
+        return self.raw.EvalMult(a, self._operand(a, b))
+
+    def square(self, a: Ciphertext) -> Ciphertext:
+        """``a * a`` (relinearized), a little cheaper than :meth:`mul`; uses one level."""
+        require_consumed_at_most(a, self.depth - 1, "square")
+        return self.raw.EvalSquare(a)
+
+    def negate(self, a: Ciphertext) -> Ciphertext:
+        """``-a`` (uses no level)."""
+        return self.raw.EvalNegate(a)
+
+    def rotate(self, ct: Ciphertext, index: int) -> Ciphertext:
+        """Rotate slots left by ``index`` (needs the joint rotation key for ``index``)."""
+        return self.raw.EvalRotate(ct, index)
+
+    def sum_slots(self, ct: Ciphertext, width: int) -> Ciphertext:
+        """Slot 0 (and every multiple of ``width``) gets the sum of ``width`` slots.
+
+        A log2(width)-step tree of rotations; needs rotation keys for
+        :func:`sum_rotation_indices` (``width``). Uses no multiplicative level.
+        """
+        for step in sum_rotation_indices(width):
+            ct = self.raw.EvalAdd(ct, self.raw.EvalRotate(ct, step))
+        return ct
+
+    def double_scale(self, ct: Ciphertext) -> Ciphertext:
+        """Multiply by 1.0 so decryption happens at scale ~2^100 instead of ~2^50.
+
+        The collective-decryption smudging noise is a fixed amount in the ring, so a
+        doubled scale divides its effect by ~2^50: measured max abs. error for |x| <= 1
+        drops from 2.1e-6 to 1.7e-9 (paper preset, P=10; table in :mod:`.collective`).
+        Costs one level; a no-op if a rescale is already pending (right after a
+        multiplication the scale is already doubled).
+        """
+        if ct.GetNoiseScaleDeg() >= 2:
+            return ct
+        return self.mul(ct, 1.0)
+
+    def _operand(self, ct: Ciphertext, b: Operand) -> Any:
+        if isinstance(b, Ciphertext):
+            return b
+        if isinstance(b, np.ndarray):
+            return self.encode(b, level=ct.GetLevel())
+        if isinstance(b, (int, float, np.floating, np.integer)):
+            return float(b)
+        raise InputError(f"cannot combine a ciphertext with {type(b).__name__}")
+
+    # -- keys installed on evaluators ----------------------------------------------------
+    def install_relin_key(self, key: openfhe.EvalKey, tag: str) -> None:
+        """Make ``key`` (the joint relinearization key for ``tag``) usable by mul."""
+        if key.GetKeyTag() != tag:
+            raise ProtocolError(f"relinearization key has tag {key.GetKeyTag()!r}, not {tag!r}")
+        with KEY_MAP_LOCK:
+            self.raw.InsertEvalMultKey([key])
+
+    def install_rotation_keys(self, keys: openfhe.EvalKeyMap, tag: str,
+                              indices: Sequence[int]) -> None:
+        """Install joint rotation keys for ``tag`` and check every index is covered."""
+        with KEY_MAP_LOCK:
+            self.raw.InsertEvalAutomorphismKey(keys, tag)
+            present = set(self.raw.GetExistingEvalAutomorphismKeyIndices(tag))
+        missing = [i for i in indices if self.raw.FindAutomorphismIndex(i) not in present]
+        if missing:
+            raise ProtocolError(f"rotation keys for indices {missing} missing after aggregation")
+
+    # -- validation and bytes ------------------------------------------------------------
+    def check_same_context(self, obj: Any, what: str) -> None:
+        """ProtocolError unless ``obj`` (ciphertext/public key) belongs to this context."""
+        try:
+            theirs = obj.GetCryptoContext()
+        except AttributeError:
+            raise ProtocolError(f"{what} is a {type(obj).__name__}, not an OpenFHE object") \
+                from None
+        if theirs != self.raw:
+            raise ProtocolError(f"{what} was made under another crypto context (ring "
+                                f"{theirs.GetRingDimension()}, ours {self.preset.ring_dim})")
+
+    def to_bytes(self, obj: Any) -> bytes:
+        """Frame an OpenFHE object (ciphertext, public/eval key, eval-key map) as bytes."""
+        return serial.frame(obj, self.preset.fingerprint)
+
+    def from_bytes(self, kind: str, data: bytes) -> Any:
+        """Load a ``kind`` object from :meth:`to_bytes` output; malformed -> ProtocolError."""
+        payload = serial.unframe(kind, data, self.preset.fingerprint)
+        self._templates.check(kind, payload)
+        obj = serial.load(kind, payload)
+        if kind in ("ciphertext", "public_key"):
+            self.check_same_context(obj, kind)
+        return obj
+
+    def register_codec_types(
+        self, register: Callable[[int, type, Callable[[Any], bytes], Callable[[bytes], Any]],
+                                 None],
+    ) -> None:
+        """Hand the engine codec an ext code (16..19) and en/decoder per OpenFHE type."""
+        for kind in serial.KINDS.values():
+            register(kind.code, kind.cls, self.to_bytes, self._loader(kind.name))
+
+    def _loader(self, kind: str) -> Callable[[bytes], Any]:
+        return lambda data: self.from_bytes(kind, data)
+
+
+def sum_rotation_indices(width: int) -> list[int]:
+    """Rotation indices :meth:`CkksContext.sum_slots` needs for ``width`` (a power of 2)."""
+    if width < 1 or width & (width - 1):
+        raise InputError(f"width must be a power of two, got {width}")
+    return [1 << i for i in range(width.bit_length() - 1)]

@@ -1,0 +1,325 @@
+"""Homomorphic inverse 1/x on [lo, hi]: Goldschmidt division, Chebyshev-accelerated.
+
+The paper's Inv (Lattigo) is Goldschmidt division: with x' = x/hi and r = 1 - x',
+``a <- a(1 + r), r <- r^2`` doubles the polynomial degree per level, and 1 - x'a = r^(2^k).
+On a wide range (x' down to lo/hi = 2^-20) it needs ~log2(hi/lo) + 5 = 25 doublings,
+i.e. 4 collective bootstraps at depth 11.
+
+Here the same product form runs with Chebyshev-optimal factors: the residual after k
+doublings is R_k = T_{2^k}(y)/T_{2^k}(y0) with y = (1 + d - 2x')/(1 - d), d = lo/hi — the
+minimax residual of degree 2^k, of size 1/cosh(2^k * 2 sqrt(d)). The recurrences stay
+one squaring and one product per doubling (see :class:`_Schedule`), but the doublings
+needed drop to about log2(ln(2/tol) / (2 sqrt(d))): 13 instead of 25 for [1, 2^20] at
+tol 1e-6, so two bootstraps instead of four at the paper preset.
+
+Collective bootstrapping refreshes only ``a``: after a refresh the residual is measured
+afresh from x and the refreshed ``a``, so errors made before a refresh (including the
+bootstrap's smudging noise) are corrected, not accumulated. That product is formed as
+(gamma x) * (a / gamma) with gamma = 1/sqrt(lo hi), keeping both factors near 1: CKKS
+noise is absolute (~1e-11), so a tiny factor times a large one loses digits.
+
+Cost for [1, 2^20] at the default rel_tol 1e-6 (13 doublings, 24 ct-ct products):
+paper preset (budget 7) 2 collective bootstraps, output at 5 levels used; test preset
+(budget 5) 3 bootstraps. :func:`plan_inverse` gives these numbers for any range.
+
+Measured max relative error of 1/x (``bench/ckks_probe.py``, P=3 and P=10 alike, one
+decryption per octave band so decoding noise does not mix magnitudes):
+
+    out_scale = hi (outputs hi/x in [1, 2^20]): <= 3.3e-7 over all of [1, 2^20], both presets
+    out_scale = 1  (outputs 1/x):   x <= 2^10: 2.8e-7;  2^10..2^15: 2.3e-6;  2^15..2^20: 4.3e-5
+
+The approximation bound is 2.25e-7; the rest is CKKS noise, ~4e-11 *absolute* on the
+output, which only matters for tiny outputs — hence ``out_scale``.
+
+Supported input: lo <= x <= hi with 0 < lo < hi, hi/lo <= 2^40. Slightly below lo
+converges more slowly; above hi (y < -1) it diverges, so hi must be a true upper bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import openfhe
+
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
+from fednorm.engine.errors import InputError
+
+COUNT_RANGE = (1.0, float(2**20))
+"""Default input range: counts of samples, 1 .. 2^20."""
+
+_MAX_DOUBLINGS = 24
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """Constants of the iteration for [lo, hi] and ``doublings`` K.
+
+    With y0 = cosh(theta) and lam_k = exp(-2^k theta), the Chebyshev values are
+    c_k = T_{2^k}(y0) = (1/lam_k + lam_k)/2. The iteration keeps u_k = lam_k * 2T_{2^k}(y)
+    (|u_k| <= 2), which obeys u_{k+1} = u_k^2 - 2 lam_{k+1}, and multiplies ``a`` by
+    f_k = u_k + 1 + lam_{k+1}; the tracked factor sigma with p_k = sigma_k a_k stays in
+    [2, 4]. So every constant is moderate: CKKS encodes a constant with absolute precision
+    ~2^-50, which would ruin tiny constants (a 1e-12 factor loses 3 digits).
+    """
+
+    lo: float
+    hi: float
+    lam: tuple[float, ...]  # lam_k, k = 0..K+1
+
+    @property
+    def doublings(self) -> int:
+        return len(self.lam) - 2
+
+    @property
+    def delta(self) -> float:
+        return self.lo / self.hi
+
+    def u0(self) -> tuple[float, float]:
+        """u_0 = lam_0 * 2y = slope * x + shift, y = (1 + d - 2x/hi) / (1 - d)."""
+        d, lam0 = self.delta, self.lam[0]
+        return -4.0 * lam0 / ((1.0 - d) * self.hi), 2.0 * lam0 * (1.0 + d) / (1.0 - d)
+
+    def sigma_step(self, k: int) -> float:
+        """sigma_{k+1} / sigma_k = c_k / (c_{k+1} lam_k) = (1 + lam_{k+1}) / (1 + lam_{k+2})."""
+        return (1.0 + self.lam[k + 1]) / (1.0 + self.lam[k + 2])
+
+    @property
+    def sigma0(self) -> float:
+        """p_0 = 2 / (1 + d), the degree-0 approximation of 1/x'."""
+        return 2.0 / (1.0 + self.delta)
+
+    @property
+    def error_bound(self) -> float:
+        """Max relative error of the exact polynomial: 1 / c_K."""
+        lam = self.lam[-2]
+        return 2.0 * lam / (1.0 + lam * lam)
+
+
+def _schedule(lo: float, hi: float, rel_tol: float) -> _Schedule:
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo < hi):
+        raise InputError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
+    if hi / lo > 2.0**40:
+        raise InputError(f"range hi/lo = {hi / lo:.3g} exceeds 2^40")
+    if not 1e-12 <= rel_tol < 1:
+        raise InputError(f"rel_tol must be in [1e-12, 1), got {rel_tol}")
+    eps = 2.0 * lo / (hi - lo)  # y0 - 1
+    theta = math.log1p(eps + math.sqrt(eps * (eps + 2.0)))  # acosh(y0), stably
+    lam = [math.exp(-theta)]
+    while len(lam) < 2 or 2.0 * lam[-1] / (1.0 + lam[-1] ** 2) > rel_tol:
+        if len(lam) > _MAX_DOUBLINGS:
+            raise InputError(f"rel_tol {rel_tol} needs more than {_MAX_DOUBLINGS} doublings")
+        lam.append(lam[-1] ** 2)
+    lam.append(lam[-1] ** 2)
+    return _Schedule(lo, hi, tuple(lam))
+
+
+class _Ops(Protocol):
+    """What the iteration needs: values are ciphertexts, or just level counts."""
+
+    def consumed(self, v: Any) -> int: ...
+    def scale(self, v: Any, s: float) -> Any: ...
+    def shift(self, v: Any, s: float) -> Any: ...
+    def mul(self, a: Any, b: Any) -> Any: ...
+    def square(self, v: Any) -> Any: ...
+
+
+class _CtOps:
+    def __init__(self, ctx: CkksContext) -> None:
+        self.ctx = ctx
+
+    def consumed(self, v: openfhe.Ciphertext) -> int:
+        return self.ctx.consumed(v)
+
+    def scale(self, v: openfhe.Ciphertext, s: float) -> openfhe.Ciphertext:
+        return self.ctx.mul(v, s)
+
+    def shift(self, v: openfhe.Ciphertext, s: float) -> openfhe.Ciphertext:
+        return self.ctx.add(v, s)
+
+    def mul(self, a: openfhe.Ciphertext, b: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        return self.ctx.mul(a, b)
+
+    def square(self, v: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        return self.ctx.square(v)
+
+
+class _LevelOps:
+    """Symbolic run: a value is its consumed level; counts the work done."""
+
+    def __init__(self) -> None:
+        self.products = 0
+        self.scalings = 0
+
+    def consumed(self, v: int) -> int:
+        return v
+
+    def scale(self, v: int, s: float) -> int:
+        self.scalings += 1
+        return v + 1
+
+    def shift(self, v: int, s: float) -> int:
+        return v
+
+    def mul(self, a: int, b: int) -> int:
+        self.products += 1
+        return max(a, b) + 1
+
+    def square(self, v: int) -> int:
+        self.products += 1
+        return v + 1
+
+
+def _segment_end(a_level: int, u_level: int, u_ready: bool, steps: int) -> int:
+    """Consumed level of ``a`` after ``steps`` more doublings without a refresh."""
+    for _ in range(steps):
+        u_level += not u_ready
+        a_level = max(a_level, u_level) + 1
+        u_ready = False
+    return a_level
+
+
+def _iterate(ops: _Ops, x: Any, sch: _Schedule, budget: int, out_limit: int,
+             out_scale: float) -> Generator[Any, Any, Any]:
+    """The iteration; yields a value whenever it must be refreshed, gets it back fresh.
+
+    The output constant sigma_K * out_scale / hi is applied at the end (one level) — or,
+    when that level would cost an extra refresh, folded into ``a`` at the start of the
+    last segment, where it costs no level (``a`` waits a level for ``u`` there anyway).
+    """
+    if ops.consumed(x) + 3 > budget:  # room for one restart (2 levels) and one product
+        x = yield x
+    lam, K = sch.lam, sch.doublings
+    sigma_end = sch.sigma0 * math.prod(sch.sigma_step(j) for j in range(K))
+    out_factor = sigma_end * out_scale / sch.hi  # output = out_factor * a_K (unfolded a)
+
+    def fold_now(a_level: int, u_level: int, u_ready: bool, steps: int) -> bool:
+        end = _segment_end(a_level, u_level, u_ready, steps)
+        return end <= out_limit < end + 1
+
+    slope, shift = sch.u0()
+    u = ops.shift(ops.scale(x, slope), shift)  # u_0
+    folded = fold_now(ops.consumed(u), ops.consumed(u), False, K - 1)
+    w = out_factor if folded else 1.0
+    a = ops.shift(ops.scale(x, slope * w), (shift + 1.0 + lam[1]) * w)  # a_1 = f_0, affine
+    sigma = sch.sigma0 * sch.sigma_step(0)
+    # Restarts form x * a as (gamma x) * (a / gamma): both factors near 1 in size.
+    gamma = 1.0 / math.sqrt(sch.lo * sch.hi)
+    x_gamma = None
+    u_index, k = 0, 1
+    while k < K:
+        u_level = ops.consumed(u) + (u_index < k)
+        if max(ops.consumed(a), u_level) + 1 > budget:
+            a = yield a
+            # restart: u_k = (1 + lam_{k+1}) (1 - x' sigma_k a), measured on the fresh a
+            if x_gamma is None:
+                x_gamma = ops.scale(x, gamma)
+            t = ops.scale(a, -(1.0 + lam[k + 1]) * sigma / (sch.hi * gamma))
+            u, u_index = ops.shift(ops.mul(x_gamma, t), 1.0 + lam[k + 1]), k
+            if max(ops.consumed(a), ops.consumed(u)) + 1 > budget:
+                raise InputError(f"level budget {budget} is too small for the inverse")
+            if fold_now(ops.consumed(a) + 1, ops.consumed(u), True, K - k):
+                a, folded = ops.scale(a, out_factor), True
+            continue
+        if u_index < k:
+            u, u_index = ops.shift(ops.square(u), -2.0 * lam[k]), k
+        a = ops.mul(a, ops.shift(u, 1.0 + lam[k + 1]))
+        sigma *= sch.sigma_step(k)
+        k += 1
+    if folded:
+        return a
+    if ops.consumed(a) + 1 > out_limit:
+        a = yield a
+    return ops.scale(a, out_factor)
+
+
+@dataclass(frozen=True)
+class InversePlan:
+    """What :func:`inverse` will do for a range and budget (computed without crypto)."""
+
+    doublings: int
+    bootstraps: int
+    products: int
+    output_consumed: int
+    error_bound: float
+
+
+def _limits(budget: int, keep_levels: int) -> int:
+    if not 0 <= keep_levels <= budget - 1:
+        raise InputError(f"keep_levels must be in [0, {budget - 1}], got {keep_levels}")
+    return budget - keep_levels
+
+
+def plan_inverse(budget: int, lo: float = COUNT_RANGE[0], hi: float = COUNT_RANGE[1], *,
+                 rel_tol: float = 1e-6, input_consumed: int = 0,
+                 keep_levels: int = 0) -> InversePlan:
+    """Dry-run the inverse on level counts: doublings, bootstraps, products, output level."""
+    sch = _schedule(lo, hi, rel_tol)
+    ops = _LevelOps()
+    boots = 0
+
+    async def fresh(_: int) -> int:
+        nonlocal boots
+        boots += 1
+        return 0
+
+    gen = _iterate(ops, input_consumed, sch, budget, _limits(budget, keep_levels), 1.0)
+    out = _run_without_suspending(_drive(gen, fresh))
+    return InversePlan(sch.doublings, boots, ops.products, out, sch.error_bound)
+
+
+async def _drive(gen: Generator[Any, Any, Any], refresh: Refresh) -> Any:
+    """Run the iteration, answering each refresh request with ``await refresh(value)``."""
+    try:
+        pending = gen.send(None)
+        while True:
+            pending = gen.send(await refresh(pending))
+    except StopIteration as done:
+        return done.value
+
+
+def _run_without_suspending(coro: Any) -> Any:
+    """Run a coroutine that never really awaits (the symbolic dry run)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("the dry run awaited something")  # pragma: no cover
+
+
+async def inverse(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RANGE[0],
+                  hi: float = COUNT_RANGE[1], refresh: Refresh | None = None, *,
+                  rel_tol: float = 1e-6, out_scale: float = 1.0,
+                  keep_levels: int = 0) -> openfhe.Ciphertext:
+    """Encrypted ``out_scale / x`` for every slot x in [lo, hi].
+
+    Relative error: ``rel_tol`` from the approximation (2.25e-7 by default on [1, 2^20]),
+    plus CKKS noise of ~1e-11 to 4e-11 *absolute* on the output, so a tiny output such as
+    1/2^20 gets up to 4e-5 relative error. If that matters, ask for ``out_scale = hi`` (outputs
+    in [1, hi/lo]: measured max relative error 3.3e-7 over [1, 2^20]) and fold 1/hi into
+    the factor the inverse multiplies next (free in depth if that factor is fresh).
+
+    ``refresh`` is the collective bootstrap, awaited whenever levels run out
+    (:func:`plan_inverse` tells how often; none needed means it may be ``None``).
+    ``keep_levels`` levels are left on the result for the caller.
+    """
+    sch = _schedule(lo, hi, rel_tol)
+    ctx.check_same_context(ct, "inverse input")
+    budget = ctx.level_budget
+    plan = plan_inverse(budget, lo, hi, rel_tol=rel_tol, input_consumed=ctx.consumed(ct),
+                        keep_levels=keep_levels)
+    if plan.bootstraps and refresh is None:
+        raise InputError(f"inverse needs {plan.bootstraps} collective bootstraps here: "
+                         "pass a refresh callback")
+
+    async def checked_refresh(value: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        fresh = await refresh(value)
+        if ctx.consumed(fresh) != 0:
+            raise LevelBudgetError("refresh did not return a fresh ciphertext")
+        return fresh
+
+    gen = _iterate(_CtOps(ctx), ct, sch, budget, _limits(budget, keep_levels), out_scale)
+    return await _drive(gen, checked_refresh)

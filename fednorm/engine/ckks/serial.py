@@ -1,0 +1,201 @@
+"""Bytes for OpenFHE objects, with validation before OpenFHE ever parses them.
+
+Payloads are OpenFHE's own BINARY (cereal) serialization. Measured on openfhe 1.6.1:
+corrupting single bytes in the first ~800 bytes of a serialized ciphertext (the crypto
+parameters) *kills the process* with SIGFPE inside the deserializer. So a payload travels
+in a small frame and is checked in this order, each failure a :class:`ProtocolError`:
+
+1. magic, kind byte and preset fingerprint (wrong type / object made under another preset);
+2. a BLAKE2b digest of the payload (truncation, corruption in transit);
+3. a *template* check: the leading bytes (cereal headers + crypto parameters, identical for
+   every object of a kind in one context) must equal those of a locally made reference
+   object, so OpenFHE only ever parses parameters it produced itself;
+4. OpenFHE deserialization (its RuntimeError becomes ProtocolError);
+5. the object's context must equal ours (ciphertexts and public keys expose it).
+
+A peer who crafts a payload with matching digest *and* template but hostile polynomial
+data can still make OpenFHE raise (MemoryError, RuntimeError -> ProtocolError) or yield
+garbage values; the semi-honest model of the paper assumes parties follow the protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import openfhe
+
+from fednorm.engine.errors import InputError, ProtocolError
+
+MAGIC = b"FNCK"
+_DIGEST_BYTES = 16
+_HEADER = struct.Struct(">4sB8s16s")  # magic, kind code, preset fingerprint, digest
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One serializable OpenFHE type: its codec ext code, class and loader."""
+
+    name: str
+    code: int
+    cls: type
+    load: Callable[[bytes, Any], Any]
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("ciphertext", 16, openfhe.Ciphertext, openfhe.DeserializeCiphertextString),
+        Kind("public_key", 17, openfhe.PublicKey, openfhe.DeserializePublicKeyString),
+        Kind("eval_key", 18, openfhe.EvalKey, openfhe.DeserializeEvalKeyString),
+        Kind("eval_key_map", 19, openfhe.EvalKeyMap, openfhe.DeserializeEvalKeyMapString),
+    )
+}
+_KIND_BY_CODE = {k.code: k for k in KINDS.values()}
+
+# An EvalKeyMap payload starts with 5 fixed bytes, then the entry count (u64) and the
+# first automorphism index (u32); the template skips those two variable fields.
+_MAP_COUNT = slice(5, 13)
+_MAP_FIRST_INDEX = slice(13, 17)
+
+
+def kind_of(obj: Any) -> Kind:
+    """The :class:`Kind` of an OpenFHE object; secret keys are refused outright."""
+    if isinstance(obj, openfhe.PrivateKey):
+        raise InputError("secret keys are never serialized")
+    for kind in KINDS.values():
+        if isinstance(obj, kind.cls):
+            return kind
+    raise InputError(f"cannot serialize {type(obj).__name__}")
+
+
+def frame(obj: Any, fingerprint: bytes) -> bytes:
+    """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring)."""
+    kind = kind_of(obj)
+    payload = openfhe.Serialize(obj, openfhe.BINARY)
+    digest = hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest()
+    return b"".join((_HEADER.pack(MAGIC, kind.code, fingerprint, digest), payload))
+
+
+def unframe(kind_name: str, data: bytes, fingerprint: bytes) -> bytes:
+    """Check header and digest of a framed object; return its OpenFHE payload."""
+    kind = KINDS.get(kind_name)
+    if kind is None:
+        raise InputError(f"unknown kind {kind_name!r}; known: {sorted(KINDS)}")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"malformed {kind_name}: {type(data).__name__}, not bytes")
+    if len(data) < _HEADER.size:
+        raise ProtocolError(f"malformed {kind_name}: {len(data)} bytes, too short")
+    magic, code, their_print, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"malformed {kind_name}: bad magic {magic!r}")
+    if code != kind.code:
+        got = _KIND_BY_CODE.get(code)
+        raise ProtocolError(f"expected a {kind_name}, got {got.name if got else code}")
+    if their_print != fingerprint:
+        raise ProtocolError(f"{kind_name} was made under another CKKS preset")
+    payload = bytes(data[_HEADER.size:])
+    if hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest() != digest:
+        raise ProtocolError(f"malformed {kind_name}: digest mismatch (corrupted or truncated)")
+    return payload
+
+
+class Templates:
+    """Reference byte prefixes per kind, built lazily from throwaway keys.
+
+    Throwaway keys are fresh random keys of this process, unrelated to any party's, so
+    building references leaks nothing. Thread-safe; the cost (a few throwaway key
+    generations, up to ~1 s at ring 2^15) is paid once per kind, preset and process.
+    """
+
+    def __init__(self, cc: openfhe.CryptoContext, ring_dim: int) -> None:
+        self._cc = cc
+        self._ring_dim = ring_dim
+        self._lock = threading.Lock()
+        self._prefix: dict[str, bytes] = {}
+
+    def check(self, kind_name: str, payload: bytes) -> None:
+        """Raise :class:`ProtocolError` unless ``payload`` starts like a local object."""
+        ref = self._reference(kind_name)
+        if kind_name == "eval_key_map":
+            self._check_map_fields(payload)
+            ok = payload[:5] == ref[:5] and payload[17:len(ref)] == ref[17:]
+        else:
+            ok = payload[:len(ref)] == ref
+        if not ok:
+            raise ProtocolError(f"malformed {kind_name}: header or crypto parameters differ "
+                                "from this context's")
+
+    def _check_map_fields(self, payload: bytes) -> None:
+        if len(payload) < _MAP_FIRST_INDEX.stop:
+            raise ProtocolError("malformed eval_key_map: too short")
+        (count,) = struct.unpack("<Q", payload[_MAP_COUNT])
+        (index,) = struct.unpack("<I", payload[_MAP_FIRST_INDEX])
+        if not 1 <= count <= self._ring_dim or not (index % 2 and index < 2 * self._ring_dim):
+            raise ProtocolError(f"malformed eval_key_map: {count} entries, first index {index}")
+
+    def _reference(self, kind_name: str) -> bytes:
+        with self._lock:
+            if kind_name not in self._prefix:
+                self._prefix[kind_name] = self._build(kind_name)
+            return self._prefix[kind_name]
+
+    def _build(self, kind_name: str) -> bytes:
+        first, second = (_sample(self._cc, kind_name, i) for i in (0, 1))
+        if kind_name == "eval_key_map":
+            return first[:5] + b"\0" * 12 + first[17:17 + _common_prefix(first[17:], second[17:])]
+        return first[:_common_prefix(first, second)]
+
+
+_TEMPLATES: dict[bytes, Templates] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+def templates_for(cc: openfhe.CryptoContext, preset: Any) -> Templates:
+    """The process-wide :class:`Templates` of a preset: every role in one process (a
+    simulation) shares the reference objects instead of building its own."""
+    with _TEMPLATES_LOCK:
+        if preset.fingerprint not in _TEMPLATES:
+            _TEMPLATES[preset.fingerprint] = Templates(cc, preset.ring_dim)
+        return _TEMPLATES[preset.fingerprint]
+
+
+def _sample(cc: openfhe.CryptoContext, kind_name: str, which: int) -> bytes:
+    """Serialize a throwaway object of ``kind_name`` (``which`` varies its content).
+
+    The two samples get key tags of different lengths, so their common prefix ends at
+    the latest at the tag's length field, before any per-object content. The tags are
+    unique: OpenFHE caches automorphism keys per tag, process-wide (two throwaway keys
+    stay cached, once per preset and process).
+    """
+    keys = cc.KeyGen()
+    tag = "t" * (which + 1) + uuid.uuid4().hex
+    keys.secretKey.SetKeyTag(tag)
+    keys.publicKey.SetKeyTag(tag)
+    if kind_name == "ciphertext":
+        obj = cc.Encrypt(keys.publicKey, cc.MakeCKKSPackedPlaintext([float(which)]))
+    elif kind_name == "public_key":
+        obj = keys.publicKey
+    elif kind_name == "eval_key":
+        obj = cc.KeySwitchGen(keys.secretKey, keys.secretKey)
+    else:
+        obj = cc.EvalAutomorphismKeyGen(keys.secretKey, [5 if which == 0 else 25])
+    return openfhe.Serialize(obj, openfhe.BINARY)
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b), 1 << 14)
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def load(kind_name: str, payload: bytes) -> Any:
+    """Let OpenFHE parse a checked payload; its exceptions become ProtocolError."""
+    try:
+        return KINDS[kind_name].load(payload, openfhe.BINARY)
+    except (RuntimeError, MemoryError, ValueError) as exc:
+        raise ProtocolError(f"malformed {kind_name}: OpenFHE could not load it ({exc})") from None

@@ -1,0 +1,418 @@
+"""Multiparty CKKS layer: keys, collective operations, levels, bytes, inverse.
+
+Everything runs at the fast ``test`` preset (ring 2^14, depth 9, budget 5) with keys
+made once per module, except one ``slow`` test of the whole chain at the paper preset.
+Tolerances: a collective decryption at scale 2^50 carries ~1e-6 absolute smudging noise
+(P=3); after a multiplication (doubled scale) ~1e-9.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openfhe
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fednorm.engine.ckks import (
+    COUNT_RANGE,
+    CkksContext,
+    CkksPreset,
+    LevelBudgetError,
+    PartyKeys,
+    aggregate_boot_shares,
+    aggregate_decrypt_shares,
+    aggregate_public_key,
+    aggregate_relin_round1,
+    aggregate_relin_round2,
+    bootstrap_locally,
+    decrypt_locally,
+    ensure_levels,
+    get_preset,
+    inverse,
+    local_refresh,
+    plan_inverse,
+    setup_locally,
+    start_bootstrap,
+    sum_rotation_indices,
+)
+from fednorm.engine.errors import InputError, ProtocolError
+
+P = 3
+SUM_WIDTH = 8
+FRESH_ABS_TOL = 1e-5     # scale 2^50 decryption: ~1e-6 smudging noise at P=3, with margin
+DOUBLED_ABS_TOL = 1e-7   # after a multiplication: the ciphertext's own noise only
+CRYPTO = settings(max_examples=3, deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+
+
+class Fed:
+    """One federation at the test preset: context, parties, joint keys."""
+
+    def __init__(self) -> None:
+        self.ctx = CkksContext("test")
+        self.parties, self.joint = setup_locally(self.ctx, P,
+                                                 rotations=sum_rotation_indices(SUM_WIDTH))
+
+    def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
+        return self.ctx.encrypt(self.joint.public_key, values)
+
+    def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        return decrypt_locally(self.ctx, self.joint, self.parties, ct, n)
+
+    def consume(self, ct: openfhe.Ciphertext, levels: int) -> openfhe.Ciphertext:
+        for _ in range(levels):
+            ct = self.ctx.mul(ct, 1.0)
+        return ct
+
+
+@pytest.fixture(scope="module")
+def fed() -> Fed:
+    return Fed()
+
+
+@pytest.fixture(scope="module")
+def foreign() -> CkksContext:
+    """A context with other parameters: its objects must be rejected by ours."""
+    return CkksContext(CkksPreset(name="foreign", ring_dim=1 << 13,
+                                  security="HEStd_NotSet", depth=6))
+
+
+vectors = st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=64).map(np.array)
+
+
+# -- presets -----------------------------------------------------------------------------
+def test_presets() -> None:
+    paper = get_preset("paper")
+    assert (paper.ring_dim, paper.security, paper.depth) == (1 << 15, "HEStd_128_classic", 11)
+    assert (paper.scaling_mod_bits, paper.first_mod_bits) == (50, 60)
+    assert paper.level_budget == 7 and get_preset("test").level_budget == 5
+    assert paper.fingerprint != get_preset("test").fingerprint
+    with pytest.raises(InputError, match="unknown CKKS preset"):
+        get_preset("nope")
+
+
+# -- keys --------------------------------------------------------------------------------
+def test_party_keys_refuse_pickling_and_copying(fed: Fed) -> None:
+    keys = fed.parties[1]
+    for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="secret key"):
+            attempt(keys)
+    with pytest.raises(InputError, match="never serialized"):
+        fed.ctx.to_bytes(keys._sk)  # even reaching in, the secret does not become bytes
+    assert "tag=" in repr(keys) and keys.joint_tag == fed.joint.tag
+
+
+@CRYPTO
+@given(parts=st.lists(vectors, min_size=P, max_size=P))
+def test_joint_encryption_aggregates_and_decrypts(fed: Fed, parts: list[np.ndarray]) -> None:
+    """Each party encrypts under the joint key; the server adds; all decrypt the sum."""
+    n = max(len(p) for p in parts)
+    padded = [np.pad(p, (0, n - len(p))) for p in parts]
+    total = fed.encrypt(padded[0])
+    for values in padded[1:]:
+        total = fed.ctx.add(total, fed.encrypt(values))
+    np.testing.assert_allclose(fed.decrypt(total, n), sum(padded), atol=FRESH_ABS_TOL)
+
+
+@CRYPTO
+@given(a=vectors, b=vectors, s=st.floats(-100, 100))
+def test_relinearized_multiplication(fed: Fed, a: np.ndarray, b: np.ndarray, s: float) -> None:
+    n = min(len(a), len(b))
+    a, b = a[:n] / 1e3, b[:n] / 1e3  # |x| <= 1 keeps the doubled-scale tolerance absolute
+    ca, cb = fed.encrypt(a), fed.encrypt(b)
+    product = fed.ctx.mul(ca, cb)
+    assert fed.ctx.consumed(product) == 1 and product.NumberCiphertextElements() == 2
+    np.testing.assert_allclose(fed.decrypt(product, n), a * b, atol=DOUBLED_ABS_TOL)
+    np.testing.assert_allclose(fed.decrypt(fed.ctx.mul(ca, b), n), a * b, atol=DOUBLED_ABS_TOL)
+    np.testing.assert_allclose(fed.decrypt(fed.ctx.mul(ca, s), n), a * s,
+                               atol=DOUBLED_ABS_TOL * 100)
+
+
+def test_rotations_sum_slots(fed: Fed) -> None:
+    values = np.arange(1.0, 2 * SUM_WIDTH + 1)
+    summed = fed.decrypt(fed.ctx.sum_slots(fed.encrypt(values), SUM_WIDTH), SUM_WIDTH + 1)
+    assert summed[0] == pytest.approx(values[:SUM_WIDTH].sum(), abs=FRESH_ABS_TOL)
+    assert summed[SUM_WIDTH] == pytest.approx(values[SUM_WIDTH:].sum(), abs=FRESH_ABS_TOL)
+
+
+@CRYPTO
+@given(values=vectors, used=st.integers(0, 5))
+def test_bootstrap_restores_levels_and_keeps_values(fed: Fed, values: np.ndarray,
+                                                    used: int) -> None:
+    ct = fed.consume(fed.encrypt(values), used)
+    assert fed.ctx.consumed(ct) == used
+    fresh = bootstrap_locally(fed.ctx, fed.joint, fed.parties, ct)
+    assert fed.ctx.consumed(fresh) == 0 and fed.ctx.levels_left(fresh) == 5
+    assert fresh.GetKeyTag() == fed.joint.tag
+    np.testing.assert_allclose(fed.decrypt(fresh, len(values)), values, atol=FRESH_ABS_TOL)
+    product = fed.ctx.mul(fresh, 0.5)  # and it multiplies on
+    np.testing.assert_allclose(fed.decrypt(product, len(values)), values / 2,
+                               atol=FRESH_ABS_TOL)
+
+
+def test_shares_made_in_threads(fed: Fed) -> None:
+    """Party-side calls on independent objects run concurrently (OpenFHE drops the GIL)."""
+    values = np.linspace(-1, 1, 100)
+    cts = [fed.encrypt(values * (i + 1)) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        shares = list(pool.map(lambda ct: [p.decrypt_share(ct) for p in fed.parties], cts))
+    for i, (ct, ct_shares) in enumerate(zip(cts, shares, strict=True)):
+        out = fed.ctx.decode(aggregate_decrypt_shares(fed.ctx, fed.joint, ct, ct_shares), 100)
+        np.testing.assert_allclose(out, values * (i + 1), atol=FRESH_ABS_TOL)
+
+
+# -- levels ------------------------------------------------------------------------------
+def test_level_budget_is_tracked(fed: Fed) -> None:
+    ctx = fed.ctx
+    at_budget = fed.consume(fed.encrypt(np.ones(4)), ctx.level_budget)
+    assert ctx.levels_left(at_budget) == 0
+    start_bootstrap(ctx, fed.joint, at_budget)  # still allowed
+    past = fed.ctx.mul(at_budget, 1.0)
+    assert ctx.levels_left(past) == -1
+    with pytest.raises(LevelBudgetError, match="collective bootstrap"):
+        start_bootstrap(ctx, fed.joint, past)
+    deepest = fed.consume(past, ctx.depth - ctx.consumed(past))
+    np.testing.assert_allclose(fed.decrypt(deepest, 4), 1.0, atol=1e-3)  # decryptable...
+    with pytest.raises(LevelBudgetError, match="depth"):
+        ctx.mul(deepest, 1.0)  # ...but no deeper
+
+
+async def test_ensure_levels_refreshes_only_when_needed(fed: Fed) -> None:
+    ctx = fed.ctx
+    refresh = local_refresh(ctx, fed.joint, fed.parties)
+    ct = fed.consume(fed.encrypt(np.full(4, 3.0)), 3)
+    assert await ensure_levels(ctx, ct, 2, refresh) is ct and refresh.calls == 0
+    fresh = await ensure_levels(ctx, ct, 3, refresh)
+    assert refresh.calls == 1 and ctx.levels_left(fresh) == ctx.level_budget
+    np.testing.assert_allclose(fed.decrypt(fresh, 4), 3.0, atol=FRESH_ABS_TOL)
+    with pytest.raises(LevelBudgetError, match="can no longer be refreshed"):
+        await ensure_levels(ctx, fed.consume(ct, 3), 1, refresh)
+    with pytest.raises(InputError):
+        await ensure_levels(ctx, ct, ctx.level_budget + 1, refresh)
+
+
+# -- validation of shares ----------------------------------------------------------------
+def test_decryption_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+    ctx, joint, parties = fed.ctx, fed.joint, fed.parties
+    ct = fed.encrypt(np.ones(4))
+    good = [p.decrypt_share(ct) for p in parties]
+    deeper = fed.consume(ct, 2)
+    wrong_level = [*good[:2], parties[2].decrypt_share(deeper)]
+    with pytest.raises(ProtocolError, match="decryption share #2"):
+        aggregate_decrypt_shares(ctx, joint, ct, wrong_level)
+    with pytest.raises(ProtocolError, match="3 parties"):
+        aggregate_decrypt_shares(ctx, joint, ct, good[:2])
+    own = ctx.encrypt(parties[1].public_key_share, np.ones(4))  # not a joint ciphertext
+    with pytest.raises(ProtocolError, match="key tag"):
+        parties[1].decrypt_share(own)
+    forged = ctx.raw.MultipartyDecryptMain([own], _sk(fed, 2))[0]
+    retagged = [*good[:2], ctx.raw.Compress(forged, 2)]
+    with pytest.raises(ProtocolError, match="key tag"):
+        aggregate_decrypt_shares(ctx, joint, ct, retagged)
+    alien_keys = foreign.raw.KeyGen()
+    alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
+    alien = foreign.raw.MultipartyDecryptMain([alien_ct], alien_keys.secretKey)[0]
+    with pytest.raises(ProtocolError, match="another crypto context"):
+        aggregate_decrypt_shares(ctx, joint, ct, [*good[:2], alien])
+    np.testing.assert_allclose(ctx.decode(aggregate_decrypt_shares(ctx, joint, ct, good), 4),
+                               1.0, atol=FRESH_ABS_TOL)
+
+
+def _sk(fed: Fed, i: int) -> openfhe.PrivateKey:
+    """Test-only access to a secret, to forge a share the API would never make."""
+    return fed.parties[i]._sk
+
+
+def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+    ctx, joint, parties = fed.ctx, fed.joint, fed.parties
+    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)))
+    good = [p.boot_share(rnd.c1, rnd.a) for p in parties]
+    outsider = PartyKeys.generate(ctx, parties[0].public_key_share)  # not in the federation
+    with pytest.raises(ProtocolError, match="bootstrap share #2 has key tag"):
+        aggregate_boot_shares(ctx, joint, rnd, [*good[:2], outsider.boot_share(rnd.c1, rnd.a)])
+    with pytest.raises(ProtocolError, match="key tag"):
+        aggregate_boot_shares(ctx, joint, rnd, [good[1], good[0], good[2]])  # out of order
+    alien_keys = foreign.raw.KeyGen()
+    alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
+    with pytest.raises(ProtocolError, match="another crypto context"):
+        aggregate_boot_shares(ctx, joint, rnd, [*good[:2], (alien_ct, alien_ct)])
+    uncompressed = fed.encrypt(np.ones(4))
+    uncompressed.RemoveElement(0)
+    with pytest.raises(ProtocolError, match="wrong level"):
+        parties[0].boot_share(uncompressed, rnd.a)
+    with pytest.raises(ProtocolError, match="elements"):
+        parties[0].boot_share(rnd.adjusted, rnd.a)
+
+
+def test_key_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+    ctx, parties = fed.ctx, fed.parties
+    joint = fed.joint
+    lead_share = parties[0].relin_share()
+    round1 = [lead_share] + [p.relin_share(lead_share) for p in parties[1:]]
+    with pytest.raises(ProtocolError, match="round-1 relinearization share #1"):
+        aggregate_relin_round1(ctx, joint, [round1[0], round1[2], round1[1]])
+    joint1 = aggregate_relin_round1(ctx, joint, round1)
+    round2 = [p.relin_mult_share(joint1) for p in parties]
+    with pytest.raises(ProtocolError, match="key tag"):
+        aggregate_relin_round2(ctx, joint, [*round2[:2], round1[2]])
+    with pytest.raises(ProtocolError, match="key tag"):
+        parties[1].relin_mult_share(round1[1])
+    with pytest.raises(ProtocolError, match="same key tag"):
+        aggregate_public_key(ctx, [parties[0].public_key_share] * 2)
+    with pytest.raises(ProtocolError, match="another crypto context"):
+        aggregate_public_key(ctx, [parties[0].public_key_share, foreign.raw.KeyGen().publicKey])
+
+
+# -- bytes -------------------------------------------------------------------------------
+def test_serialization_round_trips(fed: Fed) -> None:
+    ctx, parties = fed.ctx, fed.parties
+    values = np.linspace(-5, 5, 10)
+    lead_relin, lead_rot = parties[0].relin_share(), parties[0].rotation_share([1, 3])
+    round1 = aggregate_relin_round1(ctx, fed.joint, [lead_relin] + [
+        p.relin_share(lead_relin) for p in parties[1:]])
+    objects = [
+        ("ciphertext", fed.encrypt(values)),
+        ("public_key", fed.joint.public_key),
+        ("eval_key", lead_relin),
+        ("eval_key", parties[1].relin_mult_share(round1)),
+        ("eval_key_map", lead_rot),
+        ("eval_key_map", parties[2].rotation_share([1, 3], lead_rot)),
+    ]
+    for kind, obj in objects:
+        back = ctx.from_bytes(kind, ctx.to_bytes(obj))
+        assert isinstance(back, type(obj))
+        if hasattr(obj, "GetKeyTag"):
+            assert back.GetKeyTag() == obj.GetKeyTag()
+    ct = ctx.from_bytes("ciphertext", ctx.to_bytes(objects[0][1]))
+    np.testing.assert_allclose(fed.decrypt(ct, 10), values, atol=FRESH_ABS_TOL)
+    share = parties[1].decrypt_share(ct)
+    assert len(ctx.to_bytes(share)) * 4 < len(ctx.to_bytes(ct))  # shares are compressed
+    rnd = start_bootstrap(ctx, fed.joint, ct)
+    h0, h1 = (ctx.from_bytes("ciphertext", ctx.to_bytes(h))
+              for h in parties[0].boot_share(rnd.c1, rnd.a))
+    assert h0.GetKeyTag() == h1.GetKeyTag() == parties[0].tag
+
+
+def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> None:
+    ctx = fed.ctx
+    data = ctx.to_bytes(fed.encrypt(np.ones(3)))
+    header = 29  # magic 4 + kind 1 + fingerprint 8 + digest 16
+    flipped = bytearray(data)
+    flipped[header + 100] ^= 0xFF  # inside the crypto parameters: would crash OpenFHE
+    payload = bytes(flipped[header:])
+    # a peer that recomputes the digest still cannot get odd parameters past the template
+    forged = data[:13] + hashlib.blake2b(payload, digest_size=16).digest() + payload
+    cases = [
+        ("ciphertext", data[:10], "too short"),
+        ("ciphertext", b"XXXX" + data[4:], "bad magic"),
+        ("ciphertext", data[:-1000], "digest"),
+        ("ciphertext", bytes(flipped), "digest"),
+        ("ciphertext", forged, "crypto parameters"),
+        ("ciphertext", os.urandom(5000), "malformed"),
+        ("public_key", data, "expected a public_key"),
+        ("public_key", foreign.to_bytes(foreign.raw.KeyGen().publicKey), "another CKKS preset"),
+    ]
+    for kind, blob, message in cases:
+        with pytest.raises(ProtocolError, match=message):
+            ctx.from_bytes(kind, blob)
+
+
+def test_codec_registration(fed: Fed) -> None:
+    registered = {}
+
+    def register(code, cls, encode, decode) -> None:
+        registered[code] = (cls, encode, decode)
+
+    fed.ctx.register_codec_types(register)
+    assert sorted(registered) == [16, 17, 18, 19]
+    cls, encode, decode = registered[16]
+    ct = fed.encrypt(np.ones(2))
+    assert cls is type(ct) and isinstance(decode(encode(ct)), cls)
+    with pytest.raises(ProtocolError):
+        registered[17][2](encode(ct))  # a ciphertext is not a public key
+
+
+# -- inverse -----------------------------------------------------------------------------
+async def _inverse_errors(fed: Fed, x: np.ndarray, lo: float, hi: float,
+                          out_scale: float) -> tuple[np.ndarray, openfhe.Ciphertext]:
+    """Relative errors of ``out_scale / x`` (and the result); checks the dry-run plan held."""
+    ctx = fed.ctx
+    refresh = local_refresh(ctx, fed.joint, fed.parties)
+    out = await inverse(ctx, fed.encrypt(x), lo, hi, refresh, out_scale=out_scale)
+    plan = plan_inverse(ctx.level_budget, lo, hi)
+    assert (refresh.calls, ctx.consumed(out)) == (plan.bootstraps, plan.output_consumed)
+    return _relative_errors(fed, out, x / out_scale), out
+
+
+def _relative_errors(fed: Fed, out: openfhe.Ciphertext, x: np.ndarray) -> np.ndarray:
+    """|out * x - 1|: one magnitude in every slot, so decoding adds little noise."""
+    return np.abs(fed.decrypt(fed.ctx.mul(out, x), len(x)) - 1.0)
+
+
+async def test_inverse_over_count_range(fed: Fed) -> None:
+    x = np.geomspace(*COUNT_RANGE, 4096)
+    hi = COUNT_RANGE[1]
+    scaled, out = await _inverse_errors(fed, x, *COUNT_RANGE, out_scale=hi)
+    assert scaled.max() < 1e-6  # measured 3.2e-7; approximation bound 2.25e-7
+    direct = _relative_errors(fed, fed.ctx.mul(out, 1 / hi), x)  # 1/x itself
+    assert direct.max() < 1e-4  # outputs ~1e-6 carry ~4e-11 absolute noise
+
+
+@settings(max_examples=2, deadline=None)
+@given(lo_exp=st.floats(-10, 10), width=st.floats(1, 12), data=st.data())
+def test_inverse_on_random_ranges(fed: Fed, lo_exp: float, width: float,
+                                  data: st.DataObject) -> None:
+    lo, hi = 2.0**lo_exp, 2.0 ** (lo_exp + width)
+    exps = data.draw(st.lists(st.floats(lo_exp, lo_exp + width), min_size=1, max_size=32))
+    x = np.clip(np.exp2(np.array(exps)), lo, hi)
+    errors, _ = trio.run(_inverse_errors, fed, x, lo, hi, hi)
+    assert errors.max() < 1e-6
+
+
+def test_inverse_plan() -> None:
+    paper = plan_inverse(7)
+    assert (paper.doublings, paper.bootstraps, paper.output_consumed) == (13, 2, 5)
+    assert paper.error_bound < 2.3e-7
+    assert plan_inverse(7, keep_levels=2).output_consumed <= 5
+    assert plan_inverse(7, 1.0, 64.0).bootstraps == 0
+    with pytest.raises(InputError):
+        plan_inverse(7, 2.0, 1.0)
+
+
+async def test_inverse_without_refresh_is_refused_up_front(fed: Fed) -> None:
+    with pytest.raises(InputError, match="refresh"):
+        await inverse(fed.ctx, fed.encrypt(np.ones(2)))
+
+
+# -- the paper preset, whole chain ---------------------------------------------------------
+@pytest.mark.slow
+async def test_paper_preset_whole_chain() -> None:
+    """Keys for P=10 -> encrypt -> aggregate -> multiply -> bootstrap -> inverse -> decrypt."""
+    ctx = CkksContext("paper")
+    parties, joint = setup_locally(ctx, 10)
+    rng = np.random.default_rng(7)
+    parts = [rng.uniform(0, 10, 256) for _ in parties]
+    counts = [rng.integers(1, 5000, 256).astype(float) for _ in parties]
+    total = ctx.encrypt(joint.public_key, parts[0])
+    n = ctx.encrypt(joint.public_key, counts[0])
+    for values, cnt in zip(parts[1:], counts[1:], strict=True):
+        total = ctx.add(total, ctx.encrypt(joint.public_key, values))
+        n = ctx.add(n, ctx.encrypt(joint.public_key, cnt))
+    squared = ctx.mul(total, total)
+    fresh = bootstrap_locally(ctx, joint, parties, squared)
+    assert ctx.consumed(fresh) == 0
+    refresh = local_refresh(ctx, joint, parties)
+    inv = await inverse(ctx, n, *COUNT_RANGE, refresh, out_scale=COUNT_RANGE[1], keep_levels=1)
+    mean_sq = ctx.mul(fresh, ctx.mul(inv, 1.0 / COUNT_RANGE[1]))
+    expected = sum(parts) ** 2 / sum(counts)
+    got = decrypt_locally(ctx, joint, parties, mean_sq, 256)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert refresh.calls == plan_inverse(7).bootstraps

@@ -98,13 +98,23 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return ext.decode(data)
 
 
-def encode_frame(header: Header, msg: Message) -> bytes:
-    """Serialize one message with its header."""
+def encode_body(msg: Message) -> bytes:
+    """The packed body of ``msg``: encode once, frame many times (broadcasts)."""
+    return msgpack.packb(msg.fields(), default=_default, use_bin_type=True)
+
+
+def encode_frame(header: Header, msg: Message, body: bytes | None = None) -> bytes:
+    """Serialize one message with its header (``body``: its :func:`encode_body`, if known).
+
+    A msgpack array is its length byte followed by its packed elements, so the header
+    fields and a pre-packed body concatenate into exactly what packing the list gives.
+    """
     if header.kind != msg.KIND:
         raise ValueError(f"header kind {header.kind!r} does not match message {msg.KIND!r}")
-    frame = [WIRE_VERSION, header.protocol, header.session, header.round, header.sender,
-             header.kind, msg.fields()]
-    return msgpack.packb(frame, default=_default, use_bin_type=True)
+    fields = (WIRE_VERSION, header.protocol, header.session, header.round, header.sender,
+              header.kind)
+    head = b"".join(msgpack.packb(f, use_bin_type=True) for f in fields)
+    return b"\x97" + head + (body if body is not None else encode_body(msg))
 
 
 def decode_frame(data: bytes) -> tuple[Header, Message]:

@@ -17,11 +17,12 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from fednorm.engine.codec import Header, decode_frame, encode_frame
+from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame
 from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Abort, Message
 
 SERVER = 0
+_INLINE_DECODE_BYTES = 1 << 16
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 
@@ -122,11 +123,13 @@ class RoleContext:
         except KeyError:
             raise ValueError(f"{role_name(self.me)} has no link to {role_name(peer)}") from None
 
-    async def send(self, peer: int, msg: Message) -> None:
-        """Send one message to ``peer``."""
+    async def send(self, peer: int, msg: Message, body: bytes | None = None) -> None:
+        """Send one message to ``peer`` (``body``: its pre-encoded body, for broadcasts)."""
         link = self._link(peer)
         header = Header(self.protocol, self.session, self._send_round[peer], self.me, msg.KIND)
-        frame = encode_frame(header, msg)
+        if body is None:
+            body = await self.run_sync(encode_body, msg)
+        frame = encode_frame(header, msg, body)
         self._send_round[peer] += 1
         self.stats.count_sent(msg.KIND, len(frame))
         await link.send(frame)
@@ -134,21 +137,32 @@ class RoleContext:
     async def receive(self, peer: int, expected: type[M] | tuple[type[Message], ...]) -> M:
         """Receive the next message from ``peer``; it must be of (one of) ``expected``."""
         kinds = expected if isinstance(expected, tuple) else (expected,)
+        return await self.receive_any(peer, dict.fromkeys(kinds, self.protocol))  # type: ignore[return-value]
+
+    async def receive_any(self, peer: int, accepted: Mapping[type[Message], str]) -> Message:
+        """Receive the next message from ``peer``: one of ``accepted``'s kinds, each only
+        within its own (sub-)protocol id.
+
+        For a role that cannot know which comes next, e.g. a party that answers any
+        number of bootstrap requests (sub-protocol ``…/bootstrap``) before the result.
+        """
         link = self._link(peer)
         try:
             with trio.fail_after(self.timeout if self.timeout is not None else float("inf")):
                 frame = await link.receive()
         except trio.TooSlowError:
-            waiting_for = "|".join(k.KIND for k in kinds)
+            waiting_for = "|".join(k.KIND for k in accepted)
             raise ProtocolTimeout(role_name(peer), self.timeout or 0.0, waiting_for) from None
         self.stats.count_received(len(frame))
-        header, msg = decode_frame(frame)
-        self._check_header(peer, header, kinds, msg)
+        # Crypto objects take milliseconds to parse: do it off the event loop.
+        header, msg = (decode_frame(frame) if len(frame) < _INLINE_DECODE_BYTES
+                       else await self.run_sync(decode_frame, frame))
+        self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
-        return msg  # type: ignore[return-value]
+        return msg
 
     def _check_header(
-        self, peer: int, header: Header, expected: tuple[type[Message], ...], msg: Message
+        self, peer: int, header: Header, accepted: Mapping[type[Message], str], msg: Message
     ) -> None:
         who = role_name(peer)
         if header.session != self.session:
@@ -162,18 +176,20 @@ class RoleContext:
                 f"frame from {who} has round {header.round}, "
                 f"expected {self._receive_round[peer]} (out of order or replayed)"
             )
-        if header.protocol != self.protocol:
-            raise ProtocolError(
-                f"frame from {who} is for protocol {header.protocol!r}, expected {self.protocol!r}"
-            )
-        if header.kind not in {cls.KIND for cls in expected}:
-            wanted = " or ".join(repr(cls.KIND) for cls in expected)
+        protocol = accepted.get(type(msg))
+        if protocol is None:
+            wanted = " or ".join(repr(cls.KIND) for cls in accepted)
             raise ProtocolError(f"expected {wanted} from {who}, got {header.kind!r}")
+        if header.protocol != protocol:
+            raise ProtocolError(
+                f"frame from {who} is for protocol {header.protocol!r}, expected {protocol!r}"
+            )
 
     async def broadcast(self, msg: Message) -> None:
-        """Server: send the same message to every party."""
+        """Server: send the same message to every party (its body encoded once)."""
+        body = await self.run_sync(encode_body, msg)
         for party in self.parties:
-            await self.send(party, msg)
+            await self.send(party, msg, body)
 
     async def gather(self, expected: type[M]) -> dict[int, M]:
         """Server: one message of type ``expected`` from every party (a protocol round).

@@ -31,6 +31,9 @@ class FitOptions:
     ``epsilon`` is the absolute precision of the rank search (the paper's ε); when
     it is None, each feature gets ``relative_epsilon`` times its own range, so a
     feature near 1e-3 is found as precisely as one near 1e6.
+
+    PPF (``mhe``) protocols use ``preset`` (CKKS parameters), ``max_count`` (the largest
+    pooled per-feature count the encrypted inverse supports) and ``reveal_counts``.
     """
 
     epsilon: float | None = None
@@ -38,6 +41,7 @@ class FitOptions:
     quantile_rule: QuantileRule = "interpolate"
     vabs: tuple[float, ...] | None = None
     reveal_counts: bool = False
+    max_count: int = 2**20
     preset: str = "paper"
     extra: Mapping[str, object] = field(default_factory=dict)
 
@@ -46,6 +50,8 @@ class FitOptions:
             raise InputError(f"epsilon must be positive, got {self.epsilon}")
         if not 0 < self.relative_epsilon < 1:
             raise InputError(f"relative_epsilon must be in (0, 1), got {self.relative_epsilon}")
+        if not 1 <= self.max_count <= 2**40:
+            raise InputError(f"max_count must be in [1, 2^40], got {self.max_count}")
         if self.quantile_rule not in ("interpolate", "gap"):
             raise InputError(
                 f"quantile_rule must be 'interpolate' or 'gap', not {self.quantile_rule!r}"

@@ -31,7 +31,9 @@ Ciphertext = openfhe.Ciphertext
 Operand = openfhe.Ciphertext | np.ndarray | float | int
 
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
-KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
+KEY_MAP_LOCK = threading.Lock()
+_RECENT_OBJECTS = 8  # decoded objects kept to serve repeated (broadcast) bytes
+  # OpenFHE's eval-key maps are process-wide std::maps
 
 
 def _build_crypto_context(preset: CkksPreset) -> openfhe.CryptoContext:
@@ -67,6 +69,8 @@ class CkksContext:
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         self.raw = _build_crypto_context(self.preset)
         self._templates = serial.templates_for(self.raw, self.preset)
+        self._recent: dict[bytes, tuple[bytes, Any]] = {}
+        self._recent_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"CkksContext({self.preset.name!r})"
@@ -229,13 +233,30 @@ class CkksContext:
         return serial.frame(obj, self.preset.fingerprint)
 
     def from_bytes(self, kind: str, data: bytes) -> Any:
-        """Load a ``kind`` object from :meth:`to_bytes` output; malformed -> ProtocolError."""
+        """Load a ``kind`` object from :meth:`to_bytes` output; malformed -> ProtocolError.
+
+        A broadcast delivers the same bytes to every party; when all roles share one
+        process (a simulation), parsing them once and handing out copies saves most of
+        the deserialization time.  A hit is confirmed by comparing the bytes themselves.
+        Readers therefore may share a decoded object: code that mutates one (e.g.
+        ``RemoveElement``) works on a ``Clone()``, as every caller in fednorm does.
+        """
+        cached = self._recent.get(serial.digest_of(data))
+        if cached is not None and cached[0] == data:
+            return cached[1]
         payload = serial.unframe(kind, data, self.preset.fingerprint)
         self._templates.check(kind, payload)
         obj = serial.load(kind, payload)
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
+        self._remember(serial.digest_of(data), bytes(data), obj)
         return obj
+
+    def _remember(self, digest: bytes, data: bytes, obj: Any) -> None:
+        with self._recent_lock:
+            self._recent[digest] = (data, obj)
+            while len(self._recent) > _RECENT_OBJECTS:
+                self._recent.pop(next(iter(self._recent)))
 
     def register_codec_types(
         self, register: Callable[[int, type, Callable[[Any], bytes], Callable[[bytes], Any]],

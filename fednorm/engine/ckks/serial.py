@@ -82,6 +82,13 @@ def frame(obj: Any, fingerprint: bytes) -> bytes:
     return b"".join((_HEADER.pack(MAGIC, kind.code, fingerprint, digest), payload))
 
 
+def digest_of(data: bytes) -> bytes | None:
+    """The digest a framed object's header claims (None if too short to have one)."""
+    if len(data) < _HEADER.size:
+        return None
+    return bytes(data[_HEADER.size - _DIGEST_BYTES:_HEADER.size])
+
+
 def unframe(kind_name: str, data: bytes, fingerprint: bytes) -> bytes:
     """Check header and digest of a framed object; return its OpenFHE payload."""
     kind = KINDS.get(kind_name)

@@ -1,0 +1,291 @@
+"""Collective sub-protocols every PPF protocol runs: key setup, decryption, bootstrapping.
+
+Each collective operation has the multiparty shape — parties *generate shares* from
+their secret keys, the server *aggregates* them, the result is *finalized* — with the
+crypto math in :mod:`fednorm.engine.ckks` and only the message flow here.
+
+Key setup takes three rounds:
+
+1. the lead party (party 1) makes an ordinary key pair and sends its public key and
+   round-1 relinearization share (plus a rotation-key share if the protocol needs
+   rotations); the server forwards them to the other parties;
+2. every other party makes its key share on the lead key's common element, and its
+   round-1 relinearization (and rotation) share; the server folds the public-key shares
+   into the joint public key and the round-1 shares, and sends both to all parties;
+3. every party sends its round-2 relinearization share; the server folds and installs
+   the relinearization key.
+
+Secret keys never leave :class:`~fednorm.engine.ckks.PartyKeys`.  During a PPF
+protocol a party answers the server's decryption and bootstrapping requests with
+:func:`serve_until`, which also caps how many decryptions the server may ask for in
+each phase — so a party, not just the server, enforces the leakage ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TypeVar
+
+import numpy as np
+import openfhe
+
+from fednorm.engine import ckks
+from fednorm.engine.codec import register_ext_type
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+
+LEAD = 1
+M = TypeVar("M", bound=Message)
+
+
+@cache
+def _context(preset: str) -> ckks.CkksContext:
+    return ckks.CkksContext(preset)
+
+
+def shared_context(preset: str) -> ckks.CkksContext:
+    """This process's CKKS context for ``preset``, its types registered with the codec.
+
+    One context per process and preset: OpenFHE keeps evaluation keys in process-wide
+    maps, so every role in a simulation shares it, as a real deployment has one per host.
+    """
+    context = _context(preset)
+    context.register_codec_types(register_ext_type)
+    return context
+
+
+# -- messages -----------------------------------------------------------------------------
+@message("ckks.lead_keys")
+class LeadKeys(Message):
+    public_key: openfhe.PublicKey
+    relin_share: openfhe.EvalKey
+    rotation_share: openfhe.EvalKeyMap | None
+
+
+@message("ckks.key_shares")
+class KeyShares(Message):
+    public_key: openfhe.PublicKey
+    relin_share: openfhe.EvalKey
+    rotation_share: openfhe.EvalKeyMap | None
+
+
+@message("ckks.joint_round1")
+class JointRound1(Message):
+    public_key: openfhe.PublicKey
+    party_tags: list[str]
+    relin_round1: openfhe.EvalKey
+
+
+@message("ckks.relin_round2")
+class RelinRound2(Message):
+    share: openfhe.EvalKey
+
+
+@message("ckks.setup_done")
+class SetupDone(Message):
+    """The joint keys are ready: the protocol proper may start."""
+
+
+@message("ckks.decrypt_request")
+class DecryptRequest(Message):
+    ciphertext: openfhe.Ciphertext
+
+
+@message("ckks.decrypt_share")
+class DecryptShare(Message):
+    share: openfhe.Ciphertext
+
+
+@message("ckks.boot_request")
+class BootRequest(Message):
+    c1: openfhe.Ciphertext
+    a: openfhe.Ciphertext
+
+
+@message("ckks.boot_share")
+class BootShare(Message):
+    h0: openfhe.Ciphertext
+    h1: openfhe.Ciphertext
+
+
+# -- role state ---------------------------------------------------------------------------
+@dataclass
+class ServerCrypto:
+    """What the server holds: the context and the joint public material, no secret."""
+
+    rc: RoleContext
+    ckks: ckks.CkksContext
+    joint: ckks.JointKeys
+    bootstraps: int = 0
+    decryptions: int = 0
+
+    def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
+        return self.ckks.encrypt(self.joint.public_key, values)
+
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        """Collective decryption: the first ``n`` slots of ``ct``, revealed to the server.
+
+        The scale is doubled first (one level): it cuts the smudging noise of the
+        decryption shares from ~1e-6 to ~1e-9 absolute.
+        """
+        self.decryptions += 1
+        ct = await self.rc.run_sync(self.ckks.double_scale, ct)
+        with self.rc.subprotocol("decrypt"):
+            await self.rc.broadcast(DecryptRequest(ciphertext=ct))
+            replies = await self.rc.gather(DecryptShare)
+        shares = [replies[p].share for p in self.rc.parties]
+        return await self.rc.run_sync(ckks.fuse_decryption, self.ckks, self.joint, ct, shares, n)
+
+    async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """Collective bootstrapping: same values, full level budget, nothing revealed."""
+        self.bootstraps += 1
+        round_ = await self.rc.run_sync(ckks.start_bootstrap, self.ckks, self.joint, ct)
+        with self.rc.subprotocol("bootstrap"):
+            await self.rc.broadcast(BootRequest(c1=round_.c1, a=round_.a))
+            replies = await self.rc.gather(BootShare)
+        shares = [(replies[p].h0, replies[p].h1) for p in self.rc.parties]
+        return await self.rc.run_sync(_finish_bootstrap, self.ckks, self.joint, round_, shares)
+
+    async def add_all(self, cts: Sequence[openfhe.Ciphertext]) -> openfhe.Ciphertext:
+        """⊕ over the parties' ciphertexts."""
+        return await self.rc.run_sync(_sum, self.ckks, list(cts))
+
+
+@dataclass
+class PartyCrypto:
+    """What a party holds: its key share (secret, never sent) and the joint public key."""
+
+    rc: RoleContext
+    ckks: ckks.CkksContext
+    keys: ckks.PartyKeys
+    public_key: openfhe.PublicKey
+
+    async def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
+        return await self.rc.run_sync(self.ckks.encrypt, self.public_key, values)
+
+
+def _finish_bootstrap(context, joint, round_, shares):  # noqa: ANN001 - thin thread target
+    return ckks.finish_bootstrap(context, joint, round_,
+                                 ckks.aggregate_boot_shares(context, joint, round_, shares))
+
+
+def _sum(context: ckks.CkksContext, cts: list[openfhe.Ciphertext]) -> openfhe.Ciphertext:
+    total = cts[0]
+    for ct in cts[1:]:
+        total = context.add(total, ct)
+    return total
+
+
+# -- setup --------------------------------------------------------------------------------
+async def setup_server(
+    rc: RoleContext, preset: str, rotations: Sequence[int] = ()
+) -> ServerCrypto:
+    """Server side of collective key generation (three rounds, see the module doc)."""
+    context = shared_context(preset)
+    with rc.subprotocol("setup"):
+        lead = await rc.receive(LEAD, LeadKeys)
+        for party in rc.parties[1:]:
+            await rc.send(party, lead)
+        others = await _gather_from(rc, rc.parties[1:], KeyShares)
+        shares = [lead, *others]
+        joint = await rc.run_sync(
+            ckks.aggregate_public_key, context, [s.public_key for s in shares])
+        round1 = await rc.run_sync(
+            ckks.aggregate_relin_round1, context, joint, [s.relin_share for s in shares])
+        await rc.broadcast(JointRound1(public_key=joint.public_key,
+                                       party_tags=list(joint.party_tags), relin_round1=round1))
+        if rotations:
+            rotation = await rc.run_sync(ckks.aggregate_rotation_shares, context, joint,
+                                         [_rotation_share(s) for s in shares])
+            context.install_rotation_keys(rotation, joint.tag, rotations)
+        round2 = await rc.gather(RelinRound2)
+        relin = await rc.run_sync(ckks.aggregate_relin_round2, context, joint,
+                                  [round2[p].share for p in rc.parties])
+        context.install_relin_key(relin, joint.tag)
+        await rc.broadcast(SetupDone())
+    return ServerCrypto(rc, context, joint)
+
+
+async def setup_party(
+    rc: RoleContext, preset: str, rotations: Sequence[int] = ()
+) -> PartyCrypto:
+    """Party side of collective key generation; the secret key stays in ``PartyKeys``."""
+    context = shared_context(preset)
+    with rc.subprotocol("setup"):
+        if rc.me == LEAD:
+            keys = await rc.run_sync(ckks.PartyKeys.generate, context)
+            relin = await rc.run_sync(keys.relin_share)
+            rotation = await rc.run_sync(keys.rotation_share, rotations) if rotations else None
+            await rc.send(SERVER, LeadKeys(public_key=keys.public_key_share, relin_share=relin,
+                                           rotation_share=rotation))
+        else:
+            lead = await rc.receive(SERVER, LeadKeys)
+            keys = await rc.run_sync(ckks.PartyKeys.generate, context, lead.public_key)
+            relin = await rc.run_sync(keys.relin_share, lead.relin_share)
+            rotation = None
+            if rotations:
+                rotation = await rc.run_sync(keys.rotation_share, rotations,
+                                             _rotation_share(lead))
+            await rc.send(SERVER, KeyShares(public_key=keys.public_key_share,
+                                            relin_share=relin, rotation_share=rotation))
+        joint = await rc.receive(SERVER, JointRound1)
+        share = await rc.run_sync(keys.relin_mult_share, joint.relin_round1)
+        await rc.send(SERVER, RelinRound2(share=share))
+        await rc.receive(SERVER, SetupDone)
+    return PartyCrypto(rc, context, keys, joint.public_key)
+
+
+def _rotation_share(shares: LeadKeys | KeyShares) -> openfhe.EvalKeyMap:
+    if shares.rotation_share is None:
+        raise ProtocolError("a rotation-key share is missing")
+    return shares.rotation_share
+
+
+async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M]) -> list[M]:
+    """One message from each of ``parties`` (a round among a subset of the parties)."""
+    rc.stats.rounds += 1
+    return [await rc.receive(party, expected) for party in parties]
+
+
+# -- the party's service loop -------------------------------------------------------------
+async def serve_until(
+    crypto: PartyCrypto, expected: type[M], *, decryptions: int
+) -> M:
+    """Answer the server's bootstrap and decryption requests until ``expected`` arrives.
+
+    At most ``decryptions`` decryption requests are honoured in this phase: the ledger
+    fixes what each protocol step may reveal, and a server asking for more is refused.
+    """
+    rc = crypto.rc
+    while True:
+        msg = await _next_request_or(rc, expected)
+        if isinstance(msg, expected):
+            return msg
+        if isinstance(msg, BootRequest):
+            h0, h1 = await rc.run_sync(crypto.keys.boot_share, msg.c1, msg.a)
+            with rc.subprotocol("bootstrap"):
+                await rc.send(SERVER, BootShare(h0=h0, h1=h1))
+        else:
+            if decryptions <= 0:
+                raise ProtocolError("the server asked for more decryptions than the "
+                                    "protocol reveals")
+            decryptions -= 1
+            share = await rc.run_sync(crypto.keys.decrypt_share, msg.ciphertext)
+            with rc.subprotocol("decrypt"):
+                await rc.send(SERVER, DecryptShare(share=share))
+
+
+async def _next_request_or(rc: RoleContext, expected: type[M]) -> Message:
+    """The next server frame: a collective request (in its sub-protocol) or ``expected``.
+
+    A request's frame carries the sub-protocol id, so which scope to read it in is known
+    only from the kind; the round counter is shared, so peeking does not reorder.
+    """
+    return await rc.receive_any(
+        SERVER,
+        {expected: rc.protocol, BootRequest: f"{rc.protocol}/bootstrap",
+         DecryptRequest: f"{rc.protocol}/decrypt"},
+    )

@@ -1,0 +1,210 @@
+"""PPF z-score (paper Algorithm 1): pooled mean and variance under multiparty CKKS.
+
+Line by line with the algorithm:
+
+1. collective key generation (:func:`~fednorm.protocols.collective.setup_server`);
+2. each party encrypts its per-feature sums S_p and counts n_p (lines 2–9);
+3. the server adds them: ⟨S_g⟩, ⟨n_g⟩ (lines 11–13);
+4. the server inverts ⟨n_g⟩ homomorphically, with collective bootstrapping when the
+   levels run out (lines 14–16), multiplies ⟨μ⟩ = ⟨S_g⟩ ⊙ ⟨1/n_g⟩ (line 17), and the
+   parties decrypt μ collectively (line 18);
+5. each party encrypts Σ(x − μ)² (lines 20–25); the server adds them and multiplies by
+   ⟨1/n_g⟩ (lines 28–29); σ² is decrypted collectively (line 31).
+
+**Precision across magnitudes.**  A CKKS ciphertext holds every slot to about 2^-50 of
+its *largest* slot, so a feature of order 1e-4 packed beside one of order 1e12 would
+come out as noise.  Steps 4 and 5 therefore run as two passes: the first decryption
+gives every feature's magnitude; the server sends per-feature powers of two, the
+parties re-encrypt their vectors scaled by them (all slots now of one order), and the
+second decryption is precise in every slot.  Both passes reveal the same quantity (the
+first coarsely), so only μ and σ² are revealed; the pooled count stays encrypted.
+
+With ``FitOptions(reveal_counts=True)`` the count is decrypted instead of inverted
+under encryption (FedAvg shares counts anyway): one decryption replaces the inverse and
+its bootstraps, and n_g joins the revealed values.
+
+The inverse covers counts in [1, ``max_count``]; it returns max_count/n_g, whose
+outputs of order one keep their relative precision, and 1/max_count is folded into the
+fresh numerator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openfhe
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import InputError
+from fednorm.engine.messages import Message, as_float_vector, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
+from fednorm.protocols.collective import (
+    PartyCrypto,
+    ServerCrypto,
+    serve_until,
+    setup_party,
+    setup_server,
+)
+from fednorm.protocols.normalizers import ZScoreNormalizer
+from fednorm.protocols.zscore import deviation_sums
+
+MAX_ABS_VALUE = 2.0**40
+QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
+
+
+@message("ppf_zscore.encrypted_sums")
+class EncryptedSums(Message):
+    total: openfhe.Ciphertext
+    count: openfhe.Ciphertext
+    width: int
+
+
+@message("ppf_zscore.encrypted_vector")
+class EncryptedVector(Message):
+    """A party's per-feature vector, encrypted (possibly scaled by the server's scales)."""
+
+    values: openfhe.Ciphertext
+
+
+@message("ppf_zscore.scales")
+class Scales(Message):
+    """Per-feature powers of two to re-encrypt with, from the coarse pass."""
+
+    scales: np.ndarray
+
+
+@message("ppf_zscore.mean")
+class PpfMean(Message):
+    mean: np.ndarray
+
+
+@message("ppf_zscore.result")
+class PpfZScoreResult(Message):
+    mean: np.ndarray
+    var: np.ndarray
+
+
+def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
+    """Reject, before any encryption, data the encrypted pipeline cannot carry."""
+    X = check_party_data(X)
+    if np.nanmax(np.abs(X), initial=0.0) > MAX_ABS_VALUE:
+        raise InputError(f"PPF z-score supports |x| ≤ 2^40 ({MAX_ABS_VALUE:.3g})")
+    if feature_counts(X).max(initial=0) > options.max_count:
+        raise InputError(f"a party holds more than max_count={options.max_count} values")
+    return X
+
+
+# -- server -------------------------------------------------------------------------------
+async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
+    crypto = await setup_server(rc, options.preset)
+    sums = await rc.gather(EncryptedSums)
+    width = _agreed_width(sums)
+    total = await crypto.add_all([m.total for m in sums.values()])
+    count = await crypto.add_all([m.count for m in sums.values()])
+    scaled_inverse = await _count_inverse(crypto, count, width, options)
+
+    mean = await _precise_quotient(crypto, total, scaled_inverse, width, options)
+    await rc.broadcast(PpfMean(mean=mean))
+
+    squares = await rc.gather(EncryptedVector)
+    squared = await crypto.add_all([m.values for m in squares.values()])
+    var = np.maximum(
+        await _precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
+    await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
+    return ZScoreNormalizer(mean, var)
+
+
+def _agreed_width(sums: dict[int, EncryptedSums]) -> int:
+    widths = {m.width for m in sums.values()}
+    if len(widths) != 1:
+        raise InputError(f"parties disagree on the number of features: {sorted(widths)}")
+    return widths.pop()
+
+
+async def _count_inverse(
+    crypto: ServerCrypto, count: openfhe.Ciphertext, width: int, options: FitOptions
+) -> openfhe.Ciphertext | np.ndarray:
+    """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed."""
+    hi = float(options.max_count)
+    if options.reveal_counts:
+        pooled = np.rint(await crypto.decrypt(count, width))
+        return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width))
+    return await ckks.inverse(crypto.ckks, count, 1.0, hi, crypto.bootstrap,
+                              out_scale=hi, keep_levels=2)
+
+
+async def _precise_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext,
+    scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
+) -> np.ndarray:
+    """numerator / n_g per feature, in two passes (coarse, then at per-feature scales)."""
+    rc = crypto.rc
+    coarse = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    scales = power_of_two_scales(coarse)
+    await rc.broadcast(Scales(scales=scales))
+    rescaled = await rc.gather(EncryptedVector)
+    numerator = await crypto.add_all([m.values for m in rescaled.values()])
+    precise = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    return precise / scales
+
+
+def power_of_two_scales(coarse: np.ndarray) -> np.ndarray:
+    """Per-feature powers of two bringing each |value| near 2^16.
+
+    Measured: the product with the encrypted inverse carries a small absolute error, so
+    quotients of order 2^10 and above keep the inverse's own relative precision (~1e-7)
+    while quotients of order one lose digits.  Values at the noise floor of the largest
+    are lifted only as far as that floor (what lies below it was never resolved).
+    """
+    magnitude = np.abs(coarse)
+    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, 2.0**-80)
+    exponents = np.round(np.log2(np.maximum(magnitude, floor)))
+    return np.ldexp(1.0, (QUOTIENT_EXPONENT - exponents).astype(np.int64))
+
+
+async def _decrypt_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext,
+    scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
+) -> np.ndarray:
+    """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩."""
+    context = crypto.ckks
+    ct = await crypto.rc.run_sync(
+        lambda: context.mul(context.mul(numerator, 1.0 / options.max_count), scaled_inverse))
+    return await crypto.decrypt(ct, width)
+
+
+# -- party --------------------------------------------------------------------------------
+async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
+    X = check_ppf_values(X, options)
+    crypto = await setup_party(rc, options.preset)
+    width = X.shape[1]
+    total = np.nansum(X, axis=0)
+    await rc.send(SERVER, EncryptedSums(
+        total=await crypto.encrypt(total), count=await crypto.encrypt(feature_counts(X)),
+        width=width))
+    count_reveals = 1 if options.reveal_counts else 0
+    await _precise_quotient_party(crypto, total, width, extra_decryptions=count_reveals)
+    # The precise pass is decrypted before the result of each phase arrives.
+    mean = as_float_vector((await serve_until(crypto, PpfMean, decryptions=1)).mean,
+                           width, "mean from the server")
+
+    squared, _ = deviation_sums(X, mean)
+    await rc.send(SERVER, EncryptedVector(values=await crypto.encrypt(squared)))
+    await _precise_quotient_party(crypto, squared, width)
+    result = await serve_until(crypto, PpfZScoreResult, decryptions=1)
+    return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
+                            as_float_vector(result.var, width, "variance"))
+
+
+async def _precise_quotient_party(
+    crypto: PartyCrypto, local: np.ndarray, width: int, extra_decryptions: int = 0
+) -> None:
+    """Party side of a two-pass quotient: help decrypt the coarse pass, re-encrypt scaled."""
+    scales = await serve_until(crypto, Scales, decryptions=1 + extra_decryptions)
+    factors = as_float_vector(scales.scales, width, "scales from the server")
+    if not np.all(np.isfinite(factors) & (factors > 0)):
+        raise InputError("the server sent invalid scales")
+    await crypto.rc.send(SERVER, EncryptedVector(values=await crypto.encrypt(local * factors)))
+
+
+register("zscore", "mhe", server, party)

@@ -167,7 +167,10 @@ class PartyCrypto:
         return await self.rc.run_sync(self.ckks.encrypt, self.public_key, values)
 
 
-def _finish_bootstrap(context, joint, round_, shares):  # noqa: ANN001 - thin thread target
+def _finish_bootstrap(
+    context: ckks.CkksContext, joint: ckks.JointKeys, round_: ckks.BootRound,
+    shares: list[tuple[openfhe.Ciphertext, openfhe.Ciphertext]],
+) -> openfhe.Ciphertext:
     return ckks.finish_bootstrap(context, joint, round_,
                                  ckks.aggregate_boot_shares(context, joint, round_, shares))
 

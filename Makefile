@@ -21,13 +21,23 @@ $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The study's tests train models: they need the train extra (torch) on top of dev.
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,train]'
+	touch $@
+
 demo: $(VENV)/.installed-dev
 	@for method in zscore minmax robust yeojohnson; do \
 		$(VENV)/bin/fednorm simulate --dataset bcw --parties 10 --method $$method || exit 1; \
 		echo; \
 	done
+	@for method in zscore; do \
+		$(VENV)/bin/fednorm simulate --dataset bcw --parties 10 --method $$method \
+			--privacy mhe --preset paper || exit 1; \
+		echo; \
+	done
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed-dev

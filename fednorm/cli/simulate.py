@@ -49,7 +49,8 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
 
 def simulate_command(args: argparse.Namespace) -> int:
     split = SplitSpec.parse(args.split)
-    options = FitOptions(epsilon=args.epsilon, preset=args.preset)
+    options = FitOptions(epsilon=args.epsilon, preset=args.preset,
+                         reveal_counts=args.reveal_counts)
     dataset = load_dataset(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
     result = simulate([p.X for p in parts], args.method, args.privacy, options)
@@ -86,7 +87,7 @@ def _human_report(
     names = list(cmp.federated)
     width = max(len(f) for f in features)
     lines = [
-        f"{args.method} ({args.privacy}) on {args.dataset}: {args.parties} parties, "
+        f"{args.method} ({_privacy_label(args)}) on {args.dataset}: {args.parties} parties, "
         f"split {args.split}, seed {args.seed}",
         "  ".join([f"{'feature':<{width}}"]
                   + [f"{n + ' fed':>14} {n + ' pooled':>14} {'abs err':>9}" for n in names]),
@@ -105,6 +106,10 @@ def _human_report(
     return "\n".join(lines)
 
 
+def _privacy_label(args: argparse.Namespace) -> str:
+    return f"mhe, {args.preset} preset" if args.privacy == "mhe" else args.privacy
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="run a federation in memory and compare to pooled")
     p.add_argument("--dataset", default="bcw", help="'bcw' (built in) or a CSV path")
@@ -116,6 +121,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     p.add_argument("--preset", choices=("test", "paper"), default="paper",
                    help="CKKS parameters for --privacy mhe")
+    p.add_argument("--reveal-counts", action="store_true",
+                   help="mhe: decrypt the pooled counts instead of inverting them encrypted")
     p.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=simulate_command)

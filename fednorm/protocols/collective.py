@@ -23,7 +23,7 @@ each phase — so a party, not just the server, enforces the leakage ledger.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TypeVar
@@ -39,6 +39,7 @@ from fednorm.engine.runtime import SERVER, RoleContext
 
 LEAD = 1
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 @cache
@@ -61,14 +62,14 @@ def shared_context(preset: str) -> ckks.CkksContext:
 @message("ckks.lead_keys")
 class LeadKeys(Message):
     public_key: openfhe.PublicKey
-    relin_share: openfhe.EvalKey
+    relin_share: openfhe.EvalKey | None
     rotation_share: openfhe.EvalKeyMap | None
 
 
 @message("ckks.key_shares")
 class KeyShares(Message):
     public_key: openfhe.PublicKey
-    relin_share: openfhe.EvalKey
+    relin_share: openfhe.EvalKey | None
     rotation_share: openfhe.EvalKeyMap | None
 
 
@@ -76,7 +77,7 @@ class KeyShares(Message):
 class JointRound1(Message):
     public_key: openfhe.PublicKey
     party_tags: list[str]
-    relin_round1: openfhe.EvalKey
+    relin_round1: openfhe.EvalKey | None
 
 
 @message("ckks.relin_round2")
@@ -149,9 +150,19 @@ class ServerCrypto:
         shares = [(replies[p].h0, replies[p].h1) for p in self.rc.parties]
         return await self.rc.run_sync(_finish_bootstrap, self.ckks, self.joint, round_, shares)
 
-    async def add_all(self, cts: Sequence[openfhe.Ciphertext]) -> openfhe.Ciphertext:
-        """⊕ over the parties' ciphertexts."""
-        return await self.rc.run_sync(_sum, self.ckks, list(cts))
+    async def add_all(self, cts: Mapping[int, openfhe.Ciphertext]) -> openfhe.Ciphertext:
+        """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one."""
+        for party, ct in cts.items():
+            self.check_joint(ct, f"ciphertext from party {party}")
+        return await self.rc.run_sync(_sum, self.ckks, list(cts.values()))
+
+    def check_joint(self, ct: object, what: str) -> None:
+        """ProtocolError unless ``ct`` is a ciphertext under this federation's joint key."""
+        if not isinstance(ct, openfhe.Ciphertext):
+            raise ProtocolError(f"{what} is a {type(ct).__name__}, not a ciphertext")
+        self.ckks.check_same_context(ct, what)
+        if ct.GetKeyTag() != self.joint.tag or ct.NumberCiphertextElements() != 2:
+            raise ProtocolError(f"{what} is not encrypted under the joint public key")
 
 
 @dataclass
@@ -184,67 +195,74 @@ def _sum(context: ckks.CkksContext, cts: list[openfhe.Ciphertext]) -> openfhe.Ci
 
 # -- setup --------------------------------------------------------------------------------
 async def setup_server(
-    rc: RoleContext, preset: str, rotations: Sequence[int] = ()
+    rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = ()
 ) -> ServerCrypto:
-    """Server side of collective key generation (three rounds, see the module doc)."""
+    """Server side of collective key generation (see the module doc).
+
+    Without ``relinearize`` (a protocol that never multiplies two ciphertexts) the
+    third round and its 25 MB-per-party shares are skipped.
+    """
     context = shared_context(preset)
     with rc.subprotocol("setup"):
         lead = await rc.receive(LEAD, LeadKeys)
         for party in rc.parties[1:]:
             await rc.send(party, lead)
-        others = await _gather_from(rc, rc.parties[1:], KeyShares)
-        shares = [lead, *others]
+        shares = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
         joint = await rc.run_sync(
             ckks.aggregate_public_key, context, [s.public_key for s in shares])
-        round1 = await rc.run_sync(
-            ckks.aggregate_relin_round1, context, joint, [s.relin_share for s in shares])
+        round1 = None
+        if relinearize:
+            round1 = await rc.run_sync(ckks.aggregate_relin_round1, context, joint,
+                                       [_required(s.relin_share, "relin") for s in shares])
         await rc.broadcast(JointRound1(public_key=joint.public_key,
                                        party_tags=list(joint.party_tags), relin_round1=round1))
         if rotations:
             rotation = await rc.run_sync(ckks.aggregate_rotation_shares, context, joint,
-                                         [_rotation_share(s) for s in shares])
+                                         [_required(s.rotation_share, "rotation")
+                                          for s in shares])
             context.install_rotation_keys(rotation, joint.tag, rotations)
-        round2 = await rc.gather(RelinRound2)
-        relin = await rc.run_sync(ckks.aggregate_relin_round2, context, joint,
-                                  [round2[p].share for p in rc.parties])
-        context.install_relin_key(relin, joint.tag)
+        if relinearize:
+            round2 = await rc.gather(RelinRound2)
+            relin = await rc.run_sync(ckks.aggregate_relin_round2, context, joint,
+                                      [round2[p].share for p in rc.parties])
+            context.install_relin_key(relin, joint.tag)
         await rc.broadcast(SetupDone())
     return ServerCrypto(rc, context, joint)
 
 
 async def setup_party(
-    rc: RoleContext, preset: str, rotations: Sequence[int] = ()
+    rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = ()
 ) -> PartyCrypto:
     """Party side of collective key generation; the secret key stays in ``PartyKeys``."""
     context = shared_context(preset)
     with rc.subprotocol("setup"):
-        if rc.me == LEAD:
-            keys = await rc.run_sync(ckks.PartyKeys.generate, context)
-            relin = await rc.run_sync(keys.relin_share)
-            rotation = await rc.run_sync(keys.rotation_share, rotations) if rotations else None
-            await rc.send(SERVER, LeadKeys(public_key=keys.public_key_share, relin_share=relin,
-                                           rotation_share=rotation))
-        else:
-            lead = await rc.receive(SERVER, LeadKeys)
-            keys = await rc.run_sync(ckks.PartyKeys.generate, context, lead.public_key)
-            relin = await rc.run_sync(keys.relin_share, lead.relin_share)
-            rotation = None
-            if rotations:
-                rotation = await rc.run_sync(keys.rotation_share, rotations,
-                                             _rotation_share(lead))
-            await rc.send(SERVER, KeyShares(public_key=keys.public_key_share,
-                                            relin_share=relin, rotation_share=rotation))
+        lead = None if rc.me == LEAD else await rc.receive(SERVER, LeadKeys)
+        keys = await rc.run_sync(
+            ckks.PartyKeys.generate, context, lead.public_key if lead else None)
+        relin = rotation = None
+        if relinearize:
+            relin = await rc.run_sync(
+                keys.relin_share, _required(lead.relin_share, "relin") if lead else None)
+        if rotations:
+            rotation = await rc.run_sync(
+                keys.rotation_share, rotations,
+                _required(lead.rotation_share, "rotation") if lead else None)
+        kind = KeyShares if lead else LeadKeys
+        await rc.send(SERVER, kind(public_key=keys.public_key_share, relin_share=relin,
+                                   rotation_share=rotation))
         joint = await rc.receive(SERVER, JointRound1)
-        share = await rc.run_sync(keys.relin_mult_share, joint.relin_round1)
-        await rc.send(SERVER, RelinRound2(share=share))
+        if relinearize:
+            share = await rc.run_sync(keys.relin_mult_share,
+                                      _required(joint.relin_round1, "relin"))
+            await rc.send(SERVER, RelinRound2(share=share))
         await rc.receive(SERVER, SetupDone)
     return PartyCrypto(rc, context, keys, joint.public_key)
 
 
-def _rotation_share(shares: LeadKeys | KeyShares) -> openfhe.EvalKeyMap:
-    if shares.rotation_share is None:
-        raise ProtocolError("a rotation-key share is missing")
-    return shares.rotation_share
+def _required(share: T | None, what: str) -> T:
+    if share is None:
+        raise ProtocolError(f"a {what}-key share is missing")
+    return share
 
 
 async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M]) -> list[M]:

@@ -96,18 +96,18 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
 
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
-    crypto = await setup_server(rc, options.preset)
+    crypto = await setup_server(rc, options.preset, relinearize=not options.reveal_counts)
     sums = await rc.gather(EncryptedSums)
     width = _agreed_width(sums)
-    total = await crypto.add_all([m.total for m in sums.values()])
-    count = await crypto.add_all([m.count for m in sums.values()])
+    total = await crypto.add_all({p: m.total for p, m in sums.items()})
+    count = await crypto.add_all({p: m.count for p, m in sums.items()})
     scaled_inverse = await _count_inverse(crypto, count, width, options)
 
     mean = await _precise_quotient(crypto, total, scaled_inverse, width, options)
     await rc.broadcast(PpfMean(mean=mean))
 
     squares = await rc.gather(EncryptedVector)
-    squared = await crypto.add_all([m.values for m in squares.values()])
+    squared = await crypto.add_all({p: m.values for p, m in squares.items()})
     var = np.maximum(
         await _precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
@@ -143,7 +143,7 @@ async def _precise_quotient(
     scales = power_of_two_scales(coarse)
     await rc.broadcast(Scales(scales=scales))
     rescaled = await rc.gather(EncryptedVector)
-    numerator = await crypto.add_all([m.values for m in rescaled.values()])
+    numerator = await crypto.add_all({p: m.values for p, m in rescaled.items()})
     precise = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     return precise / scales
 
@@ -176,7 +176,7 @@ async def _decrypt_quotient(
 # -- party --------------------------------------------------------------------------------
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
     X = check_ppf_values(X, options)
-    crypto = await setup_party(rc, options.preset)
+    crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     await rc.send(SERVER, EncryptedSums(

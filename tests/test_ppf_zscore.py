@@ -1,0 +1,152 @@
+"""PPF z-score against the pooled numpy oracle, its leakage ledger, and bad shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import openfhe
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from recording import install
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.runtime import SERVER
+from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols import ppf_zscore as ppf
+from fednorm.protocols.collective import setup_party
+from fednorm.sim.federation import run_federation, simulate
+
+TEST = FitOptions(preset="test")
+# Stated CKKS tolerance: the encrypted inverse is within 2.3e-7 relative over
+# [1, 2^20]; decryption noise and encoding add ~1e-9 relative after the two-pass
+# rescaling, so 1e-6 relative (plus float64 rounding) bounds every mean and variance.
+RTOL = 1e-6
+
+
+@st.composite
+def ppf_federations(draw: st.DrawFn) -> list[np.ndarray]:
+    parties = draw(st.integers(2, 10))
+    features = draw(st.integers(1, 5))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scales = 10.0 ** rng.uniform(-3, 6, size=features)
+    rows = [int(r) for r in rng.integers(1, 25, size=parties)]
+    parts = [rng.normal(rng.uniform(-2, 2, size=features) * scales, scales, size=(r, features))
+             for r in rows]
+    if draw(st.booleans()):
+        for part in parts:
+            part[rng.random(part.shape) < 0.1] = np.nan
+        for part in parts:  # keep at least one value per feature in the federation
+            part[0] = np.where(np.isnan(part[0]), scales, part[0])
+    return parts
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ppf_federations(), st.booleans())
+def test_ppf_zscore_matches_pooled_mean_and_variance(parts, reveal_counts) -> None:
+    pooled = np.vstack(parts)
+    options = FitOptions(preset="test", reveal_counts=reveal_counts)
+    fitted = simulate(parts, "zscore", "mhe", options).normalizer
+    np.testing.assert_allclose(fitted.mean, np.nanmean(pooled, axis=0), rtol=RTOL,
+                               atol=1e-12 * np.nanmax(np.abs(pooled)))
+    np.testing.assert_allclose(fitted.var, np.nanvar(pooled, axis=0), rtol=RTOL)
+
+
+@pytest.mark.slow
+def test_ppf_zscore_at_the_paper_preset_with_ten_parties() -> None:
+    from fednorm.sim.datasets import load_dataset
+    from fednorm.sim.partition import partition
+
+    data = load_dataset("bcw")
+    parts = [p.X for p in partition(data.X, data.y, 10, "label:0.5", seed=0)]
+    result = simulate(parts, "zscore", "mhe", FitOptions(preset="paper"))
+    np.testing.assert_allclose(result.normalizer.mean, data.X.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(result.normalizer.var, data.X.var(axis=0), rtol=RTOL)
+
+
+# -- leakage ledger ---------------------------------------------------------------------
+# Every plaintext (non-ciphertext) field that may cross the wire, per message kind.
+LEDGER = {
+    "ppf_zscore.encrypted_sums": {"width"},
+    "ppf_zscore.scales": {"scales"},
+    "ppf_zscore.mean": {"mean"},
+    "ppf_zscore.result": {"mean", "var"},
+    "ckks.joint_round1": {"party_tags"},
+}
+CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
+
+
+@pytest.mark.parametrize("reveal_counts", [False, True])
+def test_only_the_ledger_crosses_the_wire(monkeypatch, reveal_counts) -> None:
+    secrets: list[bytes] = []
+    generate = ckks.PartyKeys.generate.__func__
+
+    def spying_generate(cls, *args, **kwargs):
+        keys = generate(cls, *args, **kwargs)
+        blob = openfhe.Serialize(keys._sk, openfhe.BINARY)
+        secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])
+        return keys
+
+    monkeypatch.setattr(ckks.PartyKeys, "generate", classmethod(spying_generate))
+    recorder = install(monkeypatch)
+    rng = np.random.default_rng(5)
+    parts = [rng.normal(10, 2, size=(12, 3)) for _ in range(3)]
+    options = FitOptions(preset="test", reveal_counts=reveal_counts)
+    simulate(parts, "zscore", "mhe", options)
+
+    decrypt_requests = 0
+    for header, msg in recorder.decoded():
+        plaintext = {name for name, value in msg.fields().items()
+                     if value is not None and not isinstance(value, CRYPTO_TYPES)}
+        assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
+        decrypt_requests += header.kind == "ckks.decrypt_request" and header.sender == SERVER
+    # μ and σ², each a coarse and a precise pass, to 3 parties; plus n_g if revealed.
+    assert decrypt_requests == 3 * (4 + reveal_counts)
+    assert len(secrets) == 3
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
+
+
+# -- misbehaving parties ----------------------------------------------------------------
+async def _run_with_party(party_role):
+    protocol = get_protocol("zscore", "mhe")
+    cheat = type(protocol)(protocol.name, "zscore", "mhe", protocol.server, party_role)
+    rng = np.random.default_rng(0)
+    await run_federation(cheat, [rng.normal(size=(5, 2)) for _ in range(3)], TEST, timeout=60)
+
+
+async def test_a_ciphertext_under_a_private_key_is_rejected() -> None:
+    async def party(rc, X, options):
+        if rc.me != 3:
+            return await ppf.party(rc, X, options)
+        crypto = await setup_party(rc, options.preset)
+        own = ckks.PartyKeys.generate(crypto.ckks)  # not the joint key
+        ct = crypto.ckks.encrypt(own.public_key_share, np.ones(2))
+        await rc.send(SERVER, ppf.EncryptedSums(total=ct, count=ct, width=2))
+        await ppf.serve_until(crypto, ppf.PpfZScoreResult, decryptions=9)
+
+    with pytest.raises(ProtocolError, match="party 3 is not encrypted under the joint"):
+        await _run_with_party(party)
+
+
+async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
+    async def greedy_server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset)
+        sums = await rc.gather(ppf.EncryptedSums)
+        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        # The first request passes for the coarse pass of μ; one more is beyond the ledger.
+        await crypto.decrypt(count, 2)
+        await crypto.decrypt(count, 2)
+
+    protocol = get_protocol("zscore", "mhe")
+    cheat = type(protocol)(protocol.name, "zscore", "mhe", greedy_server, protocol.party)
+    parts = [np.ones((4, 2)) * i for i in range(1, 4)]
+    with pytest.raises(ProtocolError, match="more decryptions"):
+        await run_federation(cheat, parts, TEST, timeout=60)
+
+
+def test_values_beyond_the_supported_range_are_rejected_before_encryption() -> None:
+    with pytest.raises(InputError, match="2\\^40"):
+        simulate([np.full((3, 1), 2.0**41), np.ones((3, 1))], "zscore", "mhe", TEST)
+    with pytest.raises(InputError, match="max_count"):
+        simulate([np.ones((9, 1))] * 2, "zscore", "mhe",
+                 FitOptions(preset="test", max_count=8))

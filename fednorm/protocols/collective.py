@@ -273,18 +273,20 @@ async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M
 
 # -- the party's service loop -------------------------------------------------------------
 async def serve_until(
-    crypto: PartyCrypto, expected: type[M], *, decryptions: int
+    crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int
 ) -> M:
-    """Answer the server's bootstrap and decryption requests until ``expected`` arrives.
+    """Answer the server's bootstrap and decryption requests until ``expected`` arrives
+    (a message type, or a tuple of them).
 
     At most ``decryptions`` decryption requests are honoured in this phase: the ledger
     fixes what each protocol step may reveal, and a server asking for more is refused.
     """
     rc = crypto.rc
+    kinds = expected if isinstance(expected, tuple) else (expected,)
     while True:
-        msg = await _next_request_or(rc, expected)
-        if isinstance(msg, expected):
-            return msg
+        msg = await _next_request_or(rc, kinds)
+        if isinstance(msg, kinds):
+            return msg  # type: ignore[return-value]
         if isinstance(msg, BootRequest):
             h0, h1 = await rc.run_sync(crypto.keys.boot_share, msg.c1, msg.a)
             with rc.subprotocol("bootstrap"):
@@ -299,14 +301,13 @@ async def serve_until(
                 await rc.send(SERVER, DecryptShare(share=share))
 
 
-async def _next_request_or(rc: RoleContext, expected: type[M]) -> Message:
-    """The next server frame: a collective request (in its sub-protocol) or ``expected``.
+async def _next_request_or(rc: RoleContext, kinds: tuple[type[Message], ...]) -> Message:
+    """The next server frame: a collective request (in its sub-protocol) or one of ``kinds``.
 
     A request's frame carries the sub-protocol id, so which scope to read it in is known
     only from the kind; the round counter is shared, so peeking does not reorder.
     """
-    return await rc.receive_any(
-        SERVER,
-        {expected: rc.protocol, BootRequest: f"{rc.protocol}/bootstrap",
-         DecryptRequest: f"{rc.protocol}/decrypt"},
-    )
+    accepted: dict[type[Message], str] = dict.fromkeys(kinds, rc.protocol)
+    accepted[BootRequest] = f"{rc.protocol}/bootstrap"
+    accepted[DecryptRequest] = f"{rc.protocol}/decrypt"
+    return await rc.receive_any(SERVER, accepted)

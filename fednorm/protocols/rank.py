@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -196,21 +197,55 @@ class SortedColumns:
         return counts
 
 
-async def kth_server(ctx: RoleContext, search: RankSearch) -> np.ndarray:
-    """Server side of the plaintext search: probe, sum the counts, narrow; until all found."""
+class CountAggregator(Protocol):
+    """How the parties' per-round counts get pooled: in the clear, or encrypted."""
+
+    async def pooled(self, ctx: RoleContext, width: int) -> np.ndarray:
+        """Server: the summed counts of this round (``width`` of them)."""
+        ...
+
+    async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
+        """Party: hand this round's local counts to the aggregation."""
+        ...
+
+    async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
+        """Party: the server's next probe, or the end of the search."""
+        ...
+
+
+class PlainCounts:
+    """Counts in the clear: the server sees every party's counts (plaintext mode)."""
+
+    async def pooled(self, ctx: RoleContext, width: int) -> np.ndarray:
+        replies = await ctx.gather(RankCounts)
+        return gathered_vectors(replies, "at_most", width).sum(axis=0)
+
+    async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
+        await ctx.send(SERVER, RankCounts(at_most=counts))
+
+    async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
+        return await ctx.receive(SERVER, (RankProbe, RankDone))
+
+
+async def kth_server(
+    ctx: RoleContext, search: RankSearch, counts: CountAggregator | None = None
+) -> np.ndarray:
+    """Server side of Algorithm 4: probe, pool the counts, narrow; until all are found."""
+    counts = counts or PlainCounts()
     with ctx.subprotocol("kth"):
         while not search.finished:
             probe = search.probe()
             await ctx.broadcast(probe)
-            replies = await ctx.gather(RankCounts)
-            pooled = gathered_vectors(replies, "at_most", len(probe.points)).sum(axis=0)
-            search.update(probe, pooled)
+            search.update(probe, await counts.pooled(ctx, len(probe.points)))
         await ctx.broadcast(RankDone())
     return search.value
 
 
-async def kth_party(ctx: RoleContext, columns: SortedColumns) -> None:
+async def kth_party(
+    ctx: RoleContext, columns: SortedColumns, counts: CountAggregator | None = None
+) -> None:
     """Party side: answer every probe with local counts until the server says done."""
+    counts = counts or PlainCounts()
     with ctx.subprotocol("kth"):
-        while isinstance(msg := await ctx.receive(SERVER, (RankProbe, RankDone)), RankProbe):
-            await ctx.send(SERVER, RankCounts(at_most=columns.count_at_most(msg)))
+        while isinstance(msg := await counts.next_probe(ctx), RankProbe):
+            await counts.contribute(ctx, columns.count_at_most(msg))

@@ -69,7 +69,7 @@ class CkksContext:
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         self.raw = _build_crypto_context(self.preset)
         self._templates = serial.templates_for(self.raw, self.preset)
-        self._recent: dict[bytes, tuple[bytes, Any]] = {}
+        self._recent: dict[tuple[str, bytes | None], tuple[bytes, Any]] = {}
         self._recent_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -241,7 +241,7 @@ class CkksContext:
         Readers therefore may share a decoded object: code that mutates one (e.g.
         ``RemoveElement``) works on a ``Clone()``, as every caller in fednorm does.
         """
-        cached = self._recent.get(serial.digest_of(data))
+        cached = self._recent.get((kind, serial.digest_of(data)))
         if cached is not None and cached[0] == data:
             return cached[1]
         payload = serial.unframe(kind, data, self.preset.fingerprint)
@@ -249,12 +249,12 @@ class CkksContext:
         obj = serial.load(kind, payload)
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
-        self._remember(serial.digest_of(data), bytes(data), obj)
+        self._remember((kind, serial.digest_of(data)), bytes(data), obj)
         return obj
 
-    def _remember(self, digest: bytes, data: bytes, obj: Any) -> None:
+    def _remember(self, key: tuple[str, bytes | None], data: bytes, obj: Any) -> None:
         with self._recent_lock:
-            self._recent[digest] = (data, obj)
+            self._recent[key] = (data, obj)
             while len(self._recent) > _RECENT_OBJECTS:
                 self._recent.pop(next(iter(self._recent)))
 

@@ -1,8 +1,12 @@
-"""``fednorm party ...`` that stalls inside the z-score protocol, for the dropout test.
+"""``fednorm party ...`` that stalls at a chosen protocol phase, for the dropout test.
 
-The party's second-round computation is replaced by: write the marker file named by
-``FEDNORM_STALL_MARKER``, then sleep.  So the test can SIGKILL the party at a known
-point of the protocol: after round one, before it answers round two.
+``FEDNORM_STALL_AT`` names the phase; the party's computation there is replaced by:
+write the marker file named by ``FEDNORM_STALL_MARKER``, then sleep.  So the test can
+SIGKILL the party at a known point of the protocol:
+
+- ``plain-round2``: plain z-score, after round one, before it answers round two;
+- ``mhe-setup``: PPF z-score, during collective key generation (relinearization round 2);
+- ``mhe-decrypt``: PPF z-score, when asked for its first decryption share.
 """
 
 import os
@@ -11,14 +15,21 @@ import time
 from pathlib import Path
 
 from fednorm.cli import main
+from fednorm.engine import ckks
 from fednorm.protocols import zscore
 
 
-def stall(*args: object) -> None:
+def stall(*args: object, **kwargs: object) -> None:
     Path(os.environ["FEDNORM_STALL_MARKER"]).write_text("stalled")
     time.sleep(600)
     raise AssertionError("the test should have killed this party")
 
 
-zscore.deviation_sums = stall
+PHASES = {
+    "plain-round2": (zscore, "deviation_sums"),
+    "mhe-setup": (ckks.PartyKeys, "relin_mult_share"),
+    "mhe-decrypt": (ckks.PartyKeys, "decrypt_share"),
+}
+owner, name = PHASES[os.environ.get("FEDNORM_STALL_AT", "plain-round2")]
+setattr(owner, name, stall)
 sys.exit(main(sys.argv[1:]))

@@ -130,15 +130,21 @@ class ServerCrypto:
         """Collective decryption: the first ``n`` slots of ``ct``, revealed to the server.
 
         The scale is doubled first (one level): it cuts the smudging noise of the
-        decryption shares from ~1e-6 to ~1e-9 absolute.
+        decryption shares from ~1e-6 to ~1e-9 absolute.  The ciphertext is then
+        compressed to the towers a decryption share keeps anyway, so the request sent to
+        every party is as small as the shares that come back.
         """
         self.decryptions += 1
-        ct = await self.rc.run_sync(self.ckks.double_scale, ct)
+        ct = await self.rc.run_sync(self._prepare_decryption, ct)
         with self.rc.subprotocol("decrypt"):
             await self.rc.broadcast(DecryptRequest(ciphertext=ct))
             replies = await self.rc.gather(DecryptShare)
         shares = [replies[p].share for p in self.rc.parties]
         return await self.rc.run_sync(ckks.fuse_decryption, self.ckks, self.joint, ct, shares, n)
+
+    def _prepare_decryption(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        doubled = self.ckks.double_scale(ct)
+        return self.ckks.raw.Compress(doubled, ckks.DECRYPT_SHARE_TOWERS)
 
     async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed."""

@@ -187,9 +187,13 @@ class RoleContext:
 
     async def broadcast(self, msg: Message) -> None:
         """Server: send the same message to every party (its body encoded once)."""
+        await self.forward(msg, self.parties)
+
+    async def forward(self, msg: Message, peers: list[int]) -> None:
+        """Send the same message to each of ``peers``, encoding its body once."""
         body = await self.run_sync(encode_body, msg)
-        for party in self.parties:
-            await self.send(party, msg, body)
+        for peer in peers:
+            await self.send(peer, msg, body)
 
     async def gather(self, expected: type[M]) -> dict[int, M]:
         """Server: one message of type ``expected`` from every party (a protocol round).

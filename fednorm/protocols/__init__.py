@@ -4,7 +4,15 @@ Importing this package registers every protocol, so callers can look them up by
 method and privacy mode with :func:`get_protocol`.
 """
 
-from fednorm.protocols import minmax, ppf_zscore, robust, yeojohnson, zscore  # noqa: F401 - registration side effect
+from fednorm.protocols import (  # noqa: F401 - registration side effect
+    minmax,
+    ppf_minmax,
+    ppf_robust,
+    ppf_zscore,
+    robust,
+    yeojohnson,
+    zscore,
+)
 from fednorm.protocols.base import METHODS, FitOptions, Protocol, fit_local, get_protocol
 from fednorm.protocols.normalizers import (
     MinMaxNormalizer,

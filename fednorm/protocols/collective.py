@@ -211,8 +211,7 @@ async def setup_server(
     context = shared_context(preset)
     with rc.subprotocol("setup"):
         lead = await rc.receive(LEAD, LeadKeys)
-        for party in rc.parties[1:]:
-            await rc.send(party, lead)
+        await rc.forward(lead, rc.parties[1:])
         shares = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
         joint = await rc.run_sync(
             ckks.aggregate_public_key, context, [s.public_key for s in shares])

@@ -19,8 +19,9 @@ bootstrapping          boot_share                  start_bootstrap, aggregate_bo
                                                    -> finish_bootstrap
 =====================  ==========================  ===============================
 
-Levels: :func:`ensure_levels` refreshes in time; :func:`inverse` computes 1/x with
-collective bootstraps through a ``refresh`` callback; bytes: ``CkksContext.to_bytes`` /
+Levels: :func:`ensure_levels` refreshes in time; :func:`inverse` computes 1/x and
+:func:`maximum` / :func:`minimum` / :func:`fold_maximum` compare (:mod:`.compare`), both
+with collective bootstraps through a ``refresh`` callback; bytes: ``CkksContext.to_bytes`` /
 ``from_bytes`` and ``register_codec_types``.
 """
 
@@ -35,6 +36,19 @@ from fednorm.engine.ckks.collective import (
     finish_bootstrap,
     fuse_decryption,
     start_bootstrap,
+)
+from fednorm.engine.ckks.compare import (
+    ComparePlan,
+    comparison_error,
+    fold_maximum,
+    fold_rotations,
+    max_and_min,
+    maximum,
+    minimum,
+    plan_compare,
+    rotate_by,
+    rotation_plan,
+    tree_maximum,
 )
 from fednorm.engine.ckks.context import CkksContext, sum_rotation_indices
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
@@ -66,6 +80,7 @@ __all__ = [
     "BootRound",
     "CkksContext",
     "CkksPreset",
+    "ComparePlan",
     "InversePlan",
     "JointKeys",
     "LevelBudgetError",
@@ -79,18 +94,28 @@ __all__ = [
     "aggregate_relin_round2",
     "aggregate_rotation_shares",
     "bootstrap_locally",
+    "comparison_error",
     "consumed_levels",
     "decrypt_locally",
     "ensure_levels",
     "finish_bootstrap",
+    "fold_maximum",
+    "fold_rotations",
     "fuse_decryption",
     "get_preset",
     "inverse",
     "joint_tag_for",
     "levels_left",
     "local_refresh",
+    "max_and_min",
+    "maximum",
+    "minimum",
+    "plan_compare",
     "plan_inverse",
+    "rotate_by",
+    "rotation_plan",
     "setup_locally",
     "start_bootstrap",
     "sum_rotation_indices",
+    "tree_maximum",
 ]

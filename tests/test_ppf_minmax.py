@@ -1,0 +1,209 @@
+"""PPF MinMax against the pooled numpy oracle, its guaranteed error, its ledger, bad input."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import openfhe
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from recording import install
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.runtime import SERVER
+from fednorm.protocols import FitOptions
+from fednorm.protocols import ppf_minmax as ppf
+from fednorm.sim.federation import simulate
+
+CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
+SLOP = 1e-12  # float64 rounding of the affine maps, relative to V_abs
+
+
+def _options(vabs, extra=CHEAP, preset="test") -> FitOptions:
+    return FitOptions(preset=preset, vabs=tuple(np.atleast_1d(vabs).tolist()), extra=extra)
+
+
+def _assert_within_bound(parts, options, fitted) -> None:
+    """|result − pooled| ≤ error_bound · V_abs, NaN exactly where nobody has values."""
+    pooled = np.vstack(parts)
+    vabs = ppf.vabs_vector(options, pooled.shape[1])
+    empty = np.all(np.isnan(pooled), axis=0)
+    tolerance = (ppf.error_bound(options, len(parts)) + SLOP) * vabs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        want_min, want_max = np.nanmin(pooled, axis=0), np.nanmax(pooled, axis=0)
+    np.testing.assert_array_equal(np.isnan(fitted.min), empty)
+    np.testing.assert_array_equal(np.isnan(fitted.max), empty)
+    assert np.all(np.abs(fitted.min - want_min)[~empty] <= tolerance[~empty])
+    assert np.all(np.abs(fitted.max - want_max)[~empty] <= tolerance[~empty])
+
+
+@st.composite
+def federations(draw: st.DrawFn) -> tuple[list[np.ndarray], np.ndarray]:
+    """2–10 parties, some with one row, values of either sign and any scale, some NaN."""
+    parties = draw(st.integers(2, 10))
+    features = draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scales = 10.0 ** rng.uniform(-3, 6, size=features)
+    parts = [rng.normal(rng.uniform(-1, 1, features) * scales, scales,
+                        size=(int(rng.integers(1, 6)), features)) for _ in range(parties)]
+    for part in parts[1:]:
+        part[rng.random(part.shape) < 0.2] = np.nan
+    vabs = np.nanmax(np.abs(np.vstack(parts)), axis=0) * rng.uniform(1, 8, features)
+    return parts, vabs
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(federations())
+def test_ppf_minmax_is_within_its_guaranteed_error(federation) -> None:
+    parts, vabs = federation
+    options = _options(vabs)
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+
+
+def test_default_precision_on_large_and_small_values() -> None:
+    """Two parties at the default precision (12 bits per comparison, two passes)."""
+    rng = np.random.default_rng(11)
+    large = [rng.uniform(1e5, 1e6, (12, 2)) * [1, -1] for _ in range(2)]
+    small = [rng.uniform(1e-4, 1e-3, (12, 2)) * [1, -1] for _ in range(2)]
+    parts = [np.hstack(pair) for pair in zip(large, small, strict=True)]
+    options = FitOptions(preset="test", vabs=(1e6, 1e6, 1.0, 1.0))
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+    pooled = np.vstack(parts)
+    rel_min = np.abs(fitted.min / np.min(pooled, axis=0) - 1)
+    rel_max = np.abs(fitted.max / np.max(pooled, axis=0) - 1)
+    assert np.all(rel_min[:2] < 1e-9) and np.all(rel_max[:2] < 1e-9)
+    assert np.all(rel_min[2:] < 1e-4) and np.all(rel_max[2:] < 1e-4)
+
+
+def test_a_feature_nobody_has_values_of_is_nan_and_one_row_parties_count() -> None:
+    parts = [np.array([[np.nan, 3.0, -2.0]]), np.array([[np.nan, -5.0, np.nan]])]
+    options = _options((10.0,), {"minmax_bits": 4, "minmax_passes": 1})
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+
+
+def test_more_features_than_one_block_holds_go_in_chunks() -> None:
+    width = ppf.Layout(ckks.TEST.slots, 1).per_chunk + 5
+    rng = np.random.default_rng(2)
+    parts = [rng.uniform(-1, 1, (3, width)) for _ in range(2)]
+    options = _options((1.0,), {"minmax_bits": 4, "minmax_passes": 1})
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+
+
+def test_more_parties_than_blocks_are_compared_across_ciphertexts(monkeypatch) -> None:
+    monkeypatch.setattr(ppf, "BLOCKS", 2)  # 3 parties: two packed ciphertexts
+    rng = np.random.default_rng(4)
+    parts = [rng.uniform(-1, 1, (4, 2)) for _ in range(3)]
+    options = _options((1.0,), {"minmax_bits": 4, "minmax_passes": 1})
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+
+
+# -- plaintext pieces --------------------------------------------------------------------------
+def test_a_window_maps_onto_the_headroom_and_back() -> None:
+    window = ppf.Window(np.array([-2.0, 0.0, 1.0]), np.array([2.0, 1.0, 3.0]))
+    top = np.array([1.0, -np.inf, 0.5])
+    scaled = window.encode(top)
+    np.testing.assert_allclose(scaled, [ppf.HEADROOM / 2, -ppf.HEADROOM, -ppf.HEADROOM])
+    np.testing.assert_allclose(window.decode(scaled)[0], 1.0)
+    with pytest.raises(ProtocolError, match="below a local extreme"):
+        window.encode(np.array([2.5, 0.0, 1.0]))
+    narrowed = window.narrowed(np.array([1.0, 0.5, 2.0]), rounds=2, error_bound=0.01)
+    assert np.all(narrowed.low < [1.0, 0.5, 2.0]) and np.all(narrowed.high > [1.0, 0.5, 2.0])
+
+
+# -- input checks, before any encryption -----------------------------------------------------
+def _no_encryption(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("encrypted before the input check")
+
+    monkeypatch.setattr(ckks.CkksContext, "encrypt", refuse)
+
+
+@pytest.mark.parametrize(("vabs", "match"), [
+    (None, "vabs"),
+    ((1.0, 2.0, 3.0), "3 values for 2 features"),
+    ((0.0,), "positive"),
+    ((5.0, 1.0), r"features \[1\].*beyond"),
+])
+def test_bad_or_violated_vabs_is_an_input_error_before_encryption(monkeypatch, vabs,
+                                                                    match) -> None:
+    _no_encryption(monkeypatch)
+    parts = [np.array([[1.0, 0.5], [2.0, -3.0]]), np.array([[0.0, 0.0]])]
+    with pytest.raises(InputError, match=match):
+        simulate(parts, "minmax", "mhe", FitOptions(preset="test", vabs=vabs))
+
+
+def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
+    _no_encryption(monkeypatch)
+    parts = [np.ones((2, 1)), np.ones((2, 1))]
+    for extra in ({"minmax_bits": 80}, {"minmax_passes": 0}, {"minmax_bits": "many"}):
+        with pytest.raises(InputError):
+            simulate(parts, "minmax", "mhe", _options((2.0,), extra))
+
+
+# -- leakage ledger ----------------------------------------------------------------------------
+LEDGER = {
+    "ppf_minmax.encrypted_extremes": {"width"},
+    "ppf_minmax.window": {"low", "high"},
+    "ppf_minmax.result": {"min", "max"},
+    "ckks.joint_round1": {"party_tags"},
+}
+CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
+
+
+def _is_crypto(value: object) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, openfhe.Ciphertext) for v in value)
+    return isinstance(value, CRYPTO_TYPES)
+
+
+def test_only_the_ledger_crosses_the_wire(monkeypatch) -> None:
+    secrets: list[bytes] = []
+    generate = ckks.PartyKeys.generate.__func__
+
+    def spying_generate(cls, *args, **kwargs):
+        keys = generate(cls, *args, **kwargs)
+        blob = openfhe.Serialize(keys._sk, openfhe.BINARY)
+        secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])
+        return keys
+
+    monkeypatch.setattr(ckks.PartyKeys, "generate", classmethod(spying_generate))
+    recorder = install(monkeypatch)
+    rng = np.random.default_rng(5)
+    parts = [rng.normal(0, 2, size=(6, 3)) for _ in range(3)]
+    simulate(parts, "minmax", "mhe", _options((20.0,)))
+
+    decrypt_requests = 0
+    for header, msg in recorder.decoded():
+        plaintext = {name for name, value in msg.fields().items()
+                     if value is not None and not _is_crypto(value)}
+        assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
+        decrypt_requests += header.kind == "ckks.decrypt_request" and header.sender == SERVER
+    assert decrypt_requests == 3 * CHEAP["minmax_passes"]  # one per pass, to each party
+    assert len(secrets) == 3
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
+
+
+# -- the paper's setting -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_ppf_minmax_at_the_paper_preset_with_ten_parties() -> None:
+    rng = np.random.default_rng(7)
+    parts = [np.hstack([rng.uniform(1e5, 1e6, (20, 2)) * [1, -1],
+                        rng.uniform(1e-4, 1e-3, (20, 2)) * [1, -1]]) for _ in range(10)]
+    options = FitOptions(preset="paper", vabs=(1e6, 1e6, 1.0, 1.0))
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+    pooled = np.vstack(parts)
+    rel_min = np.abs(fitted.min / np.min(pooled, axis=0) - 1)
+    rel_max = np.abs(fitted.max / np.max(pooled, axis=0) - 1)
+    # the paper's Table VI: min 2.92e-9 / 1.78e-4, max 1.27e-8 / 4.64e-4
+    assert np.all(rel_min[:2] <= 2.92e-9) and np.all(rel_max[:2] <= 1.27e-8)
+    assert np.all(rel_min[2:] <= 1.78e-4) and np.all(rel_max[2:] <= 4.64e-4)

@@ -29,7 +29,9 @@ def ppf_federations(draw: st.DrawFn) -> list[np.ndarray]:
     parties = draw(st.integers(2, 10))
     features = draw(st.integers(1, 5))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    scales = 10.0 ** rng.uniform(-3, 6, size=features)
+    # Magnitudes 1e-3…1e6 across examples; within one federation the features stay within
+    # 1e3 of each other (variances within 2^40: the supported dynamic range, see the ledger).
+    scales = 10.0 ** (rng.uniform(-3, 6) + rng.uniform(-1.5, 1.5, size=features))
     rows = [int(r) for r in rng.integers(1, 25, size=parties)]
     parts = [rng.normal(rng.uniform(-2, 2, size=features) * scales, scales, size=(r, features))
              for r in rows]

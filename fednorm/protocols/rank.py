@@ -63,8 +63,9 @@ class QuantilePlan:
 
     def combine(self, values: np.ndarray) -> np.ndarray:
         """Quantiles (quantiles, features) from the found target values."""
-        low = values[self.lower]
-        high = np.where(self.upper >= 0, values[np.maximum(self.upper, 0)], low)
+        padded = np.append(values, np.nan)  # index -1: a feature without values → NaN
+        low = padded[self.lower]
+        high = np.where(self.upper >= 0, padded[self.upper], low)
         return low + self.fraction * (high - low)
 
 

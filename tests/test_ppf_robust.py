@@ -26,5 +26,5 @@ def test_ppf_robust_quartiles_equal_pooled_within_epsilon() -> None:
 
 
 def test_ppf_robust_needs_the_agreed_bound() -> None:
-    with pytest.raises(InputError, match="(?i)v_?abs"):
+    with pytest.raises(InputError, match=r"(?i)v_?abs"):
         simulate([np.ones((3, 1)), np.ones((3, 1))], "robust", "mhe", FitOptions(preset="test"))

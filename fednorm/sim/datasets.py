@@ -1,12 +1,25 @@
-"""Tabular datasets for simulations: a packaged built-in and any CSV file.
+"""Datasets for simulations and the study: built-ins by name, and any CSV file by path.
 
 Everything comes out as a float64 feature matrix with NaN for missing values, because
 that is what the normalizers consume; missing data is kept (not imputed) so that the
-federated statistics can be tested on realistic, incomplete columns.
+federated statistics can be tested on realistic, incomplete columns. Images are
+flattened to one feature per pixel and channel (``image_shape`` keeps (C, H, W)), since
+data normalization in the study is per feature.
 
-Only numpy is used, so the core install stays small. Further built-ins (HCV, Parkinson's,
-digits, MNIST) plug in through ``_BUILTINS``: a loader takes the requested target name
-(or None) and returns a ``Dataset``.
+Built-ins (``_BUILTINS``; a loader takes the requested target or None and a data
+directory):
+
+* ``bcw``: packaged with fednorm;
+* ``hcv`` (``hcv.csv``, target ``Category``) and ``parkinsons``
+  (``parkinsons_updrs.csv``, target ``total_UPDRS``) from the data directory;
+* ``digits``: scikit-learn's 8×8 digit images (needs the ``train`` extra);
+* ``mnist`` (IDX files) and ``cifar10`` (python batches) from the data directory, or a
+  ``mnist`` / ``cifar-10-batches-py`` / ``cifar10`` folder inside it.
+
+The data directory defaults to the repository's sibling ``../shared/datasets`` (where the
+project keeps its shared copies); every entry point takes an explicit one too.
+
+Only numpy is needed for everything but ``digits``, so the core install stays small.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ from typing import Literal
 import numpy as np
 
 from fednorm.engine.errors import InputError
+from fednorm.sim.images import ImageSet, load_cifar10, load_mnist
 
 Task = Literal["classification", "regression"]
 
@@ -32,6 +46,9 @@ MISSING_TOKENS = frozenset({"", "NA", "NaN", "nan"})
 # class labels (e.g. HCV's 0-4 categories); anything else numeric is a regression target.
 MAX_CLASSES = 20
 
+# <repo>/fednorm/sim/datasets.py -> <repo>/../shared/datasets
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+
 
 @dataclass
 class Dataset:
@@ -39,6 +56,8 @@ class Dataset:
 
     ``class_names[k]`` is the original text of class ``k`` when the target was
     label-encoded from strings, so reports can show ``M``/``B`` rather than 1/0.
+    ``image_shape`` is (channels, height, width) for image datasets, whose rows are the
+    images flattened channel-major; models reshape them back.
     """
 
     name: str
@@ -48,6 +67,7 @@ class Dataset:
     target_name: str | None
     task: Task | None
     class_names: list[str] | None = None
+    image_shape: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -59,16 +79,19 @@ class _Table:
     line_numbers: list[int]
 
 
-def load_dataset(name_or_path: str | Path, target: str | None = None) -> Dataset:
+def load_dataset(
+    name_or_path: str | Path, target: str | None = None, data_dir: str | Path | None = None
+) -> Dataset:
     """Load a built-in dataset by name (``"bcw"``) or a CSV file by path.
 
     Built-in names win over a file of the same name; write ``./bcw`` to mean the file.
-    For a CSV, every column except ``target`` is a feature.
+    For a CSV, every column except ``target`` is a feature. ``data_dir`` is where the
+    file-backed built-ins live (default: :data:`DEFAULT_DATA_DIR`).
     """
     if not isinstance(name_or_path, str | Path):
         raise InputError(f"expected a dataset name or CSV path, got {name_or_path!r}")
     if isinstance(name_or_path, str) and name_or_path in _BUILTINS:
-        return _BUILTINS[name_or_path](target)
+        return _BUILTINS[name_or_path](target, resolve_data_dir(data_dir))
     path = Path(name_or_path)
     if not path.is_file():
         raise InputError(
@@ -84,14 +107,29 @@ def load_dataset(name_or_path: str | Path, target: str | None = None) -> Dataset
     return _build_dataset(table, name=path.stem, target=target)
 
 
-def _load_bcw(target: str | None) -> Dataset:
+def builtin_names() -> list[str]:
+    """The names ``load_dataset`` resolves without a path, sorted."""
+    return sorted(_BUILTINS)
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The directory file-backed built-ins are read from: ``data_dir`` or the default."""
+    return DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
+
+
+def _check_target(name: str, target: str | None, own_target: str) -> None:
+    if target not in (None, own_target):
+        raise InputError(f"the built-in {name!r} dataset has target {own_target!r}, not {target!r}")
+
+
+def _load_bcw(target: str | None, data_dir: Path) -> Dataset:
     """Breast Cancer Wisconsin (Diagnostic), UCI id 17: 569 rows, 30 features, M/B target.
 
     ``id`` is a row identifier, not a feature, so it is dropped. The target is encoded
     M = 1 (malignant), B = 0; note this is the reverse of scikit-learn's encoding.
+    Packaged with fednorm, so ``data_dir`` is not used.
     """
-    if target not in (None, "diagnosis"):
-        raise InputError(f"the built-in 'bcw' dataset has target 'diagnosis', not {target!r}")
+    _check_target("bcw", target, "diagnosis")
     text = resources.files("fednorm.sim").joinpath("data/bcw.csv").read_text("utf-8-sig")
     table = _read_csv(io.StringIO(text, newline=""), source="built-in bcw")
     del table.columns["id"]
@@ -101,7 +139,99 @@ def _load_bcw(target: str | None) -> Dataset:
     return dataset
 
 
-_BUILTINS: dict[str, Callable[[str | None], Dataset]] = {"bcw": _load_bcw}
+def _load_shared_csv(
+    name: str, filename: str, own_target: str, drop: tuple[str, ...], data_dir: Path
+) -> Dataset:
+    """A built-in kept as a CSV file in the data directory, minus non-feature columns."""
+    path = data_dir / filename
+    if not path.is_file():
+        raise InputError(
+            f"dataset {name!r} needs {filename} in {data_dir}; point the data directory "
+            "(--data-dir) at the folder that holds it"
+        )
+    with path.open(newline="", encoding="utf-8-sig") as stream:
+        table = _read_csv(stream, source=str(path))
+    for column in drop:
+        if table.columns.pop(column, None) is None:
+            raise InputError(f"{path} lacks column {column!r}; is it the right file?")
+    return _build_dataset(table, name=name, target=own_target)
+
+
+def _load_hcv(target: str | None, data_dir: Path) -> Dataset:
+    """HCV data, UCI id 571 as prepared for the study: 615 rows, 12 features, 5 classes.
+
+    ``Category`` is already encoded 0-4 (blood donor, suspect donor, hepatitis, fibrosis,
+    cirrhosis) and ``Sex`` 0/1, with missing laboratory values imputed.
+    """
+    _check_target("hcv", target, "Category")
+    return _load_shared_csv("hcv", "hcv.csv", "Category", (), data_dir)
+
+
+def _load_parkinsons(target: str | None, data_dir: Path) -> Dataset:
+    """Parkinson's Telemonitoring, UCI id 189: 5875 rows, 19 features, ``total_UPDRS``.
+
+    ``subject#`` identifies the patient (not a measurement), and ``motor_UPDRS`` is the
+    motor part of the ``total_UPDRS`` score being predicted, so keeping it would leak
+    the target; both are dropped.
+    """
+    _check_target("parkinsons", target, "total_UPDRS")
+    drop = ("subject#", "motor_UPDRS")
+    return _load_shared_csv("parkinsons", "parkinsons_updrs.csv", "total_UPDRS", drop, data_dir)
+
+
+def _load_digits(target: str | None, data_dir: Path) -> Dataset:
+    """scikit-learn's 1797 8×8 digit images (pixel values 0-16): a small MNIST stand-in."""
+    _check_target("digits", target, "label")
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise InputError("dataset 'digits' needs scikit-learn: pip install 'fednorm[train]'") \
+            from None
+    bunch = load_digits()
+    images = bunch.images.astype(np.uint8)[:, None]  # values 0-16, one channel
+    return _image_dataset("digits", ImageSet(images, bunch.target.astype(np.int64), []))
+
+
+def _load_mnist(target: str | None, data_dir: Path) -> Dataset:
+    """MNIST's 70,000 28×28 images (train then test) from IDX files, pixels 0-255."""
+    _check_target("mnist", target, "label")
+    return _image_dataset("mnist", load_mnist(_subdirectory(data_dir, ("mnist", "MNIST"))))
+
+
+def _load_cifar10(target: str | None, data_dir: Path) -> Dataset:
+    """CIFAR-10's 60,000 32×32 RGB images (train then test) from python batches, 0-255."""
+    _check_target("cifar10", target, "label")
+    folders = ("cifar-10-batches-py", "cifar10", "cifar-10")
+    return _image_dataset("cifar10", load_cifar10(_subdirectory(data_dir, folders)))
+
+
+def _subdirectory(data_dir: Path, names: tuple[str, ...]) -> Path:
+    """The first named folder that exists inside ``data_dir``, else ``data_dir`` itself."""
+    return next((data_dir / n for n in names if (data_dir / n).is_dir()), data_dir)
+
+
+def _image_dataset(name: str, image_set: ImageSet, n_classes: int = 10) -> Dataset:
+    """Flatten (N, C, H, W) images to float64 rows; pixel values keep their raw scale.
+
+    Raw scale on purpose: data normalization is the variable the study measures, so
+    ``none`` must mean the pixels as stored.
+    """
+    n, channels, height, width = image_set.images.shape
+    X = image_set.images.reshape(n, -1).astype(np.float64)
+    features = [f"c{c}_y{y}_x{x}" for c in range(channels) for y in range(height)
+                for x in range(width)]
+    return Dataset(name, X, image_set.labels, features, "label", "classification",
+                   [str(k) for k in range(n_classes)], (channels, height, width))
+
+
+_BUILTINS: dict[str, Callable[[str | None, Path], Dataset]] = {
+    "bcw": _load_bcw,
+    "hcv": _load_hcv,
+    "parkinsons": _load_parkinsons,
+    "digits": _load_digits,
+    "mnist": _load_mnist,
+    "cifar10": _load_cifar10,
+}
 
 
 def _read_csv(stream: Iterable[str], source: str) -> _Table:

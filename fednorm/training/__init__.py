@@ -1,0 +1,18 @@
+"""The study: federated learning with local, federated, pooled or activation normalization.
+
+Modules, in the order a run uses them:
+
+* ``data``: partition a dataset among clients with a skew, then split each client's rows;
+* ``normalization``: the normalization modes (``none``, ``local_<m>``, ``federated_<m>``,
+  ``pooled_<m>``, ``<layer>_norm``) applied to the clients;
+* ``models``: the paper's MLPs and CNNs with a choice of activation normalization;
+* ``fedavg``: FedAvg with all clients of a round trained together (and a one-by-one
+  reference), early stopping on the server's validation loss;
+* ``metrics``: test F1 / precision / recall / accuracy, MAE and R²;
+* ``grid``, ``runner``, ``progress``: the resumable experiment grid;
+* ``report``: Table III, per-method means and figures.
+
+``data``, ``normalization``, ``metrics``, ``grid``, ``progress`` and ``report`` do not
+import torch, so the core install can validate a grid and summarize results; the other
+modules need the ``train`` extra. Nothing is imported here, to keep it that way.
+"""

@@ -1,0 +1,47 @@
+"""Test metrics as the paper reports them.
+
+Classification: accuracy and F1 / precision / recall, support-weighted over classes
+(binary, positive class 1, for two-class tasks such as BCW's malignant = 1).
+Regression: mean absolute error and R². A model whose predictions are not finite
+(training diverged) scores NaN rather than raising, so the run is still recorded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CLASSIFICATION_METRICS = ("test_accuracy", "test_f1", "test_precision", "test_recall")
+REGRESSION_METRICS = ("test_mae", "test_r2")
+
+
+def classification_metrics(y_true: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """Metrics of the arg-max class of ``scores`` (rows × classes)."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+    n_classes = scores.shape[1]
+    y_pred = np.argmax(np.nan_to_num(scores, nan=-np.inf), axis=1)
+    average = "binary" if n_classes == 2 else "weighted"
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        y_true, y_pred, average=average, zero_division=0,
+        labels=None if average == "binary" else np.arange(n_classes),
+    )
+    return {
+        "test_accuracy": float(accuracy_score(y_true, y_pred)),
+        "test_f1": float(f1),
+        "test_precision": float(precision),
+        "test_recall": float(recall),
+    }
+
+
+def regression_metrics(y_true: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    predictions = predictions.reshape(-1)
+    if not np.all(np.isfinite(predictions)):
+        return {"test_mae": math.nan, "test_r2": math.nan}
+    return {
+        "test_mae": float(mean_absolute_error(y_true, predictions)),
+        "test_r2": float(r2_score(y_true, predictions)),
+    }

@@ -1,0 +1,122 @@
+"""The study's normalization modes, and applying one to a federation's clients.
+
+* ``none``: raw features;
+* ``local_<m>``: each client fits ``m`` on its own training rows and transforms its own
+  train, validation and test rows (the paper's baseline);
+* ``federated_<m>``: ``m`` is fitted by the real message-passing protocols
+  (:func:`fednorm.sim.federation.simulate`) over the clients' training rows, with the
+  chosen privacy mode, and every client applies the result; nothing is pooled;
+* ``pooled_<m>``: the oracle, ``m`` fitted with numpy on the union of the training rows
+  (what federated must equal; used to test it, not part of the paper grid);
+* ``batch_norm``, ``layer_norm``, ``group_norm``, ``instance_norm``: no data
+  normalization, the model gets that activation normalization layer instead.
+
+``m`` is one of zscore, minmax, robust, yeojohnson. Torch-free.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+import fednorm.protocols.yeojohnson  # noqa: F401 - registers the Yeo-Johnson protocols
+from fednorm.engine.errors import InputError
+from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
+from fednorm.sim.federation import simulate
+from fednorm.training.data import ClientData
+
+Kind = Literal["none", "local", "federated", "pooled", "activation"]
+DATA_KINDS: tuple[Kind, ...] = ("local", "federated", "pooled")
+ACTIVATION_NORMS = ("batch", "layer", "group", "instance")
+PRIVACY_MODES = ("plain", "mhe")
+
+# The paper's 13 (Fig. 2): no normalization, local and federated versions of the four
+# data normalizations, and the four activation normalizations.
+PAPER_NORMALIZATIONS = (
+    "none",
+    *(f"local_{m}" for m in METHODS),
+    *(f"federated_{m}" for m in METHODS),
+    *(f"{a}_norm" for a in ACTIVATION_NORMS),
+)
+# Yeo-Johnson was run on tabular data only.
+IMAGE_NORMALIZATIONS = tuple(n for n in PAPER_NORMALIZATIONS if not n.endswith("yeojohnson"))
+
+
+@dataclass(frozen=True)
+class NormalizationSpec:
+    """A parsed normalization name: its kind and the data method or activation layer."""
+
+    kind: Kind
+    method: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> NormalizationSpec:
+        """Read ``none``, ``<local|federated|pooled>_<method>`` or ``<layer>_norm``."""
+        name = text.strip().lower() if isinstance(text, str) else ""
+        if name == "none":
+            return cls("none")
+        prefix, _, rest = name.partition("_")
+        if prefix in DATA_KINDS and rest in METHODS:
+            return cls(prefix, rest)
+        if rest == "norm" and prefix in ACTIVATION_NORMS:
+            return cls("activation", prefix)
+        raise InputError(
+            f"unknown normalization {text!r}; use none, local_<m>, federated_<m>, pooled_<m> "
+            f"(m: {', '.join(METHODS)}) or {', '.join(a + '_norm' for a in ACTIVATION_NORMS)}"
+        )
+
+    def __str__(self) -> str:
+        if self.kind == "none":
+            return "none"
+        if self.kind == "activation":
+            return f"{self.method}_norm"
+        return f"{self.kind}_{self.method}"
+
+    @property
+    def activation(self) -> str:
+        """The activation normalization layer the model gets (``none`` for data modes)."""
+        return self.method if self.kind == "activation" and self.method else "none"
+
+
+@dataclass
+class NormalizedFederation:
+    """The clients after normalization, with what it cost (protocol rounds and bytes)."""
+
+    clients: list[ClientData]
+    seconds: float = 0.0
+    rounds: int = 0
+    bytes: int = 0
+    normalizer: Normalizer | None = None
+
+
+def normalize_clients(
+    clients: list[ClientData],
+    spec: NormalizationSpec,
+    privacy: str = "plain",
+    options: FitOptions | None = None,
+) -> NormalizedFederation:
+    """Apply ``spec`` to every client's train, validation and test features."""
+    started = time.perf_counter()
+    if spec.kind in ("none", "activation"):
+        return NormalizedFederation(clients)
+    assert spec.method is not None
+    if spec.kind == "local":
+        normalized = [
+            client.with_features(fit_local(spec.method, client.X_train, options).transform)
+            for client in clients
+        ]
+        return NormalizedFederation(normalized, time.perf_counter() - started)
+    if spec.kind == "federated":
+        result = simulate([c.X_train for c in clients], spec.method, privacy, options)
+        normalizer, rounds, n_bytes = result.normalizer, result.report.rounds, \
+            result.report.bytes_total
+    else:
+        pooled_rows = np.concatenate([c.X_train for c in clients])
+        normalizer, rounds, n_bytes = fit_local(spec.method, pooled_rows, options), 0, 0
+    normalized = [client.with_features(normalizer.transform) for client in clients]
+    return NormalizedFederation(
+        normalized, time.perf_counter() - started, rounds, n_bytes, normalizer
+    )

@@ -1,0 +1,268 @@
+"""Tests of the study's grid, resumable results, report, and the two CLI commands."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fednorm.cli import main
+from fednorm.engine.errors import InputError
+from fednorm.training.grid import (
+    COLUMNS,
+    KEY_COLUMNS,
+    Cell,
+    GridRequest,
+    ResultStore,
+    build_grid,
+)
+from fednorm.training.report import count_pairs, mean_scores, read_results
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "3",
+        "--normalizations", "none,federated_minmax", "--seeds", "0", "--max-rounds", "2"]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as stream:
+        return list(csv.DictReader(stream))
+
+
+def keys(rows: list[dict[str, str]]) -> list[tuple[str, ...]]:
+    return [tuple(row[c] for c in KEY_COLUMNS) for row in rows]
+
+
+# --- the grid ----------------------------------------------------------------------------
+
+
+def test_presets_are_the_papers_grid():
+    tabular = build_grid(GridRequest(preset="tabular"))
+    assert len(tabular) == 3 * 7 * 3 * 13 * 3  # datasets × skews × clients × norms × seeds
+    digits = build_grid(GridRequest(preset="digits"))
+    assert len(digits) == 7 * 3 * 11 * 3  # no Yeo-Johnson on images
+    assert {c.skew for c in digits} >= {"feature:0.01", "feature:0.1", "quantity:0.7"}
+    assert {c.clients for c in digits} == {10, 20, 50}
+    assert {c.skew for c in tabular} >= {"feature:0.3", "feature:0.7", "label:0.5", "label:5"}
+
+
+def test_flags_narrow_the_grid_in_canonical_spelling():
+    cells = build_grid(GridRequest(datasets=["HCV"], skews=["Label:5.0", "label:5", "iid"],
+                                   clients=[10], normalizations=["Batch_Norm"], seeds=[4]))
+    assert cells == [Cell("hcv", "label:5", 10, "batch_norm", 4),
+                     Cell("hcv", "iid", 10, "batch_norm", 4)]
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    (GridRequest(datasets=["bcw", "iris"]), "unknown dataset 'iris'"),
+    (GridRequest(preset="everything"), "unknown preset"),
+    (GridRequest(skews=["label"]), "cannot read split"),
+    (GridRequest(skews=["quantity:0"]), "out of range"),
+    (GridRequest(normalizations=["local_boxcox"]), "unknown normalization"),
+    (GridRequest(clients=[0]), "client count"),
+    (GridRequest(seeds=[-1]), "seed"),
+    (GridRequest(privacy="secret"), "unknown privacy"),
+    (GridRequest(privacy="mhe", normalizations=["federated_yeojohnson"]), "not available"),
+])
+def test_bad_grid_requests_are_input_errors(request_, message):
+    with pytest.raises(InputError, match=message):
+        build_grid(request_)
+
+
+# --- the results file --------------------------------------------------------------------
+
+
+def row_for(cell: Cell, **values: object) -> dict[str, object]:
+    row: dict[str, object] = dict.fromkeys(COLUMNS, "")
+    row.update(zip(KEY_COLUMNS, cell.key(), strict=True))
+    row.update({"task": "classification", "status": "ok", **values})
+    return row
+
+
+def test_store_skips_done_cells_and_drops_a_half_written_row(tmp_path):
+    path = tmp_path / "r.csv"
+    a, b = Cell("bcw", "iid", 10, "none", 0), Cell("bcw", "iid", 10, "none", 1)
+    with ResultStore(path) as store:
+        store.append(row_for(a, test_f1=0.9))
+        assert store.pending([a, b]) == [b]
+    with path.open("a", encoding="utf-8") as stream:
+        stream.write("bcw,iid,10,none,1,pla")  # killed in the middle of a row
+    with ResultStore(path) as store:
+        assert store.pending([a, b]) == [b]
+        store.append(row_for(b, test_f1=0.8))
+    assert keys(read_rows(path)) == [a.key(), b.key()]
+
+
+def test_store_refuses_a_foreign_file_and_a_second_writer(tmp_path):
+    foreign = tmp_path / "other.csv"
+    foreign.write_text("a,b\n1,2\n", encoding="utf-8")
+    with pytest.raises(InputError, match="not a fednorm results file"):
+        ResultStore(foreign)
+    with ResultStore(tmp_path / "r.csv"), pytest.raises(InputError, match="in use"):
+        ResultStore(tmp_path / "r.csv")
+
+
+# --- fednorm experiment ------------------------------------------------------------------
+
+
+def test_experiment_runs_once_and_a_rerun_adds_nothing(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "results.csv"
+    assert main(["experiment", *TINY, "--out", str(out)]) == 0
+    rows = read_rows(out)
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+    assert all(0 <= float(row["test_f1"]) <= 1 and row["rounds"] == "2" for row in rows)
+    assert {row["normalization"] for row in rows} == {"none", "federated_minmax"}
+    assert "4 runs to do" in capsys.readouterr().err
+    assert main(["experiment", *TINY, "--out", str(out)]) == 0
+    assert read_rows(out) == rows
+    assert "0 runs finished" in capsys.readouterr().out
+
+
+def test_a_killed_experiment_continues_where_it_stopped(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "results.csv"
+    grid = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "5",
+            "--normalizations", "none,local_zscore,batch_norm", "--seeds", "0,1",
+            "--max-rounds", "5"]
+    command = [sys.executable, "-m", "fednorm", "experiment", *grid, "--out", str(out)]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            if out.exists() and len(read_rows(out)) >= 1:
+                break
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    done_before = len(read_rows(out))
+    assert 1 <= done_before < 12, "the run should have been killed midway"
+    assert main(["experiment", *grid, "--out", str(out)]) == 0
+    rows = read_rows(out)
+    assert len(rows) == 12 and len(set(keys(rows))) == 12
+
+
+def test_a_cell_the_data_cannot_support_is_recorded_as_failed(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "results.csv"
+    assert main(["experiment", "--datasets", "bcw", "--skews", "iid", "--clients", "400",
+                 "--normalizations", "none", "--seeds", "0", "--out", str(out)]) == 0
+    (row,) = read_rows(out)
+    assert row["status"] == "error" and "400 parties" in row["error"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--datasets", "bcw,nope"],
+    ["--normalizations", "federated_zscore,local_nonsense"],
+    ["--skews", "iid,label:-1"],
+    ["--max-rounds", "0"],
+])
+def test_bad_experiment_input_exits_2_before_any_work(tmp_path, capsys, flags):
+    out = tmp_path / "results.csv"
+    assert main(["experiment", *flags, "--out", str(out)]) == 2
+    assert "fednorm: error:" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_missing_data_file_fails_before_training(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "results.csv"
+    code = main(["experiment", "--datasets", "hcv", "--data-dir", str(tmp_path),
+                 "--seeds", "0", "--out", str(out)])
+    assert code == 2 and "--data-dir" in capsys.readouterr().err
+    assert read_rows(out) == []
+
+
+def test_dry_run_counts_without_running(tmp_path, capsys):
+    out = tmp_path / "results.csv"
+    assert main(["experiment", "--preset", "tabular", "--dry-run", "--out", str(out)]) == 0
+    assert "2457 runs in the grid" in capsys.readouterr().out and not out.exists()
+
+
+def test_simulate_report_and_dry_run_work_without_torch(tmp_path):
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from fednorm.cli import main\n"
+        "assert main(['simulate', '--parties', '3', '--json']) == 0\n"
+        "assert main(['experiment', '--dry-run', '--out', sys.argv[1]]) == 0\n"
+        "assert main(['experiment', '--seeds', '0', '--out', sys.argv[1]]) == 2\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "r.csv")], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "train extra" in result.stderr
+
+
+# --- fednorm report ----------------------------------------------------------------------
+
+
+def results_with_known_answer(path: Path) -> None:
+    """Hand-made results: cls (F1) and reg (R²) with a known Table III.
+
+    cls: zscore fed 0.91 (mean of 0.90, 0.92) vs local 0.90 -> fed wins by 0.01;
+         minmax 0.800 vs 0.803 -> tie; robust 0.70 vs 0.80 -> local wins;
+         yeojohnson has no local run -> no pair.
+    reg: zscore 0.5 vs 0.3 -> fed wins by 0.2; minmax 0.5 vs -0.2 -> left out (R² ≤ 0);
+         robust 0.400 vs 0.401 -> tie. A failed row and a NaN score are ignored.
+    """
+    rows = []
+    for norm, seed, f1 in [("federated_zscore", 0, 0.90), ("federated_zscore", 1, 0.92),
+                           ("local_zscore", 0, 0.90), ("local_zscore", 1, 0.90),
+                           ("federated_minmax", 0, 0.800), ("local_minmax", 0, 0.803),
+                           ("federated_yeojohnson", 0, 0.99), ("none", 0, 0.5)]:
+        rows.append(row_for(Cell("cls", "iid", 10, norm, seed), test_f1=f1))
+    for norm, f1 in [("federated_robust", 0.70), ("local_robust", 0.80)]:
+        rows.append(row_for(Cell("cls", "label:0.5", 10, norm, 0), test_f1=f1))
+    rows.append(row_for(Cell("cls", "label:0.5", 10, "local_robust", 1), test_f1="nan"))
+    for norm, r2 in [("federated_zscore", 0.5), ("local_zscore", 0.3),
+                     ("federated_minmax", 0.5), ("local_minmax", -0.2),
+                     ("federated_robust", 0.400), ("local_robust", 0.401)]:
+        rows.append(row_for(Cell("reg", "feature:0.3", 20, norm, 0), test_r2=r2,
+                            task="regression"))
+    failed = row_for(Cell("reg", "feature:0.3", 20, "local_zscore", 1), test_r2=-5.0,
+                     task="regression")
+    rows.append({**failed, "status": "error"})
+    with ResultStore(path) as store:
+        for row in rows:
+            store.append(row)
+
+
+def test_report_counts_match_a_hand_made_results_file(tmp_path):
+    path = tmp_path / "results.csv"
+    results_with_known_answer(path)
+    table = {c.dataset: c for c in count_pairs(mean_scores(read_results([path])))}
+    cls, reg = table["cls"], table["reg"]
+    assert (cls.metric, cls.federated, cls.local, cls.ties) == ("test_f1", 1, 1, 1)
+    assert cls.mean_improvement == pytest.approx(0.01)
+    assert (reg.metric, reg.federated, reg.local, reg.ties) == ("test_r2", 1, 0, 1)
+    assert reg.mean_improvement == pytest.approx(0.2)
+
+
+def test_report_writes_tables_and_figures(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "results.csv"
+    results_with_known_answer(path)
+    assert main(["report", str(path), "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    table = read_rows(out / "table3.csv")
+    assert table[-1] == {"dataset": "Total", "metric": "", "federated": "2", "local": "1",
+                         "ties": "2", "mean_fed_improvement": ""}
+    means = {(r["metric"], r["normalization"]): r for r in read_rows(out / "method_means.csv")}
+    assert means["test_f1", "federated_zscore"]["iid"] == "0.9100"
+    assert means["test_f1", "local_robust"]["label"] == "0.8000"
+    for figure in ("fig2_mean_f1.png", "fig2_mean_r2.png", "fig3_high_skew_f1.png"):
+        assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+    assert "| Total |" in (out / "table3.md").read_text(encoding="utf-8")
+
+
+def test_report_on_a_missing_or_foreign_file_is_an_input_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "absent.csv")]) == 2
+    (tmp_path / "x.csv").write_text("a,b\n", encoding="utf-8")
+    assert main(["report", str(tmp_path / "x.csv"), "--out", str(tmp_path)]) == 2

@@ -1,0 +1,220 @@
+"""Tests of the training stack: splits, normalization modes, models, FedAvg and metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fednorm.engine.errors import InputError  # noqa: E402
+from fednorm.protocols import METHODS  # noqa: E402
+from fednorm.sim.datasets import load_dataset  # noqa: E402
+from fednorm.training.data import make_clients, merge_eval  # noqa: E402
+from fednorm.training.fedavg import (  # noqa: E402
+    BatchedRound,
+    ClientTensors,
+    SequentialRound,
+    TrainConfig,
+    clone_state,
+    train_federated,
+)
+from fednorm.training.metrics import classification_metrics, regression_metrics  # noqa: E402
+from fednorm.training.models import (  # noqa: E402
+    MODEL_SPECS,
+    CNNSpec,
+    MLPSpec,
+    build_model,
+)
+from fednorm.training.normalization import (  # noqa: E402
+    PAPER_NORMALIZATIONS,
+    NormalizationSpec,
+    normalize_clients,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: a second torch thread only adds synchronization (and on a busy
+    machine, waits of milliseconds per operation)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bcw():
+    return load_dataset("bcw")
+
+
+# --- splits ----------------------------------------------------------------------------
+
+
+def test_clients_split_their_own_rows_20_percent_test_then_10_percent_validation(bcw):
+    clients = make_clients(bcw, 4, "iid", seed=3)
+    total = sum(len(c.y_train) + len(c.y_val) + len(c.y_test) for c in clients)
+    assert total == 569
+    for client in clients:
+        n = len(client.y_train) + len(client.y_val) + len(client.y_test)
+        assert len(client.y_test) == round(0.2 * n)
+        assert len(client.y_val) == round(0.1 * (n - len(client.y_test)))
+    val, test = merge_eval(clients)
+    assert len(val.y) == sum(len(c.y_val) for c in clients) and test.X.shape[1] == 30
+    again = make_clients(bcw, 4, "iid", seed=3)
+    np.testing.assert_array_equal(again[2].X_test, clients[2].X_test)  # a seed names a split
+
+
+def test_feature_noise_reaches_test_rows_too(bcw):
+    clean = make_clients(bcw, 4, "iid", seed=0)
+    noisy = make_clients(bcw, 4, "feature:0.7", seed=0)
+    assert not np.allclose(clean[3].X_test, noisy[3].X_test)
+
+
+# --- normalization modes -----------------------------------------------------------------
+
+
+def test_normalization_names_parse_and_print_back():
+    assert len(PAPER_NORMALIZATIONS) == 13
+    for name in [*PAPER_NORMALIZATIONS, "pooled_robust"]:
+        assert str(NormalizationSpec.parse(name)) == name
+    assert NormalizationSpec.parse("Layer_Norm").activation == "layer"
+    assert NormalizationSpec.parse("federated_minmax").activation == "none"
+    for bad in ("local", "federated_boxcox", "batchnorm", "", "pooled_"):
+        with pytest.raises(InputError, match="unknown normalization"):
+            NormalizationSpec.parse(bad)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_federated_parameters_equal_the_pooled_fit(bcw, method):
+    clients = make_clients(bcw, 4, "label:0.5", seed=1)
+    federated = normalize_clients(clients, NormalizationSpec("federated", method))
+    pooled = normalize_clients(clients, NormalizationSpec("pooled", method))
+    assert federated.rounds > 0 and federated.bytes > 0 and pooled.rounds == 0
+    tolerance = {"zscore": 1e-9, "minmax": 0.0, "robust": 1e-6, "yeojohnson": 1e-4}[method]
+    for name, values in pooled.normalizer.params().items():
+        np.testing.assert_allclose(federated.normalizer.params()[name], values,
+                                   rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(federated.clients[2].X_test, pooled.clients[2].X_test,
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_local_normalization_differs_from_federated_under_feature_skew(bcw):
+    clients = make_clients(bcw, 4, "feature:0.7", seed=0)
+    local = normalize_clients(clients, NormalizationSpec.parse("local_zscore")).clients
+    federated = normalize_clients(clients, NormalizationSpec.parse("federated_zscore")).clients
+    for client in local:  # every client centred on its own mean ...
+        np.testing.assert_allclose(client.X_train.mean(axis=0), 0, atol=1e-9)
+    pooled_train = np.concatenate([c.X_train for c in federated])  # ... or on the pooled one
+    np.testing.assert_allclose(pooled_train.mean(axis=0), 0, atol=1e-9)
+    assert np.abs(federated[3].X_train.mean(axis=0)).max() > 0.05
+    assert not np.allclose(local[3].X_test, federated[3].X_test, atol=1e-3)
+
+
+def test_data_is_untouched_without_data_normalization(bcw):
+    clients = make_clients(bcw, 3, "iid", seed=0)
+    for name in ("none", "batch_norm"):
+        result = normalize_clients(clients, NormalizationSpec.parse(name))
+        assert result.clients[1].X_val is clients[1].X_val
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", ["none", "batch", "layer", "group", "instance"])
+@pytest.mark.parametrize(("dataset", "features", "image"),
+                         [("bcw", 30, None), ("parkinsons", 19, None),
+                          ("digits", 64, (1, 8, 8)), ("cifar10", 3072, (3, 32, 32))])
+def test_every_model_runs_with_every_activation_norm(dataset, features, image, norm):
+    model = build_model(MODEL_SPECS[dataset], features, 3, norm, image)
+    output, stats = model(torch.randn(5, features))
+    assert output.shape == (5, 3)
+    assert len(stats) == (0 if norm != "batch" else len(model.running_stat_names()))
+    model.eval()
+    assert model(torch.randn(2, features))[0].shape == (2, 3)
+
+
+def test_a_cnn_rejects_images_too_small_for_it():
+    with pytest.raises(InputError, match="too small"):
+        build_model(MODEL_SPECS["mnist"], 64, 10, "none", (1, 8, 8))
+
+
+# --- FedAvg: batched == one client at a time ---------------------------------------------
+
+
+def tiny_run(round_type: type, spec, norm: str, persist: bool, task: str, image=None) -> tuple:
+    """Three rounds over four clients of unequal sizes (one smaller than a batch), float64."""
+    rng = np.random.default_rng(0)
+    sizes = [7, 3, 12, 2]
+    features = 16 if image is None else math.prod(image)
+    X = torch.tensor(rng.normal(size=(sum(sizes), features)))
+    y = (torch.tensor(rng.integers(0, 3, sum(sizes))) if task == "classification"
+         else torch.tensor(rng.normal(size=sum(sizes))))
+    data = ClientTensors(X, y, sizes)
+    config = TrainConfig(batch_size=4, persist_optimizer=persist, seed=5)
+    torch.manual_seed(0)
+    model = build_model(spec, features, 3 if task == "classification" else 1, norm,
+                        image).double()
+    state = clone_state(model.state_dict())
+    train = round_type(model, data, task, config)
+    losses = []
+    for round_index in range(3):
+        state, loss = train(state, round_index)
+        losses.append(loss)
+    return state, losses
+
+
+@pytest.mark.parametrize(("spec", "norm", "persist", "task", "image"), [
+    (MLPSpec(hidden=(8, 4)), "none", False, "classification", None),
+    (MLPSpec(hidden=(8, 4)), "batch", False, "classification", None),
+    (MLPSpec(hidden=(8, 4)), "batch", True, "classification", None),
+    (MLPSpec(hidden=(8, 4, 4)), "group", True, "regression", None),
+    (MLPSpec(hidden=(8, 4)), "layer", False, "regression", None),
+    (CNNSpec(((4,), (8,)), 3, 1, (2, 4), (6,)), "batch", False, "classification", (1, 8, 8)),
+    (CNNSpec(((4,), (8,)), 3, 1, (2, 4), (6,)), "instance", True, "classification", (2, 4, 4)),
+])
+def test_batched_training_equals_one_client_at_a_time(spec, norm, persist, task, image):
+    batched, batched_losses = tiny_run(BatchedRound, spec, norm, persist, task, image)
+    sequential, sequential_losses = tiny_run(SequentialRound, spec, norm, persist, task, image)
+    assert batched.keys() == sequential.keys()
+    for name in batched:
+        torch.testing.assert_close(batched[name], sequential[name], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(batched_losses, sequential_losses, rtol=1e-9)
+
+
+def test_optimizer_state_choice_changes_the_result():
+    fresh, _ = tiny_run(BatchedRound, MLPSpec(hidden=(8,)), "none", False, "classification")
+    kept, _ = tiny_run(BatchedRound, MLPSpec(hidden=(8,)), "none", True, "classification")
+    assert any(not torch.equal(fresh[name], kept[name]) for name in fresh)
+
+
+def test_early_stopping_keeps_the_best_validation_weights():
+    torch.manual_seed(0)
+    model = build_model(MLPSpec(hidden=(4,)), 3, 2)
+    val = (torch.randn(20, 3), torch.randint(0, 2, (20,)))
+    initial = clone_state(model.state_dict())
+
+    def worse_every_round(state, round_index):
+        return {n: t * (1 + 10 * round_index) for n, t in initial.items()}, 0.0
+
+    config = TrainConfig(max_rounds=50, patience=3)
+    outcome = train_federated(model, worse_every_round, val, "classification", config)
+    assert outcome.best_round == 1 and outcome.rounds == 4  # 1 good round + 3 of patience
+    for name, tensor in initial.items():
+        torch.testing.assert_close(outcome.state[name], tensor)
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+def test_metrics_are_binary_for_two_classes_and_weighted_otherwise():
+    y = np.array([0, 1, 1, 0])
+    binary = classification_metrics(y, np.array([[1, 0], [0, 1], [1, 0], [1, 0]]))
+    assert binary["test_accuracy"] == 0.75 and binary["test_precision"] == 1.0
+    assert binary["test_recall"] == 0.5 and binary["test_f1"] == pytest.approx(2 / 3)
+    multi = classification_metrics(np.array([0, 1, 2, 2]), np.eye(3)[[0, 1, 2, 0]])
+    assert multi["test_f1"] == pytest.approx((2 / 3 + 1 + 2 * 2 / 3) / 4)
+    assert regression_metrics(np.array([1.0, 2.0]), np.array([1.0, 3.0]))["test_mae"] == 0.5
+    assert math.isnan(regression_metrics(np.array([1.0, 2.0]), np.array([np.inf, 1]))["test_r2"])

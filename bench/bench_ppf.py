@@ -140,11 +140,11 @@ def git_state() -> str:
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+                                  timeout=10).stdout.rstrip("\n")
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
     dirty = [line[3:] for line in git("status", "--porcelain", "--", "fednorm").splitlines()]
     return commit + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
 

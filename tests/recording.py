@@ -47,3 +47,24 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 
     monkeypatch.setattr(federation, "star_links", recording_star_links)
     return recorder
+
+
+def spy_secret_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Record 64 bytes from the middle of every secret key made in this test, so a test
+    can check that no frame ever carries them (the keys themselves refuse to serialize;
+    the test reaches past that on purpose)."""
+    import openfhe
+
+    from fednorm.engine import ckks
+
+    secrets: list[bytes] = []
+    generate = ckks.PartyKeys.generate.__func__
+
+    def spying_generate(cls, *args, **kwargs):
+        keys = generate(cls, *args, **kwargs)
+        blob = openfhe.Serialize(keys._sk, openfhe.BINARY)
+        secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])
+        return keys
+
+    monkeypatch.setattr(ckks.PartyKeys, "generate", classmethod(spying_generate))
+    return secrets

@@ -9,7 +9,7 @@ import openfhe
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recording import install
+from recording import install, spy_secret_keys
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
@@ -166,16 +166,7 @@ def _is_crypto(value: object) -> bool:
 
 
 def test_only_the_ledger_crosses_the_wire(monkeypatch) -> None:
-    secrets: list[bytes] = []
-    generate = ckks.PartyKeys.generate.__func__
-
-    def spying_generate(cls, *args, **kwargs):
-        keys = generate(cls, *args, **kwargs)
-        blob = openfhe.Serialize(keys._sk, openfhe.BINARY)
-        secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])
-        return keys
-
-    monkeypatch.setattr(ckks.PartyKeys, "generate", classmethod(spying_generate))
+    secrets = spy_secret_keys(monkeypatch)
     recorder = install(monkeypatch)
     rng = np.random.default_rng(5)
     parts = [rng.normal(0, 2, size=(6, 3)) for _ in range(3)]

@@ -1,6 +1,6 @@
 """Benchmarks of the PPF (multiparty CKKS) layer beside the paper's Section VI tables.
 
-    .venv/bin/python bench/bench_ppf.py --all --out bench/RESULTS.md
+    .venv/bin/python bench/bench_ppf.py --all --out /tmp/bench.md   # RESULTS.md quotes it
     .venv/bin/python bench/bench_ppf.py --table-v            # whole PPF z-score, P=10
     .venv/bin/python bench/bench_ppf.py --table-iv --parties 10,20
     .venv/bin/python bench/bench_ppf.py --table-vi           # precision, small/large values
@@ -22,13 +22,14 @@ Markdown):
 - ``--table-vi``: :func:`table_vi`, relative error of PPF z-score mean and variance
   against numpy on the pooled data, small-valued and large-valued synthetic data.
 - ``--errors``: :func:`noise_probe`, the collective-decryption noise and the inverse's
-  error per octave band (this was ``bench/ckks_probe.py``, folded in here).
+  error per octave band (this was ``bench/ckks_probe.py``, folded in here), the error of
+  an encrypted quotient as PPF z-score forms it, and its coarse pass on small values.
 
 Every section records the command, machine, date, library versions, the load average
 before and after, and per row the *foreign load*: the average number of cores busy with
 other processes while the row was measured (from /proc/stat minus this process's CPU
 time). OpenMP uses every core inside each OpenFHE call, so on a 2-core machine one busy
-foreign core can nearly double a wall-clock time.
+foreign core slows wall-clock times 2-5x (measured; see bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -535,7 +536,7 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
     tables.append(_bytes_table(rows))
     notes = [
         f"BCW ({pooled.shape[0]} rows, {pooled.shape[1]} features) split IID over {parties} "
-        f"parties (seed 0), preset `{preset}`, {repeats} runs per mode, the two modes "
+        f"parties (seed 0), preset `{preset}`, {repeats} runs per mode, the modes "
         "alternating run by run. Each run is one `simulate(...)` call: collective key "
         "generation, every party and the server in one process over the in-memory "
         "transport, through the real codec (every ciphertext serialized and parsed). The "
@@ -979,6 +980,8 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
     fresh = ckks.decrypt_locally(ctx, joint, keys, ct, ctx.slots)
     doubled = ckks.decrypt_locally(ctx, joint, keys, ctx.double_scale(ct), ctx.slots)
     prepared = ckks.decrypt_locally(ctx, joint, keys, _prepare_decryption(ctx, ct), ctx.slots)
+    three = ctx.double_scale(ctx.raw.Compress(ct, 3))  # compress first, then double
+    compress_then_double = ckks.decrypt_locally(ctx, joint, keys, three, ctx.slots)
     raw = [k._sk for k in keys]  # probe only: uncompressed shares, for comparison
     full = [ctx.raw.MultipartyDecryptLead([ct], raw[0])[0]] + [
         ctx.raw.MultipartyDecryptMain([ct], sk)[0] for sk in raw[1:]]
@@ -987,7 +990,11 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
                       ("decrypt, scale 2^50, shares uncompressed", uncompressed),
                       ("decrypt, doubled scale", doubled),
                       ("decrypt as ServerCrypto.decrypt (doubled, request compressed)",
-                       prepared)):
+                       prepared),
+                      ("decrypt, request compressed to 3 towers, then scale doubled "
+                       f"({len(ctx.to_bytes(three)) / 1e6:.2f} MB request, vs "
+                       f"{len(ctx.to_bytes(_prepare_decryption(ctx, ct))) / 1e6:.2f} MB)",
+                       compress_then_double)):
         rows.append({"what": name, "max_abs_error": float(np.abs(got - x).max())})
     counts = np.geomspace(*ckks.COUNT_RANGE, ctx.slots)
     ct = ctx.encrypt(joint.public_key, counts)
@@ -1004,15 +1011,101 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
             rows.append({"what": f"inverse, out_scale={out_scale:g}, x in (2^{e - 5}, 2^{e}]",
                          "max_rel_error": float(np.abs(check[band] - 1).max()),
                          "bootstraps": refresh.calls})
+    rows += _quotient_noise(ctx, joint, keys)
     cells = [[r["what"], sci(r.get("max_abs_error", float("nan"))),
               sci(r.get("max_rel_error", float("nan")))] for r in rows]
+    coarse_rows, coarse_cells = _coarse_pass(preset, parties)
+    rows += coarse_rows
     plan = ckks.plan_inverse(ctx.level_budget)
     notes = [f"Preset `{preset}`, P={parties}. Decryption: x uniform in [-1, 1] in every "
              f"slot. Inverse: x = geomspace(1, 2^20) over all slots, one decryption per "
-             f"octave band (decoding noise follows the largest slot). Plan: {plan}."]
+             f"octave band (decoding noise follows the largest slot). Plan: {plan}.",
+             "Quotient rows: numerator 1.4e-4 and count 569 in 30 slots (a small-valued "
+             "variance numerator), the product formed as PPF z-score's `_decrypt_quotient` "
+             "forms it (numerator x 1/max_count, then x the encrypted max_count/n) and with "
+             "1/max_count applied last; the inverse's input with the unused count slots "
+             "left at 0 (as the protocol does) or set to 1.",
+             "Coarse-pass rows: one PPF z-score run on small-valued data (seed 0), "
+             "recording what `_decrypt_quotient` decrypts in each pass (a wrapper, here "
+             "only); 'precise quotient' is the magnitude the second pass actually works at "
+             "(the design aims at 2^16)."]
     return _finish(Section("noise", "Noise of collective decryption and the inverse", rows,
                            [("", ["measurement", "max abs. error", "max rel. error"],
-                             cells)], notes, meta), t0)
+                             cells),
+                            ("PPF z-score's two passes on small-valued data.",
+                             ["quantity", "mean", "variance"], coarse_cells)],
+                           notes, meta), t0)
+
+
+def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
+    """Error of numerator / count formed under encryption, as the protocol forms it and
+    with 1/max_count applied after the product; zero- or one-padded count slots."""
+    width, hi = 30, ckks.COUNT_RANGE[1]
+    numerator, counts = np.full(width, 1.4e-4), np.full(width, 569.0)
+    want = numerator / counts
+    num_ct = ctx.encrypt(joint.public_key, numerator)
+    rows = []
+    for pad_name, pad in (("unused count slots 0", 0.0), ("unused count slots 1", 1.0)):
+        padded = np.concatenate([counts, np.full(ctx.slots - width, pad)])
+        refresh = ckks.local_refresh(ctx, joint, keys)
+        inv = trio.run(functools.partial(
+            ckks.inverse, ctx, ctx.encrypt(joint.public_key, padded), 1.0, hi, refresh,
+            out_scale=hi, keep_levels=2))
+        for order, ct in (("1/max_count first (as the protocol)",
+                           ctx.mul(ctx.mul(num_ct, 1.0 / hi), inv)),
+                          ("1/max_count last", ctx.mul(ctx.mul(num_ct, inv), 1.0 / hi))):
+            got = ckks.decrypt_locally(ctx, joint, keys, _prepare_decryption(ctx, ct), width)
+            rows.append({"what": f"quotient 2.5e-7 = 1.4e-4 / 569, {order}, {pad_name}",
+                         "max_abs_error": float(np.abs(got - want).max()),
+                         "max_rel_error": float(np.abs(got - want).max() / want[0])})
+        if pad:  # the same, decrypted at the doubled scale without compressing the request
+            got = ckks.decrypt_locally(ctx, joint, keys, ctx.double_scale(ct), width)
+            rows.append({"what": f"quotient, 1/max_count last, {pad_name}, decryption "
+                                 "request not compressed (doubled scale only)",
+                         "max_abs_error": float(np.abs(got - want).max()),
+                         "max_rel_error": float(np.abs(got - want).max() / want[0])})
+    return rows
+
+
+def _coarse_pass(preset: str, parties: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    import fednorm.protocols.ppf_zscore as ppf
+
+    seen: list[np.ndarray] = []
+    original = ppf._decrypt_quotient
+
+    async def recording(*args: Any) -> np.ndarray:
+        out = await original(*args)
+        seen.append(out)
+        return out
+
+    X = synthetic("small", 0)
+    parts = [p.X for p in partition(X, None, parties, "iid", seed=0)]
+    ppf._decrypt_quotient = recording
+    try:
+        result, _ = run_ppf_zscore(parts, preset, "default")
+    finally:
+        ppf._decrypt_quotient = original
+    mean_coarse, mean_precise, var_coarse, var_precise = seen
+    truth = {"mean": X.mean(axis=0), "var": X.var(axis=0)}
+    final = {"mean": result.normalizer.mean, "var": result.normalizer.var}
+    row = {"what": "coarse pass", "preset": preset}
+    cells = [["true value (median over features)"], ["coarse pass: max abs. error"],
+             ["coarse pass: max rel. error"], ["precise quotient, magnitude (min–max)"],
+             ["final: max rel. error"]]
+    for name, coarse, precise in (("mean", mean_coarse, mean_precise),
+                                  ("var", var_coarse, var_precise)):
+        abs_err = float(np.abs(coarse - truth[name]).max())
+        rel = float(np.max(np.abs(final[name] - truth[name]) / np.abs(truth[name])))
+        row |= {f"{name}_coarse_abs_error": abs_err, f"{name}_final_rel_error": rel,
+                f"{name}_precise_min": float(np.abs(precise).min()),
+                f"{name}_precise_max": float(np.abs(precise).max())}
+        cells[0].append(sci(float(np.median(truth[name]))))
+        cells[1].append(sci(abs_err))
+        cells[2].append(sci(float(np.max(np.abs(coarse - truth[name]) /
+                                         np.abs(truth[name])))))
+        cells[3].append(f"{np.abs(precise).min():.3g}–{np.abs(precise).max():.3g}")
+        cells[4].append(sci(rel))
+    return [row], cells
 
 
 # -- summary and main ---------------------------------------------------------------------

@@ -143,8 +143,10 @@ class ServerCrypto:
         return await self.rc.run_sync(ckks.fuse_decryption, self.ckks, self.joint, ct, shares, n)
 
     def _prepare_decryption(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
-        doubled = self.ckks.double_scale(ct)
-        return self.ckks.raw.Compress(doubled, ckks.DECRYPT_SHARE_TOWERS)
+        # Compress first, then double: compressing after the doubling would rescale it
+        # away (measured 2.3e-6 instead of 1.6e-9 absolute error).
+        compressed = self.ckks.raw.Compress(ct, ckks.DECRYPT_SHARE_TOWERS + 1)
+        return self.ckks.double_scale(compressed)
 
     async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed."""

@@ -129,8 +129,12 @@ async def _count_inverse(
     if options.reveal_counts:
         pooled = np.rint(await crypto.decrypt(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width))
-    return await ckks.inverse(crypto.ckks, count, 1.0, hi, crypto.bootstrap,
-                              out_scale=hi, keep_levels=2)
+    # Unused slots hold count 0, outside the inverse's range: pad them with 1 so they do
+    # not blow up to ~8·max_count and cost precision in the slots that matter.
+    padding = np.pad(np.zeros(width), (0, crypto.ckks.slots - width), constant_values=1.0)
+    padded = await crypto.rc.run_sync(crypto.ckks.add, count, padding)
+    return await ckks.inverse(crypto.ckks, padded, 1.0, hi, crypto.bootstrap,
+                              out_scale=hi, keep_levels=3)
 
 
 async def _precise_quotient(
@@ -168,8 +172,10 @@ async def _decrypt_quotient(
 ) -> np.ndarray:
     """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩."""
     context = crypto.ckks
+    # 1/max_count is applied after the product: before it, the numerator would be tiny
+    # and the product's absolute noise would swamp small-valued features.
     ct = await crypto.rc.run_sync(
-        lambda: context.mul(context.mul(numerator, 1.0 / options.max_count), scaled_inverse))
+        lambda: context.mul(context.mul(numerator, scaled_inverse), 1.0 / options.max_count))
     return await crypto.decrypt(ct, width)
 
 

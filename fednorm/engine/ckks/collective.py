@@ -6,7 +6,7 @@ are checked before OpenFHE combines them (key tag, level, element count, context
 share per party) so a wrong or foreign share is a :class:`ProtocolError`, never garbage.
 Shares are passed in party order, lead first.
 
-Collective decryption noise (``bench/ckks_probe.py``; max |error| over all slots of a
+Collective decryption noise (``bench/bench_ppf.py --errors``; max |error| over all slots of a
 fresh encryption of x in [-1, 1], shares compressed to 2 towers — compression changes
 nothing measurable):
 

@@ -8,6 +8,7 @@ from fednorm.protocols import (  # noqa: F401 - registration side effect
     minmax,
     ppf_minmax,
     ppf_robust,
+    ppf_yeojohnson,
     ppf_zscore,
     robust,
     yeojohnson,

@@ -43,5 +43,12 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 
+# The benchmark report against the paper (~40 min on a quiet 2-core machine): rewrites
+# bench/RESULTS.md from its generated part on, and bench/plots/. The plots need
+# matplotlib (part of the train extra, installed here without torch).
+bench: $(VENV)/.installed-dev
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q 'matplotlib>=3.7'
+	$(VENV)/bin/fednorm bench --results bench/RESULTS.md --plots bench/plots $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,266 @@
+"""The benchmark run behind ``fednorm bench`` / ``make bench``: plan, sections, report.
+
+:class:`BenchPlan` says what to measure (the full plan at the paper preset, or
+:meth:`BenchPlan.quick`, a smoke run at the test preset); :func:`run_plan` runs its
+sections in order under one progress bar; :func:`render` turns them into Markdown (a
+header with machine, date, command and load, links to the plots, a summary against the
+paper, then every section); :func:`replace_generated_part` puts that into RESULTS.md from
+the ``## Part 2 — generated report`` line on, leaving the hand-written part above it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from fednorm.bench import communication, micro, protocols, zscore
+from fednorm.bench.measure import (
+    Section,
+    environment,
+    fmt_or_dash,
+    git_state,
+    load_average,
+    met,
+    now,
+    reporting,
+    sci,
+    step,
+    wait_for_quiet,
+)
+from fednorm.bench.paper import PAPER_TABLE_V_S, TARGET_REL_ERROR
+from fednorm.engine.errors import InputError
+from fednorm.training.progress import Progress
+
+GENERATED_MARKER = "## Part 2 — generated report"
+SECTIONS = ("micro", "totals", "zscore", "precision", "epsilon", "scaling", "noise")
+"""Section names for ``--sections``, in the order they run."""
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one benchmark run measures. The defaults are ``make bench``'s full run."""
+
+    preset: str = "paper"
+    sections: tuple[str, ...] = SECTIONS
+    parties: int = 10  # Table V / VI
+    repeats: int = 3  # runs per Table V protocol and z-score mode
+    micro_parties: tuple[int, ...] = (10, 20, 30, 50)
+    micro_repeats: int = 3
+    fast_repeats: int = 9
+    slow_repeats: int = 5
+    methods: tuple[str, ...] = ("zscore", "minmax", "robust", "yeojohnson")
+    zscore_modes: tuple[str, ...] = ("default", "reveal", "max_count")
+    precision_seeds: int = 2
+    precision_modes: tuple[str, ...] = ("default", "reveal")
+    epsilons: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+    scaling_parties: tuple[int, ...] = (3, 10, 30, 100)
+    scaling_methods: tuple[str, ...] = ("zscore",)
+    quiet_below: float = 0.5
+    max_wait: float = 0.0
+    command: str = ""
+    quick: bool = False
+
+    @classmethod
+    def quick_plan(cls, **changes: object) -> BenchPlan:
+        """A smoke run at the test preset (insecure ring 2^14): a few minutes."""
+        base = cls(preset="test", parties=3, repeats=1, micro_parties=(3, 6), micro_repeats=1,
+                   fast_repeats=3, slow_repeats=2, zscore_modes=("default",),
+                   precision_seeds=1, precision_modes=("default",), epsilons=(1e-1, 1e-3),
+                   scaling_parties=(2, 4), quick=True)
+        return replace(base, **changes)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.sections) - set(SECTIONS))
+        if unknown:
+            raise InputError(f"unknown bench sections {unknown}; choose from {list(SECTIONS)}")
+        for name, values in (("parties", (self.parties,)), ("micro parties", self.micro_parties),
+                             ("scaling parties", self.scaling_parties)):
+            if not values or min(values) < 2:
+                raise InputError(f"{name} must be at least 2, got {values}")
+        if min(self.repeats, self.micro_repeats, self.fast_repeats, self.slow_repeats,
+               self.precision_seeds) < 1:
+            raise InputError("repeats must be at least 1")
+        if not self.epsilons or min(self.epsilons) <= 0:
+            raise InputError(f"epsilons must be positive, got {self.epsilons}")
+
+    def steps(self) -> int:
+        """Units of work the progress bar counts (runs, or one per P / per section)."""
+        methods = sum(protocols.available(m) for m in self.methods)
+        scaled = sum(protocols.available(m) for m in self.scaling_methods)
+        count = {
+            "micro": len(self.micro_parties) + 1,
+            "totals": self.repeats * methods,
+            "zscore": self.repeats * len(self.zscore_modes),
+            "precision": self.precision_seeds * 2 * (len(self.precision_modes)
+                                                    + len(protocols.PRECISION_CASES)),
+            "epsilon": len(self.epsilons),
+            "scaling": len(self.scaling_parties) * scaled,
+            "noise": 1,
+        }
+        return sum(count[s] for s in self.sections) + 1  # + communication
+
+
+@dataclass
+class BenchRun:
+    """The sections of one run, the records behind the communication section, timing."""
+
+    plan: BenchPlan
+    sections: dict[str, Section] = field(default_factory=dict)
+    records: list[protocols.RunRecord] = field(default_factory=list)
+    started: str = ""
+    load_before: str = ""
+    load_after: str = ""
+    seconds: float = 0.0
+
+
+def run_plan(plan: BenchPlan, progress: Progress | None = None) -> BenchRun:
+    """Run every section of ``plan`` in order (the context is built before any timing)."""
+    zscore.col_context(plan.preset)
+    start, t0 = now()
+    run = BenchRun(plan, started=start.strftime("%Y-%m-%d %H:%M UTC"),
+                   load_before=load_average())
+    with reporting(progress or Progress(plan.steps())):
+        for name in plan.sections:
+            seen = wait_for_quiet(plan.quiet_below, plan.max_wait)
+            for section in _RUNNERS[name](plan, run):
+                section.meta["load average (1/5/15 min) before"] = seen
+                run.sections[section.key] = section
+        t = time.perf_counter()
+        run.sections["communication"] = communication.communication(
+            run.records, plan.preset, plan.parties, plan.command)
+        step("communication", time.perf_counter() - t)
+    run.load_after, run.seconds = load_average(), time.perf_counter() - t0
+    return run
+
+
+def _micro(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    table = micro.table_iv(plan.micro_parties, plan.micro_repeats, plan.fast_repeats,
+                           plan.slow_repeats, plan.preset, plan.command)
+    t = time.perf_counter()
+    sizes = micro.wire_sizes(plan.preset, command=plan.command)
+    step("wire sizes", time.perf_counter() - t)
+    return [table, sizes]
+
+
+def _totals(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    section, records = protocols.totals(plan.methods, plan.repeats, plan.parties,
+                                        plan.preset, plan.command)
+    run.records += records
+    return [section]
+
+
+def _zscore(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    return [zscore.table_v(plan.repeats, plan.parties, plan.preset, plan.command,
+                           plan.zscore_modes)]
+
+
+def _precision(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    return [zscore.table_vi(plan.precision_seeds, plan.parties, plan.preset, plan.command,
+                            plan.precision_modes),
+            protocols.precision(plan.precision_seeds, plan.parties, plan.preset,
+                                plan.command)]
+
+
+def _epsilon(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    section, records = protocols.kth_vs_epsilon(plan.epsilons, plan.parties, plan.preset,
+                                                command=plan.command)
+    run.records += records
+    return [section]
+
+
+def _scaling(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    section, records = protocols.scaling(plan.scaling_methods, plan.scaling_parties,
+                                         plan.preset, command=plan.command)
+    run.records += records
+    return [section]
+
+
+def _noise(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    t = time.perf_counter()
+    section = zscore.noise_probe(plan.preset, plan.parties, plan.command)
+    step("noise probe", time.perf_counter() - t)
+    return [section]
+
+
+_RUNNERS: dict[str, Callable[[BenchPlan, BenchRun], list[Section]]] = {
+    "micro": _micro, "totals": _totals, "zscore": _zscore, "precision": _precision,
+    "epsilon": _epsilon, "scaling": _scaling, "noise": _noise,
+}
+
+
+# -- Markdown -----------------------------------------------------------------------------
+_SHOWN_IN_HEADER = ("command", "machine", "versions", "fednorm")
+
+
+def render(run: BenchRun, plots: dict[str, str] | None = None, relative_to: str = ".") -> str:
+    """The generated report: header, plots, summary, every section (level-3 headings)."""
+    env = environment()
+    plan = run.plan
+    lines = [GENERATED_MARKER, "",
+             f"- **command**: `{plan.command}`" + (" (quick smoke run: test preset, "
+                                                  "insecure, not comparable)" if plan.quick
+                                                  else ""),
+             f"- **date**: {run.started}, {run.seconds / 60:.1f} min in all",
+             f"- **machine**: {env['machine']}, {env['cpu']}, {env['cores']} cores, "
+             f"{env['ram']} RAM, {env['os']}",
+             f"- **versions**: Python {env['python']}, openfhe {env['openfhe']}, numpy "
+             f"{env['numpy']}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
+             f"- **fednorm**: {git_state()}",
+             f"- **load average (1/5/15 min)**: {run.load_before} before, {run.load_after} "
+             "after. Each section lists the load it started under, and each row the "
+             "*foreign load*: cores kept busy by other processes while it ran (2 cores here;"
+             " one busy foreign core slows OpenFHE 2–5x).",
+             f"- **preset**: `{plan.preset}`; timings are medians over the runs listed.", ""]
+    if plots:
+        lines += ["### Plots", ""]
+        for caption, path in plots.items():
+            lines += [f"![{caption}]({os.path.relpath(path, relative_to)})", ""]
+    lines += [summary(run.sections, plan.parties), ""]
+    for section in run.sections.values():
+        lines.append(section.markdown(level=3, skip=_SHOWN_IN_HEADER))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
+    """Headline figures against the paper and the issues' targets."""
+    out = ["### Summary", "", "| what | ours | paper | target | met |", "|---|---:|---:|---:|---|"]
+    for r in sections.get("totals", Section("", "", [], [])).rows:
+        paper, target = fmt_or_dash(r["paper_s"], ".0f"), fmt_or_dash(r["target_s"], ".1f")
+        out.append(f"| Table V {r['name']}, P={r['parties']} | {r['median_s']:.1f} s | "
+                   f"{paper} s | ≤ {target} s | {met(r['median_s'], r['target_s'])} |")
+    for r in sections.get("table_vi", Section("", "", [], [])).rows:
+        out.append(f"| Table VI {r['param']}, {r['data']}-valued, {r['mode']} | "
+                   f"{sci(r['max_rel_error'])} | {sci(r['paper'])} | "
+                   f"≤ {sci(TARGET_REL_ERROR)} | {met(r['max_rel_error'], TARGET_REL_ERROR)} |")
+    for r in sections.get("precision", Section("", "", [], [])).rows:
+        out.append(f"| Table VI {r['param']}, {r['data']}-valued | {sci(r['max_rel_error'])} "
+                   f"| {sci(r['paper'])} | ≤ paper | {met(r['max_rel_error'], r['paper'])} |")
+    eps = sections.get("kth_epsilon", Section("", "", [], [])).rows
+    if len(eps) >= 2:
+        lo, hi = max(eps, key=lambda r: r["epsilon"]), min(eps, key=lambda r: r["epsilon"])
+        out.append(f"| k-th search, ε {lo['epsilon']:g} → {hi['epsilon']:g} | "
+                   f"{lo['kth_s']:.1f} → {hi['kth_s']:.1f} s, {lo['rounds']} → {hi['rounds']} "
+                   "rounds | linear in log(1/ε) | – | – |")
+    for r in sections.get("communication", Section("", "", [], [])).rows:
+        if r["parties"] == 10 and r["method"] in PAPER_TABLE_V_S:
+            formula = fmt_or_dash(r["paper_formula"] / 1e6, ".0f")
+            out.append(f"| bytes {protocols.METHOD_NAMES[r['method']]}, P=10, after key setup "
+                       f"| {r['bytes_protocol'] / 1e6:.0f} MB | {formula} MB (formula) | – | – |")
+    return "\n".join(out) + "\n"
+
+
+def replace_generated_part(results_path: str, generated: str) -> None:
+    """Write ``generated`` over RESULTS.md from the marker line on; keep what is above."""
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    head, marker, _ = text.partition(GENERATED_MARKER)
+    if not marker:
+        head = text.rstrip("\n") + ("\n\n" if text else "")
+    with open(results_path, "w", encoding="utf-8") as f:
+        f.write(head + generated)
+

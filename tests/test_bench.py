@@ -1,0 +1,76 @@
+"""Smoke tests of ``fednorm bench``: the quick mode of two sections at the test preset,
+plus the pure parts (the paper's formulas, the RESULTS.md rewrite, input checks)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fednorm.bench import communication, protocols, report
+from fednorm.cli import main
+from fednorm.engine.errors import InputError
+
+
+def test_scaling_section_through_the_cli(tmp_path) -> None:
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    code = main(["bench", "--quick", "--sections", "scaling", "--scaling-parties", "2,3",
+                 "--out", str(out), "--json", str(rows)])
+    assert code == 0
+    data = json.loads(rows.read_text())
+    small, large = sorted(data["scaling"], key=lambda r: r["parties"])
+    assert (small["parties"], large["parties"]) == (2, 3)
+    # One more party: more uploads, more key shares, more decryption shares.
+    assert large["bytes_total"] > small["bytes_total"]
+    assert large["bytes_protocol"] > small["bytes_protocol"]
+    assert large["server_received"] > small["server_received"]
+    for row in (small, large):
+        assert 0 < row["bytes_protocol"] < row["bytes_total"]
+        assert max(row["errors"].values()) < 1e-5  # PPF z-score vs numpy
+    comm = {r["parties"]: r for r in data["communication"]}
+    assert comm[3]["paper_formula"] > comm[2]["paper_formula"] > 0
+    text = out.read_text()
+    assert text.startswith(report.GENERATED_MARKER)
+    assert "Totals vs the number of parties" in text and "Communication" in text
+    assert (tmp_path / "plots" / "time_vs_parties.png").stat().st_size > 1000
+    assert "](plots/bytes_vs_parties.png)" in text
+
+
+def test_kth_rounds_grow_as_epsilon_shrinks() -> None:
+    rng = np.random.default_rng(3)
+    parts = [rng.uniform(0, 10, size=(9, 2)) for _ in range(2)]
+    section, records = protocols.kth_vs_epsilon((1.0, 1e-2), preset="test", parts=parts)
+    coarse, fine = sorted(section.rows, key=lambda r: -r["epsilon"])
+    assert fine["rounds"] > coarse["rounds"] >= 1
+    assert fine["rounds"] <= coarse["rounds"] + 8  # log2(1 / 1e-2) < 7 more halvings
+    for row in (coarse, fine):
+        assert row["error_over_epsilon"] <= 0.5 + 1e-6  # the median is within ε/2
+    assert all(r.bytes_protocol > 0 for r in records)
+
+
+def test_paper_formulas_grow_with_parties_and_rounds() -> None:
+    c, p = 6.29e6, 3.15e6
+    for method in ("zscore", "minmax", "robust"):
+        assert communication.paper_bytes(method, 20, c, p, x=30) > communication.paper_bytes(
+            method, 10, c, p, x=30)
+    assert communication.paper_bytes("kth", 10, c, p, x=20) == pytest.approx(
+        2 * communication.paper_bytes("kth", 10, c, p, x=10))
+    # z-score at P=10 with K_inv = 13: 3P|c| + 3(P-1)|c| + 13(P-1)|c| = 174 |c|
+    assert communication.paper_bytes("zscore", 10, c, p) == pytest.approx(174 * c)
+
+
+def test_results_rewrite_keeps_the_hand_written_part(tmp_path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nanalysis\n\n" + report.GENERATED_MARKER + "\n\nold\n")
+    report.replace_generated_part(str(results), report.GENERATED_MARKER + "\n\nnew\n")
+    assert results.read_text() == "# Results\n\nanalysis\n\n" + report.GENERATED_MARKER + (
+        "\n\nnew\n")
+
+
+def test_bad_bench_input_is_rejected_before_work(tmp_path) -> None:
+    with pytest.raises(InputError):
+        report.BenchPlan(sections=("tables",))
+    with pytest.raises(InputError):
+        report.BenchPlan.quick_plan(scaling_parties=(1, 3))
+    with pytest.raises(InputError):
+        report.BenchPlan(epsilons=(0.0,))
+    assert main(["bench", "--quick", "--results", str(tmp_path / "RESULTS.md")]) == 2

@@ -1,0 +1,142 @@
+"""The node side: a ClientApp query handler that relays fednorm frames to the party worker.
+
+The first message of a session loads the node's data (with the application's own
+loader), starts the party worker (:mod:`fednorm.flower.worker`) and hands it the data
+and the protocol; every message relays the server's frames to the worker and answers
+with what the party sent back.  When the party is done, its fitted normalizer is kept in
+the node's Flower context state, so the application's ``train`` and ``evaluate``
+handlers normalize their data with :func:`fitted_normalizer`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from fednorm.engine.errors import FednormError, InputError, ProtocolError
+from fednorm.flower.content import (
+    ACTION,
+    Answer,
+    ClientApp,
+    ConfigRecord,
+    Context,
+    Message,
+    Request,
+    answer_content,
+    parse_request,
+)
+from fednorm.flower.localpipe import (
+    array_to_wire,
+    exchange,
+    normalizer_from_wire,
+    params_digest,
+    pipe_path,
+)
+from fednorm.flower.worker import READY
+from fednorm.protocols import Normalizer
+from fednorm.protocols.base import check_party_data
+
+DataLoader = Callable[[Context], np.ndarray]
+STATE_KEY = "fednorm-normalizer"
+WORKER_START_SECONDS = 120.0
+# The worker answers once the party waits again; allow for the party's own work on top.
+_RELAY_MARGIN_SECONDS = 30.0
+
+
+def register_party(app: ClientApp, load_data: DataLoader) -> None:
+    """Make ``app`` a fednorm party: it answers ``query.fednorm`` messages.
+
+    ``load_data(context)`` returns this node's feature matrix (rows by features, NaN for
+    missing values); it is called once per session, on the node, and the data never
+    leaves the node.
+    """
+
+    @app.query(ACTION)
+    def fednorm_query(message: Message, context: Context) -> Message:
+        return handle_message(message, context, load_data)
+
+
+def handle_message(message: Message, context: Context, load_data: DataLoader) -> Message:
+    """Answer one fednorm message: relay its frames to this node's party worker."""
+    request = parse_request(message)
+    answer = relay(request, context, load_data)
+    return Message(answer_content(answer), reply_to=message)
+
+
+def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
+    who = f"party {request.party} (node {context.node_id})"
+    try:
+        path = pipe_path(context.node_id, context.run_id, request.session)
+        packet = {"session": request.session, "party": request.party,
+                  "frames": request.frames}
+        if request.start is not None:
+            packet["setup"] = _setup(request, check_party_data(load_data(context)))
+            start_worker(path, request.timeout)
+        reply = exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
+        return _answer(request, reply, context)
+    except (FednormError, OSError) as exc:
+        return Answer(request.session, "failed", error=f"{who}: {type(exc).__name__}: {exc}")
+
+
+def _setup(request: Request, X: np.ndarray) -> dict[str, object]:
+    assert request.start is not None
+    return {"party": request.party, "session": request.session,
+            "method": request.start.method, "privacy": request.start.privacy,
+            "options": request.start.options, "timeout": request.timeout,
+            "X": array_to_wire(X)}
+
+
+def _answer(request: Request, reply: dict[str, object], context: Context) -> Answer:
+    status = str(reply.get("status"))
+    frames = reply.get("frames", [])
+    if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+        raise ProtocolError("the party worker answered malformed frames")
+    digest = b""
+    if status == "done":
+        wire = reply.get("normalizer")
+        if not isinstance(wire, dict):
+            raise ProtocolError("the party worker finished without a normalizer")
+        digest = params_digest(normalizer_from_wire(wire))
+        context.state[STATE_KEY] = ConfigRecord({
+            "session": request.session,
+            "normalizer": msgpack.packb(wire, use_bin_type=True),
+        })
+    return Answer(request.session, status, frames, str(reply.get("error", "")), digest)
+
+
+def fitted_normalizer(context: Context) -> Normalizer:
+    """The normalizer this node's party fitted in the run's latest fednorm session."""
+    record = context.state.get(STATE_KEY)
+    if not isinstance(record, ConfigRecord):
+        raise InputError("this node has not finished a fednorm normalization in this run")
+    return normalizer_from_wire(msgpack.unpackb(record["normalizer"], raw=False))
+
+
+def start_worker(path: Path, timeout: float) -> None:
+    """Start the party worker listening on ``path`` and wait until it is ready.
+
+    It watches this process's parent (Flower's SuperExec, which outlives each ClientApp
+    run but not the SuperNode), so a node that goes away takes its workers with it.
+    """
+    if path.exists():
+        raise ProtocolError(f"a party worker already serves this session ({path})")
+    command = [sys.executable, "-m", "fednorm.flower.worker", "--pipe", os.fspath(path),
+               "--watch-pid", str(os.getppid()), "--timeout", repr(float(timeout))]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], WORKER_START_SECONDS)
+        line = proc.stdout.readline() if ready else b""
+    finally:
+        proc.stdout.close()
+    if line != READY:
+        proc.kill()
+        proc.wait()
+        raise FednormError(f"the party worker did not start (exit code {proc.returncode})")

@@ -1,0 +1,259 @@
+"""The server side: run a fednorm server role inside a ServerApp, over the Grid.
+
+The server role talks to :class:`NodeLink` objects, one per party.  A send only queues
+the frame; a receive that finds nothing buffered starts one Flower round
+(:meth:`FlowerExchange.round_trip`): one message to every party that has frames queued
+(or has not started yet), then the answers, whose frames fill the links' buffers.  A
+protocol round — a broadcast, then a gather — is thus one Flower round, and a party
+that answers ``waiting`` has said everything it will say until the server sends again.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.runtime import SERVER, RoleContext, TrafficStats, role_name
+from fednorm.flower.content import (
+    MESSAGE_TYPE,
+    Answer,
+    Grid,
+    Message,
+    Request,
+    Start,
+    parse_answer,
+    request_content,
+)
+from fednorm.flower.localpipe import params_digest
+from fednorm.protocols import FitOptions, Normalizer, get_protocol
+from fednorm.protocols.base import Protocol
+from fednorm.remote import abort_reason, options_to_wire
+
+DEFAULT_TIMEOUT = 300.0
+POLL_SECONDS = 0.1
+ABORT_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class PartyLine:
+    """The server's view of one party: its node, queued frames both ways, its status."""
+
+    party: int
+    node_id: int
+    outbox: list[bytes] = field(default_factory=list)
+    inbox: deque[bytes] = field(default_factory=deque)
+    status: str = "new"
+    error: str = ""
+    digest: bytes = b""
+
+    @property
+    def started(self) -> bool:
+        return self.status != "new"
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("new", "waiting")
+
+    def dropped(self) -> PartyDropped:
+        return PartyDropped(f"{role_name(self.party)} (node {self.node_id})",
+                            self.error or f"the party is {self.status}")
+
+
+class NodeLink:
+    """The server's link to one party: frames go out and come in with Flower rounds."""
+
+    def __init__(self, line: PartyLine, exchange: FlowerExchange) -> None:
+        self._line = line
+        self._exchange = exchange
+
+    async def send(self, frame: bytes) -> None:
+        self._line.outbox.append(bytes(frame))
+
+    async def receive(self) -> bytes:
+        while not self._line.inbox:
+            await self._exchange.round_trip(self._line.party)
+        return self._line.inbox.popleft()
+
+    async def aclose(self) -> None:
+        """Nothing to close: the Grid belongs to the ServerApp."""
+
+
+class FlowerExchange:
+    """Moves queued frames between the server role and the parties, one Flower round at
+    a time, over a Grid whose blocking calls run in a worker thread."""
+
+    def __init__(self, grid: Grid, lines: dict[int, PartyLine], session: str, start: Start,
+                 timeout: float) -> None:
+        self.grid = grid
+        self.lines = lines
+        self.session = session
+        self.start = start
+        self.timeout = timeout
+        self.flower_rounds = 0
+        self._lock = trio.Lock()
+
+    async def round_trip(self, waiting_for: int) -> None:
+        """Get frames from party ``waiting_for``: run a Flower round if need be."""
+        async with self._lock:
+            line = self.lines[waiting_for]
+            if line.inbox:
+                return
+            if not line.active:
+                raise line.dropped()
+            targets = [p for p, other in self.lines.items()
+                       if not other.started or (other.active and other.outbox)]
+            if waiting_for not in targets:
+                raise ProtocolError(f"{role_name(waiting_for)} waits for the server while the "
+                                    "server waits for it")
+            await self._send_round(targets, self.timeout)
+
+    async def finish(self, digest: bytes) -> None:
+        """After the server role: deliver its last frames; every party must end done with
+        the same parameters as the server."""
+        async with self._lock:
+            targets = [p for p, line in self.lines.items() if line.active and line.outbox]
+            if targets:
+                await self._send_round(targets, self.timeout)
+        for line in self.lines.values():
+            if line.status != "done":
+                raise line.dropped() if line.status == "failed" else ProtocolError(
+                    f"{role_name(line.party)} did not finish with the server")
+            if line.digest != digest:
+                raise ProtocolError(f"{role_name(line.party)} fitted other parameters than "
+                                    "the server")
+
+    async def abort(self) -> None:
+        """Best effort after a failure: deliver the Abort frames so workers stop now."""
+        targets = [p for p, line in self.lines.items()
+                   if line.status == "waiting" and line.outbox]
+        if not targets:
+            return
+        with trio.move_on_after(ABORT_GRACE_SECONDS):
+            try:
+                await self._send_round(targets, ABORT_GRACE_SECONDS)
+            except Exception:  # the original failure is what the caller reports
+                return
+
+    async def _send_round(self, targets: Sequence[int], timeout: float) -> None:
+        self.flower_rounds += 1
+        messages = {p: self._message(self.lines[p]) for p in targets}
+        ids = await trio.to_thread.run_sync(self._push, list(messages.values()))
+        party_of = dict(zip(ids, targets, strict=True))
+        deadline = trio.current_time() + timeout
+        while party_of:
+            for reply in await trio.to_thread.run_sync(self._pull, list(party_of)):
+                party = party_of.pop(reply.metadata.reply_to_message_id, None)
+                if party is not None:
+                    self._take(self.lines[party], reply)
+            if party_of:
+                if trio.current_time() > deadline:
+                    late = ", ".join(role_name(p) for p in sorted(party_of.values()))
+                    raise ProtocolTimeout(late, timeout, "Flower reply")
+                await trio.sleep(POLL_SECONDS)
+
+    def _message(self, line: PartyLine) -> Message:
+        frames, line.outbox = line.outbox, []
+        request = Request(self.session, line.party, self.timeout, frames,
+                          None if line.started else self.start)
+        line.status = "waiting" if line.status == "new" else line.status
+        return Message(request_content(request), dst_node_id=line.node_id,
+                       message_type=MESSAGE_TYPE, group_id=f"fednorm-{self.session}")
+
+    def _push(self, messages: list[Message]) -> list[str]:
+        return list(self.grid.push_messages(messages))
+
+    def _pull(self, message_ids: list[str]) -> list[Message]:
+        return list(self.grid.pull_messages(message_ids))
+
+    def _take(self, line: PartyLine, reply: Message) -> None:
+        try:
+            answer = parse_answer(reply)
+        except ProtocolError as exc:
+            answer = Answer(self.session, "failed", error=str(exc))
+        if answer.session != self.session:
+            answer = Answer(self.session, "failed", error="answered for another session")
+        line.inbox.extend(answer.frames)
+        line.status, line.error, line.digest = answer.status, answer.error, answer.digest
+
+
+@dataclass
+class FlowerNormalization:
+    """A fednorm session run over Flower: the result and what it cost."""
+
+    normalizer: Normalizer
+    parties: dict[int, int]  # party id -> Flower node id
+    session: str
+    protocol_rounds: int
+    flower_rounds: int
+    seconds: float
+    traffic: TrafficStats
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
+    """The ids of the first ``count`` nodes to connect (sorted), waiting up to ``timeout``."""
+    if count < 1:
+        raise InputError(f"a federation needs at least one node, not {count}")
+    deadline = time.monotonic() + timeout
+    while len(nodes := sorted(grid.get_node_ids())) < count:
+        if time.monotonic() > deadline:
+            raise PartyDropped(f"{count - len(nodes)} of {count} nodes",
+                               f"did not connect within {timeout:g} s")
+        time.sleep(0.5)
+    return nodes[:count]
+
+
+def normalize(
+    grid: Grid,
+    nodes: Iterable[int],
+    method: str,
+    privacy: str = "plain",
+    options: FitOptions | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> FlowerNormalization:
+    """Fit ``method`` over the parties on ``nodes`` (party i+1 is the i-th node id).
+
+    Call it from a ServerApp's ``main``; every node's ClientApp must have called
+    :func:`fednorm.flower.register_party`.  Every party ends with the same normalizer
+    (the server checks a digest of it); read it on the node with
+    :func:`fednorm.flower.fitted_normalizer`.
+    """
+    protocol = get_protocol(method, privacy)
+    options = options or FitOptions()
+    wire_options = options_to_wire(options)
+    node_ids = list(nodes)
+    if not node_ids or len(set(node_ids)) != len(node_ids):
+        raise InputError(f"normalize needs distinct node ids, got {node_ids}")
+    if not timeout > 0:
+        raise InputError(f"the timeout must be positive, got {timeout}")
+    lines = {party: PartyLine(party, node) for party, node in enumerate(node_ids, start=1)}
+    session = secrets.token_hex(8)
+    start = Start(method, privacy, wire_options, len(lines))
+    exchange = FlowerExchange(grid, lines, session, start, timeout)
+    return trio.run(_serve, protocol, options, exchange)
+
+
+async def _serve(protocol: Protocol, options: FitOptions,
+                 exchange: FlowerExchange) -> FlowerNormalization:
+    links = {party: NodeLink(line, exchange) for party, line in exchange.lines.items()}
+    ctx = RoleContext(SERVER, links, exchange.session, protocol=protocol.name,
+                      timeout=exchange.timeout)
+    started = time.perf_counter()
+    try:
+        normalizer = await protocol.server(ctx, options)
+        await exchange.finish(params_digest(normalizer))
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            await ctx.send_abort(abort_reason(SERVER, exc))
+            await exchange.abort()
+        raise
+    return FlowerNormalization(
+        normalizer, {p: line.node_id for p, line in exchange.lines.items()},
+        exchange.session, ctx.stats.rounds, exchange.flower_rounds,
+        time.perf_counter() - started, ctx.stats)

@@ -17,9 +17,12 @@ from fednorm.training.fedavg import (  # noqa: E402
     BatchedRound,
     ClientTensors,
     SequentialRound,
+    StackedRound,
     TrainConfig,
     clone_state,
+    predict,
     train_federated,
+    train_stacked,
 )
 from fednorm.training.metrics import classification_metrics, regression_metrics  # noqa: E402
 from fednorm.training.models import (  # noqa: E402
@@ -188,6 +191,97 @@ def test_optimizer_state_choice_changes_the_result():
     fresh, _ = tiny_run(BatchedRound, MLPSpec(hidden=(8,)), "none", False, "classification")
     kept, _ = tiny_run(BatchedRound, MLPSpec(hidden=(8,)), "none", True, "classification")
     assert any(not torch.equal(fresh[name], kept[name]) for name in fresh)
+
+
+def stack_data(runs: int, task: str, features: int = 16) -> list[ClientTensors]:
+    """``runs`` federations of the same four unequal clients and targets, each with its own
+    features (as the normalizations of one partition give), float64."""
+    rng = np.random.default_rng(1)
+    sizes = [7, 3, 12, 2]
+    y = (torch.tensor(rng.integers(0, 3, sum(sizes))) if task == "classification"
+         else torch.tensor(rng.normal(size=sum(sizes))))
+    return [ClientTensors(torch.tensor(rng.normal(r, 1 + r, size=(sum(sizes), features))),
+                          y, sizes) for r in range(runs)]
+
+
+def seeded_double_model(spec, features: int, task: str, norm: str, image=None):
+    torch.manual_seed(0)
+    return build_model(spec, features, 3 if task == "classification" else 1, norm,
+                       image).double()
+
+
+STACK_CASES = [
+    (MLPSpec(hidden=(8, 6, 4), dropout=0.3), "none", False, "regression", None),
+    (MLPSpec(hidden=(8, 6, 4), dropout=0.3), "batch", True, "classification", None),
+    (MLPSpec(hidden=(8, 4)), "group", False, "classification", None),
+    (CNNSpec(((4,), (8,)), 3, 1, (2, 4), (6,)), "batch", False, "classification", (1, 4, 4)),
+]
+
+
+@pytest.mark.parametrize(("spec", "norm", "persist", "task", "image"), STACK_CASES)
+def test_stacked_runs_equal_each_run_trained_alone(spec, norm, persist, task, image):
+    """Three rounds of three stacked runs (the middle one leaving after round 1, as an
+    early-stopped run does) against each run trained alone, dropout draws included."""
+    features = 16 if image is None else math.prod(image)
+    runs = stack_data(3, task, features)
+    config = TrainConfig(batch_size=4, persist_optimizer=persist, seed=5)
+    model = seeded_double_model(spec, features, task, norm, image)
+    stack = StackedRound(model, runs, task, config)
+    states = [clone_state(model.state_dict()) for _ in runs]
+    stacked_losses: list[list[float]] = [[], [], []]
+    for round_index in range(3):
+        active = [0, 1, 2] if round_index < 2 else [0, 2]
+        torch.manual_seed(100 + round_index)
+        new, losses = stack([states[r] for r in active], round_index, active)
+        for run, state, loss in zip(active, new, losses, strict=True):
+            states[run] = state
+            stacked_losses[run].append(loss)
+    for run, data in enumerate(runs):
+        alone_model = seeded_double_model(spec, features, task, norm, image)
+        alone = BatchedRound(alone_model, data, task, config)
+        state = clone_state(alone_model.state_dict())
+        for round_index in range(3 if run != 1 else 2):
+            torch.manual_seed(100 + round_index)
+            state, loss = alone(state, round_index)
+            assert loss == pytest.approx(stacked_losses[run][round_index], rel=1e-9)
+        for name in state:
+            torch.testing.assert_close(states[run][name], state[name], rtol=1e-9, atol=1e-10)
+    assert not torch.allclose(states[0][next(iter(states[0]))],
+                              states[2][next(iter(states[2]))])  # the runs did differ
+
+
+def test_stacked_training_stops_each_run_as_it_would_stop_alone():
+    task, spec = "classification", MLPSpec(hidden=(8, 4), dropout=0.2)
+    runs = stack_data(3, task)
+    rng = np.random.default_rng(2)
+    vals = [(torch.tensor(rng.normal(r, 1 + r, size=(30, 16))),
+             torch.tensor(rng.integers(0, 3, 30))) for r in range(3)]
+    config = TrainConfig(batch_size=4, max_rounds=12, patience=2, seed=3)
+    models = [seeded_double_model(spec, 16, task, "none") for _ in runs]
+    stacked = train_stacked(models[0], StackedRound(models[0], runs, task, config),
+                            [m.state_dict() for m in models], vals, task, config)
+    rounds = []
+    for data, val, outcome in zip(runs, vals, stacked, strict=True):
+        model = seeded_double_model(spec, 16, task, "none")
+        alone = train_federated(model, BatchedRound(model, data, task, config), val, task,
+                                config)
+        assert (outcome.rounds, outcome.best_round) == (alone.rounds, alone.best_round)
+        np.testing.assert_allclose(outcome.val_losses, alone.val_losses, rtol=1e-9)
+        for name in alone.state:
+            torch.testing.assert_close(outcome.state[name], alone.state[name], rtol=1e-9,
+                                       atol=1e-10)
+        torch.testing.assert_close(predict(model, outcome.state, val[0]),
+                                   predict(model, alone.state, val[0]))
+        rounds.append(outcome.rounds)
+    assert len(set(rounds)) > 1  # the runs stopped at different rounds
+
+
+def test_stacking_refuses_runs_of_different_partitions():
+    first, second = stack_data(2, "regression")
+    other = ClientTensors(second.X, second.y, [6, 4, 12, 2])
+    model = seeded_double_model(MLPSpec(hidden=(4,)), 16, "regression", "none")
+    with pytest.raises(InputError, match="share"):
+        StackedRound(model, [first, other], "regression", TrainConfig())
 
 
 def test_early_stopping_keeps_the_best_validation_weights():

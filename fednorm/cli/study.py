@@ -51,7 +51,7 @@ def experiment_command(args: argparse.Namespace) -> int:
     settings = RunSettings(
         data_dir=args.data_dir, max_rounds=args.max_rounds, patience=args.patience,
         batch_size=args.batch_size, trainer=args.trainer,
-        persist_optimizer=args.persist_optimizer, threads=args.threads,
+        persist_optimizer=args.persist_optimizer, threads=args.threads, stack=not args.no_stack,
     )
     # `kill <pid>` then stops the workers too, and leaves the results file complete.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -115,6 +115,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trainer", choices=("batched", "sequential"), default="batched")
     p.add_argument("--persist-optimizer", action="store_true",
                    help="keep each client's Adam state across rounds (default: fresh)")
+    p.add_argument("--no-stack", action="store_true",
+                   help="train every run on its own (default: the runs of one partition "
+                   "whose networks are identical train together, with identical results)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--dry-run", action="store_true", help="count the runs, run nothing")

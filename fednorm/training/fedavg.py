@@ -31,7 +31,7 @@ paths see identical batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +41,8 @@ from torch import Tensor
 from torch.func import functional_call
 from torch.optim.adam import adam
 
-from fednorm.training.models import FedNet, update_running_stats
+from fednorm.engine.errors import InputError
+from fednorm.training.models import Dense, FedNet, update_running_stats
 
 State = dict[str, Tensor]
 Task = str  # "classification" | "regression"
@@ -112,78 +113,38 @@ def clone_state(state: State) -> State:
 
 
 class BatchedRound:
-    """One FedAvg round with every client's local epoch computed together (see module doc)."""
+    """One FedAvg round with every client's local epoch computed together (see module doc):
+    a :class:`StackedRound` of one run."""
 
     def __init__(self, model: FedNet, data: ClientTensors, task: Task, config: TrainConfig):
-        self.model, self.data, self.task, self.config = model, data, task, config
-        n_batches = np.array([math.ceil(n / config.batch_size) for n in data.sizes])
-        self.order = np.argsort(-n_batches, kind="stable")  # most batches first
-        sizes = np.asarray(data.sizes, dtype=np.float64)[self.order]
-        self.weights = torch.tensor(sizes / sizes.sum(), dtype=data.X.dtype)
-        self.shapes = {name: p.shape for name, p in model.named_parameters()}
-        self.buffer_names = [name for name, _ in model.named_buffers()]
-        self.stat_names = model.running_stat_names()
-        # Every client's parameters as one row of a flat matrix, with Adam's two moments
-        # and step count beside it; torch's fused Adam kernel updates all rows in one call.
-        n_params = sum(math.prod(shape) for shape in self.shapes.values())
-        self.flat = torch.zeros(len(self.order), n_params, dtype=data.X.dtype)
-        self.moments = torch.zeros(2, *self.flat.shape, dtype=data.X.dtype)
-        self.steps = torch.zeros(len(self.order), dtype=torch.float32)
-        self.rows, self.m_rows, self.v_rows, self.step_rows = (
-            list(t.unbind(0)) for t in (self.flat, *self.moments, self.steps))
-        self.adam_started = False
+        self.stack = StackedRound(model, [data], task, config)
 
     def __call__(self, state: State, round_index: int) -> tuple[State, float]:
-        self.model.train()
-        rows, mask, active = self._padded_plan(round_index)
-        self.flat.copy_(self._flatten(state).expand_as(self.flat))
-        buffers = {n: torch.stack([state[n]] * len(self.order)) for n in self.buffer_names}
-        self._reset_adam()
-        loss_sum = torch.zeros(len(self.order), dtype=self.flat.dtype)
-        for step, k in enumerate(active):
-            loss_sum[:k] += self._step(k, rows[:k, step], mask[:k, step], buffers)
-        merged = self._unflatten(self.weights @ self.flat)
-        merged.update({n: torch.tensordot(self.weights, b, dims=1) for n, b in buffers.items()})
-        return merged, float(loss_sum.sum()) / sum(self.data.sizes)
+        states, losses = self.stack([state], round_index)
+        return states[0], losses[0]
 
-    def _step(self, k: int, rows: Tensor, mask: Tensor, buffers: State) -> Tensor:
-        """One mini-batch of the first ``k`` clients; returns each one's summed loss."""
-        # One leaf per parameter (views of the flat rows): a leaf that is a slice would
-        # make backward build a full-size gradient for every parameter.
-        leaves = {n: p.detach().requires_grad_() for n, p in
-                  self._unflatten(self.flat[:k]).items()}
-        head = {n: b[:k] for n, b in buffers.items()}
-        output, stats = functional_call(self.model, {**leaves, **head},
-                                        (self.data.X[rows], mask))
-        losses = task_loss(output, self.data.y[rows], self.task) * mask
-        client_losses = losses.sum(1) / mask.sum(1)
-        grads = torch.autograd.grad(client_losses.sum(), list(leaves.values()))
-        with torch.no_grad():
-            self._adam_step(k, torch.cat([g.reshape(k, -1) for g in grads], dim=1))
-            update_running_stats(head, self.stat_names, stats)
-        return losses.detach().sum(1)
 
-    def _reset_adam(self) -> None:
-        """Fresh moments every round, or once (the first round) when they persist."""
-        if not self.adam_started or not self.config.persist_optimizer:
-            self.moments.zero_()
-            self.steps.zero_()
-            self.adam_started = True
+class ParamLayout:
+    """Where each parameter sits in a flat row of stacked parameters.
 
-    def _adam_step(self, k: int, grad: Tensor) -> None:
-        """``torch.optim.Adam``'s update of the first ``k`` clients' rows, each with its own
-        moments and step count, through torch's functional Adam (the optimizer object's
-        bookkeeping costs more than the update itself here)."""
-        config = self.config
-        adam(self.rows[:k], list(grad.unbind(0)), self.m_rows[:k], self.v_rows[:k], [],
-             self.step_rows[:k], fused=True, amsgrad=False, maximize=False, weight_decay=0.0,
-             lr=config.lr, beta1=config.betas[0], beta2=config.betas[1], eps=config.eps)
+    Dense weights are stored transposed, (in, out), and handed to the model as the
+    transposed view (see :class:`fednorm.training.models.Dense`); everything else is
+    stored in its own shape.
+    """
 
-    def _flatten(self, state: State) -> Tensor:
-        return torch.cat([state[name].detach().reshape(-1) for name in self.shapes])
+    def __init__(self, model: FedNet) -> None:
+        dense = {f"{name}.weight" for name, module in model.named_modules()
+                 if isinstance(module, Dense)}
+        self.shapes = {name: (p.shape[::-1] if name in dense else p.shape)
+                       for name, p in model.named_parameters()}
+        self.transposed = dense & set(self.shapes)
 
-    def _unflatten(self, flat: Tensor) -> State:
-        """Parameter views into flat rows: (clients, P) -> (clients, *shape), or P -> shape."""
+    def flatten(self, state: State) -> Tensor:
+        return torch.cat([self._stored(name, state[name].detach()).reshape(-1)
+                          for name in self.shapes])
+
+    def storage_views(self, flat: Tensor) -> State:
+        """Views into flat rows: (slots, P) -> (slots, *stored shape), or P -> stored shape."""
         lead = flat.shape[:-1]
         views, offset = {}, 0
         for name, shape in self.shapes.items():
@@ -192,6 +153,167 @@ class BatchedRound:
             offset += size
         return views
 
+    def model_views(self, stored: State) -> State:
+        """Stored tensors as the model's parameters (Dense weights transposed back)."""
+        return {name: self._stored(name, t) for name, t in stored.items()}
+
+    def unflatten(self, flat: Tensor) -> State:
+        """One flat row as an ordinary (contiguous) parameter dict."""
+        return {name: t.contiguous() for name, t in
+                self.model_views(self.storage_views(flat)).items()}
+
+    def _stored(self, name: str, tensor: Tensor) -> Tensor:
+        return tensor.transpose(-1, -2) if name in self.transposed else tensor
+
+
+@dataclass
+class AdamState:
+    """Adam's moments (one row per slot) and step counts for a stacked round.
+
+    Fresh moments every round give every slot that has a batch at step ``s`` the same
+    step count (active slots are a prefix, see :class:`StackedRound`), so one shared step
+    count and one fused-Adam call over the whole flat prefix suffice. Moments kept across
+    rounds (``per_slot``) need a step count per slot, and a list of rows.
+    """
+
+    m: Tensor
+    v: Tensor
+    steps: Tensor
+    per_slot: bool
+
+    @classmethod
+    def fresh(cls, flat: Tensor, per_slot: bool) -> AdamState:
+        steps = torch.zeros(len(flat) if per_slot else 1, dtype=torch.float32)
+        return cls(torch.zeros_like(flat), torch.zeros_like(flat), steps, per_slot)
+
+    def step(self, params: Tensor, grad: Tensor, slots: int, config: TrainConfig) -> None:
+        """``torch.optim.Adam``'s update of the first ``slots`` rows, through torch's
+        functional fused Adam (the optimizer object's bookkeeping costs more than the
+        update itself here)."""
+        if self.per_slot:
+            lists = [list(t.unbind(0)) for t in (params, grad, self.m[:slots],
+                                                  self.v[:slots], self.steps[:slots])]
+        else:
+            lists = [[params], [grad], [self.m[:slots]], [self.v[:slots]], [self.steps]]
+        param_list, grad_list, m_list, v_list, step_list = lists
+        adam(param_list, grad_list, m_list, v_list, [], step_list, fused=True, amsgrad=False,
+             maximize=False, weight_decay=0.0, lr=config.lr, beta1=config.betas[0],
+             beta2=config.betas[1], eps=config.eps)
+
+
+def _tile(per_run: Tensor, clients: int) -> Tensor:
+    """(runs, ...) -> (clients · runs, ...), client-major."""
+    return per_run.repeat(clients, *[1] * (per_run.dim() - 1))
+
+
+class StackedRound:
+    """One FedAvg round of several **runs** at once, every client of every run together.
+
+    The runs share their clients' row counts, targets and batch plan and the model's
+    architecture (the study's input normalizations of one partition, for instance) and
+    differ in their features and weights. Slots are client-major: slot ``c · R + r`` is
+    client ``c`` (in batch-count order) of run ``r``, so the slots that still have a batch
+    at a step are a prefix of the stack, as in :class:`BatchedRound`. Runs share nothing
+    but the dropout masks, which are drawn once per client and step (the same draws each
+    run would make alone: every run starts from the same seed and draws the same shapes).
+    A call trains any subset of the runs, so runs that stopped early cost nothing.
+    """
+
+    def __init__(self, model: FedNet, runs: Sequence[ClientTensors], task: Task,
+                 config: TrainConfig):
+        first = runs[0]
+        for other in runs[1:]:
+            if other.sizes != first.sizes or not torch.equal(other.y, first.y):
+                raise InputError("stacked runs must share their clients' rows and targets")
+        self.model, self.task, self.config = model, task, config
+        self.sizes, self.y = first.sizes, first.y
+        self.features = torch.stack([run.X for run in runs], dim=1)  # (rows, runs, features)
+        n_batches = np.array([math.ceil(n / config.batch_size) for n in self.sizes])
+        self.order = np.argsort(-n_batches, kind="stable")  # most batches first
+        sizes = np.asarray(self.sizes, dtype=np.float64)[self.order]
+        self.weights = torch.tensor(sizes / sizes.sum(), dtype=first.X.dtype)
+        self.offsets = first.offsets
+        self.layout = ParamLayout(model)
+        self.buffer_names = [name for name, _ in model.named_buffers()]
+        self.stat_names = model.running_stat_names()
+        self.saved_adam: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+    @property
+    def n_runs(self) -> int:
+        return self.features.shape[1]
+
+    def __call__(self, states: Sequence[State], round_index: int,
+                 runs: Sequence[int] | None = None) -> tuple[list[State], list[float]]:
+        """Train ``runs`` (default all) from their global ``states``; returns each run's
+        merged state and mean training loss."""
+        runs = list(range(self.n_runs)) if runs is None else list(runs)
+        if len(states) != len(runs):
+            raise InputError("one global state per stacked run is needed")
+        self.model.train()
+        clients, width = len(self.order), len(runs)
+        rows, mask, active = self._padded_plan(round_index)
+        features = self.features[:, runs] if width < self.n_runs else self.features
+        flat = torch.stack([self.layout.flatten(s) for s in states])
+        flat = flat.expand(clients, *flat.shape).reshape(clients * width, -1).contiguous()
+        buffers = {n: _tile(torch.stack([s[n] for s in states]), clients)
+                   for n in self.buffer_names}
+        adam_state = self._adam_state(runs, flat)
+        loss_sum = torch.zeros(clients * width, dtype=flat.dtype)
+        for step, k in enumerate(active):
+            loss_sum[: k * width] += self._step(
+                flat, adam_state, buffers, features, rows[:k, step], mask[:k, step], width)
+        self._keep_adam(runs, adam_state)
+        merged = torch.tensordot(self.weights, flat.view(clients, width, -1), dims=1)
+        merged_buffers = {n: torch.tensordot(self.weights, b.view(clients, width, *b.shape[1:]),
+                                             dims=1) for n, b in buffers.items()}
+        run_losses = loss_sum.view(clients, width).sum(0) / sum(self.sizes)
+        return ([{**self.layout.unflatten(merged[r]),
+                  **{n: b[r] for n, b in merged_buffers.items()}} for r in range(width)],
+                [float(loss) for loss in run_losses])
+
+    def _step(self, flat: Tensor, adam_state: AdamState, buffers: State, features: Tensor,
+              rows: Tensor, mask: Tensor, width: int) -> Tensor:
+        """One mini-batch of the first ``k`` clients of every run; returns each slot's
+        summed loss."""
+        k = len(rows)
+        slots = k * width
+        # One leaf per parameter (views of the flat rows): a leaf that is a slice would
+        # make backward build a full-size gradient for every parameter.
+        leaves = {n: p.detach().requires_grad_() for n, p in
+                  self.layout.storage_views(flat[:slots]).items()}
+        head = {n: b[:slots] for n, b in buffers.items()}
+        batch = features[rows].transpose(1, 2).reshape(slots, rows.shape[1], -1)
+        slot_mask = mask.repeat_interleave(width, dim=0)
+        output, stats = functional_call(
+            self.model, {**self.layout.model_views(leaves), **head}, (batch, slot_mask, width))
+        targets = self.y[rows].repeat_interleave(width, dim=0)
+        losses = task_loss(output, targets, self.task) * slot_mask
+        grads = torch.autograd.grad((losses.sum(1) / slot_mask.sum(1)).sum(),
+                                    list(leaves.values()))
+        with torch.no_grad():
+            adam_state.step(flat[:slots], torch.cat([g.reshape(slots, -1) for g in grads], 1),
+                            slots, self.config)
+            update_running_stats(head, self.stat_names, stats)
+        return losses.detach().sum(1)
+
+    def _adam_state(self, runs: list[int], flat: Tensor) -> AdamState:
+        """Fresh moments, or (``persist_optimizer``) the runs' own from earlier rounds."""
+        state = AdamState.fresh(flat, per_slot=self.config.persist_optimizer)
+        if self.config.persist_optimizer and all(r in self.saved_adam for r in runs):
+            clients = len(self.order)
+            for index, tensor in enumerate((state.m, state.v, state.steps)):
+                saved = torch.stack([self.saved_adam[r][index] for r in runs], dim=1)
+                tensor.copy_(saved.reshape(clients * len(runs), *saved.shape[2:]))
+        return state
+
+    def _keep_adam(self, runs: list[int], state: AdamState) -> None:
+        if not self.config.persist_optimizer:
+            return
+        clients = len(self.order)
+        views = [t.view(clients, len(runs), *t.shape[1:]) for t in (state.m, state.v, state.steps)]
+        for position, run in enumerate(runs):
+            self.saved_adam[run] = tuple(v[:, position].clone() for v in views)
+
     def _padded_plan(self, round_index: int) -> tuple[Tensor, Tensor, list[int]]:
         """Global row indices (client, step, slot), the real-row mask, and active counts.
 
@@ -199,17 +321,16 @@ class BatchedRound:
         batch at step ``s``.
         """
         config = self.config
-        plan = batch_plan(self.data.sizes, config.batch_size, config.seed, round_index)
+        plan = batch_plan(self.sizes, config.batch_size, config.seed, round_index)
         steps = len(plan[self.order[0]])
         rows = np.zeros((len(plan), steps, config.batch_size), dtype=np.int64)
         mask = np.zeros(rows.shape, dtype=np.float32)
-        offsets = self.data.offsets
         for slot, client in enumerate(self.order):
             for step, batch in enumerate(plan[client]):
-                rows[slot, step, : len(batch)] = offsets[client] + batch
+                rows[slot, step, : len(batch)] = self.offsets[client] + batch
                 mask[slot, step, : len(batch)] = 1.0
         active = [int(n) for n in (mask.sum(axis=2) > 0).sum(axis=0)]
-        return torch.from_numpy(rows), torch.from_numpy(mask).to(self.data.X.dtype), active
+        return torch.from_numpy(rows), torch.from_numpy(mask).to(self.features.dtype), active
 
 
 class SequentialRound:
@@ -275,6 +396,29 @@ def mean_loss(output: Tensor, target: Tensor, task: Task) -> float:
     return float(task_loss(output, target, task).mean()) if len(target) else math.nan
 
 
+class EarlyStopping:
+    """One run's best-validation bookkeeping: keeps the best weights, stops after
+    ``patience`` rounds without an improvement of at least ``min_delta``."""
+
+    def __init__(self, initial: State, config: TrainConfig) -> None:
+        self.outcome = TrainOutcome(clone_state(initial), math.inf, 0, 0)
+        self.config = config
+        self.waited = 0
+        self.stopped = False
+
+    def record(self, round_index: int, state: State, train_loss: float, val_loss: float) -> None:
+        outcome = self.outcome
+        outcome.rounds = round_index + 1
+        outcome.train_losses.append(train_loss)
+        outcome.val_losses.append(val_loss)
+        if val_loss < outcome.best_val_loss - self.config.min_delta:
+            outcome.state, outcome.best_val_loss = clone_state(state), val_loss
+            outcome.best_round, self.waited = round_index + 1, 0
+        else:
+            self.waited += 1
+            self.stopped = self.waited >= self.config.patience
+
+
 def train_federated(
     model: FedNet,
     round_fn: RoundFn,
@@ -288,19 +432,38 @@ def train_federated(
     evaluated on (not the last round's, which early stopping has let get worse).
     """
     state = clone_state(model.state_dict())
-    outcome = TrainOutcome(clone_state(state), math.inf, 0, 0)
-    waited = 0
+    stopping = EarlyStopping(state, config)
     for round_index in range(config.max_rounds):
         state, train_loss = round_fn(state, round_index)
         val_loss = mean_loss(predict(model, state, val[0]), val[1], task)
-        outcome.rounds = round_index + 1
-        outcome.train_losses.append(train_loss)
-        outcome.val_losses.append(val_loss)
-        if val_loss < outcome.best_val_loss - config.min_delta:
-            outcome.state, outcome.best_val_loss = clone_state(state), val_loss
-            outcome.best_round, waited = round_index + 1, 0
-        else:
-            waited += 1
-            if waited >= config.patience:
-                break
-    return outcome
+        stopping.record(round_index, state, train_loss, val_loss)
+        if stopping.stopped:
+            break
+    return stopping.outcome
+
+
+def train_stacked(
+    model: FedNet,
+    stack: StackedRound,
+    initial: Sequence[State],
+    vals: Sequence[tuple[Tensor, Tensor]],
+    task: Task,
+    config: TrainConfig,
+) -> list[TrainOutcome]:
+    """:func:`train_federated` for every run of ``stack`` at once, each run with its own
+    initial weights, validation rows and early stopping; a run that has stopped leaves
+    the stack, so the others' rounds get cheaper."""
+    if not len(initial) == len(vals) == stack.n_runs:
+        raise InputError("one initial state and one validation set per stacked run")
+    states = [clone_state(state) for state in initial]
+    stoppings = [EarlyStopping(state, config) for state in states]
+    for round_index in range(config.max_rounds):
+        running = [run for run, stopping in enumerate(stoppings) if not stopping.stopped]
+        if not running:
+            break
+        new_states, train_losses = stack([states[r] for r in running], round_index, running)
+        for run, state, train_loss in zip(running, new_states, train_losses, strict=True):
+            states[run] = state
+            val_loss = mean_loss(predict(model, state, vals[run][0]), vals[run][1], task)
+            stoppings[run].record(round_index, state, train_loss, val_loss)
+    return [stopping.outcome for stopping in stoppings]

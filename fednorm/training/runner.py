@@ -26,16 +26,22 @@ from fednorm.training.fedavg import (
     BatchedRound,
     ClientTensors,
     SequentialRound,
+    StackedRound,
     TrainConfig,
     TrainOutcome,
     mean_loss,
     predict,
     train_federated,
+    train_stacked,
 )
 from fednorm.training.grid import COLUMNS, DATASETS, Cell, ResultStore
 from fednorm.training.metrics import classification_metrics, regression_metrics
-from fednorm.training.models import build_model, model_spec
-from fednorm.training.normalization import NormalizationSpec, normalize_clients
+from fednorm.training.models import FedNet, architecture_key, build_model, model_spec
+from fednorm.training.normalization import (
+    NormalizationSpec,
+    NormalizedFederation,
+    normalize_clients,
+)
 from fednorm.training.progress import Progress
 
 Trainer = Literal["batched", "sequential"]
@@ -56,6 +62,7 @@ class RunSettings:
     trainer: Trainer = "batched"
     persist_optimizer: bool = False
     threads: int = 1
+    stack: bool = True  # train a partition's same-architecture runs together
 
     def train_config(self, dataset: str, seed: int) -> TrainConfig:
         defaults = DATASETS.get(dataset)
@@ -80,32 +87,102 @@ def cached_dataset(name: str, data_dir: str | None) -> Dataset:
     return load_dataset(name, data_dir=data_dir)
 
 
+@dataclass
+class PreparedRun:
+    """A cell whose clients are normalized (or whose row already records its error)."""
+
+    cell: Cell
+    row: dict[str, object]
+    normalized: NormalizedFederation | None
+    activation: str = "none"
+
+
 def run_cell(cell: Cell, settings: RunSettings) -> dict[str, object]:
     """Run one cell and return its results row; bad data for this cell is a failed row."""
+    return run_cells([cell], settings)[0][1]
+
+
+def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict[str, object]]]:
+    """Run cells of one partition (dataset, skew, clients, seed, privacy); the ones whose
+    networks are identical train stacked (see :class:`StackedRound`) unless
+    ``settings.stack`` is off or the trainer is sequential.
+
+    A stacked run's ``seconds`` is its own normalization time plus its share of the
+    stack's training time.
+    """
+    first = cells[0]
+    partition_key = (first.dataset, first.skew, first.clients, first.seed, first.privacy)
+    if any((c.dataset, c.skew, c.clients, c.seed, c.privacy) != partition_key for c in cells):
+        raise InputError("cells run together must share dataset, skew, clients, seed, privacy")
+    dataset = cached_dataset(first.dataset, settings.data_dir)
     started = time.perf_counter()
+    try:
+        clients = make_clients(dataset, first.clients, first.skew, first.seed)
+    except InputError as exc:  # e.g. a skew that cannot give every client two rows
+        seconds = time.perf_counter() - started
+        return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]
+    prepared = [_prepare(cell, dataset, clients) for cell in cells]
+    spec = model_spec(dataset.name, dataset.image_shape)
+    groups: dict[object, list[PreparedRun]] = {}
+    for run in prepared:
+        if run.normalized is not None:
+            key = architecture_key(spec, run.activation) if _stacking(settings) else id(run)
+            groups.setdefault(key, []).append(run)
+    for group in groups.values():
+        _train_group(dataset, group, settings)
+    return [(run.cell, run.row) for run in prepared]
+
+
+def _stacking(settings: RunSettings) -> bool:
+    return settings.stack and settings.trainer == "batched"
+
+
+def _prepare(cell: Cell, dataset: Dataset, clients: list[ClientData]) -> PreparedRun:
+    started = time.perf_counter()
+    spec = NormalizationSpec.parse(cell.normalization)
+    try:
+        normalized = normalize_clients(clients, spec, cell.privacy)
+    except InputError as exc:
+        return PreparedRun(cell, _error_row(cell, dataset, exc, time.perf_counter() - started),
+                           None)
+    row = _base_row(cell, dataset)
+    row.update(norm_seconds=round(normalized.seconds, 3), norm_bytes=normalized.bytes)
+    return PreparedRun(cell, row, normalized, spec.activation)
+
+
+def _base_row(cell: Cell, dataset: Dataset) -> dict[str, object]:
     row: dict[str, object] = dict.fromkeys(COLUMNS, "")
     row.update(zip(("dataset", "skew", "clients", "normalization", "seed", "privacy"),
                    cell.key(), strict=True))
-    dataset = cached_dataset(cell.dataset, settings.data_dir)
     row["task"] = dataset.task
-    spec = NormalizationSpec.parse(cell.normalization)
-    try:
-        clients = make_clients(dataset, cell.clients, cell.skew, cell.seed)
-        normalized = normalize_clients(clients, spec, cell.privacy)
-    except InputError as exc:  # e.g. a skew that cannot give every client two rows
-        row.update(status="error", error=" ".join(str(exc).split()),
-                   seconds=round(time.perf_counter() - started, 3))
-        return row
-    config = settings.train_config(cell.dataset, cell.seed)
-    outcome, metrics = train_and_test(dataset, normalized.clients, spec.activation, config,
-                                      settings.trainer)
-    row.update(metrics)
-    row.update(
-        status="ok", best_val_loss=outcome.best_val_loss, rounds=outcome.rounds,
-        best_round=outcome.best_round, norm_seconds=round(normalized.seconds, 3),
-        norm_bytes=normalized.bytes, seconds=round(time.perf_counter() - started, 3),
-    )
     return row
+
+
+def _error_row(cell: Cell, dataset: Dataset, exc: InputError, seconds: float
+               ) -> dict[str, object]:
+    row = _base_row(cell, dataset)
+    row.update(status="error", error=" ".join(str(exc).split()), seconds=round(seconds, 3))
+    return row
+
+
+def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettings) -> None:
+    """Train one stack of identical networks (or a single run) and fill in the rows."""
+    started = time.perf_counter()
+    config = settings.train_config(dataset.name, group[0].cell.seed)
+    federations = [run.normalized.clients for run in group if run.normalized is not None]
+    if len(group) == 1:
+        results = [train_and_test(dataset, federations[0], group[0].activation, config,
+                                  settings.trainer)]
+    else:
+        results = train_and_test_stacked(dataset, federations, group[0].activation, config)
+    share = (time.perf_counter() - started) / len(group)
+    for run, (outcome, metrics) in zip(group, results, strict=True):
+        run.row.update(metrics)
+        run.row.update(
+            status="ok", best_val_loss=outcome.best_val_loss, rounds=outcome.rounds,
+            best_round=outcome.best_round,
+            seconds=round(float(run.row["norm_seconds"]) + share, 3),
+        )
 
 
 def train_and_test(
@@ -120,12 +197,47 @@ def train_and_test(
     task = dataset.task
     val, test = merge_eval(clients)
     data = client_tensors(clients, task)
-    torch.manual_seed(config.seed)
-    model = build_model(model_spec(dataset.name, dataset.image_shape), data.X.shape[1],
-                        n_outputs(dataset), activation, dataset.image_shape)
+    model = seeded_model(dataset, data, activation, config.seed)
     round_type = BatchedRound if trainer == "batched" else SequentialRound
     outcome = train_federated(model, round_type(model, data, task, config),
                               eval_tensors(val, task), task, config)
+    return outcome, score_on_test(model, outcome, test, task)
+
+
+def train_and_test_stacked(
+    dataset: Dataset,
+    federations: list[list[ClientData]],
+    activation: str,
+    config: TrainConfig,
+) -> list[tuple[TrainOutcome, dict[str, float]]]:
+    """:func:`train_and_test` for several federations of one partition (same rows and
+    targets, different features) whose networks are identical, trained stacked; each
+    gets the result it would get alone."""
+    assert dataset.task is not None
+    task = dataset.task
+    evals = [merge_eval(clients) for clients in federations]
+    data = [client_tensors(clients, task) for clients in federations]
+    # Each run's model as it would be built alone; this also leaves torch's generator
+    # where a lone run's training would find it (the dropout draws are shared).
+    models = [seeded_model(dataset, data[0], activation, config.seed) for _ in federations]
+    outcomes = train_stacked(
+        models[0], StackedRound(models[0], data, task, config),
+        [model.state_dict() for model in models],
+        [eval_tensors(val, task) for val, _ in evals], task, config)
+    return [(outcome, score_on_test(models[0], outcome, test, task))
+            for outcome, (_, test) in zip(outcomes, evals, strict=True)]
+
+
+def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: int) -> FedNet:
+    """The dataset's network, initialized from ``seed``."""
+    torch.manual_seed(seed)
+    return build_model(model_spec(dataset.name, dataset.image_shape), data.X.shape[1],
+                       n_outputs(dataset), activation, dataset.image_shape)
+
+
+def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str
+                 ) -> dict[str, float]:
+    """Test loss and scores of the best-validation weights."""
     test_X, test_y = eval_tensors(test, task)
     test_output = predict(model, outcome.state, test_X)
     metrics = {"test_loss": mean_loss(test_output, test_y, task)}
@@ -134,7 +246,7 @@ def train_and_test(
         metrics.update(classification_metrics(test.y, scores))
     else:
         metrics.update(regression_metrics(test.y, scores))
-    return outcome, metrics
+    return metrics
 
 
 def n_outputs(dataset: Dataset) -> int:
@@ -181,33 +293,45 @@ def run_grid(
     progress = Progress(len(pending), len(cells) - len(pending), stream or sys.stderr)
     progress.start()
     failed = 0
-    for cell, row in _results(pending, settings, jobs):
-        store.append(row)
-        failed += row["status"] != "ok"
-        progress.advance(cell.label(), float(row["seconds"] or math.nan), row["status"] != "ok")
+    for results in _results(partition_groups(pending), settings, jobs):
+        for cell, row in results:
+            store.append(row)
+            failed += row["status"] != "ok"
+            progress.advance(cell.label(), float(row["seconds"] or math.nan),
+                             row["status"] != "ok")
     progress.close()
     return GridSummary(len(pending), len(cells) - len(pending), failed)
 
 
+def partition_groups(cells: list[Cell]) -> list[list[Cell]]:
+    """Cells grouped by partition (dataset, skew, clients, seed, privacy), in grid order."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        key = (cell.dataset, cell.skew, cell.clients, cell.seed, cell.privacy)
+        groups.setdefault(key, []).append(cell)
+    return list(groups.values())
+
+
 def _results(
-    cells: list[Cell], settings: RunSettings, jobs: int
-) -> Iterator[tuple[Cell, dict[str, object]]]:
-    """(cell, row) pairs as runs finish, in this process or in ``jobs`` workers.
+    groups: list[list[Cell]], settings: RunSettings, jobs: int
+) -> Iterator[list[tuple[Cell, dict[str, object]]]]:
+    """Each partition's (cell, row) pairs as they finish, in this process or in ``jobs``
+    workers.
 
     Leaving early (an error, Ctrl-C, or SIGTERM turned into SystemExit by the CLI)
     terminates the workers instead of letting them finish cells nobody will record.
     """
-    if jobs <= 1 or len(cells) <= 1:
+    if jobs <= 1 or len(groups) <= 1:
         torch.set_num_threads(settings.threads)
-        for cell in cells:
-            yield cell, run_cell(cell, settings)
+        for cells in groups:
+            yield run_cells(cells, settings)
         return
     context = get_context("spawn")
     with context.Pool(jobs, initializer=torch.set_num_threads, initargs=(settings.threads,),
                       maxtasksperchild=None) as pool:
-        yield from pool.imap_unordered(_run_cell_pair, [(c, settings) for c in cells])
+        yield from pool.imap_unordered(_run_cells_job, [(c, settings) for c in groups])
 
 
-def _run_cell_pair(job: tuple[Cell, RunSettings]) -> tuple[Cell, dict[str, object]]:
-    cell, settings = job
-    return cell, run_cell(cell, settings)
+def _run_cells_job(job: tuple[list[Cell], RunSettings]) -> list[tuple[Cell, dict[str, object]]]:
+    cells, settings = job
+    return run_cells(cells, settings)

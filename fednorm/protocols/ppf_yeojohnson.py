@@ -89,19 +89,24 @@ from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
 from fednorm.protocols.ppf_minmax import vabs_vector
 from fednorm.protocols.zscore import deviation_sums
 
-PROBES = 31
+PROBES = 255
 """λ's probed per feature and round (fewer when features × probes exceed a slot block)."""
 
-TOLERANCE = 1e-6
-"""Final bracket width in asinh(λ) units: λ to about 1e-6·max(1, |λ|)."""
+TOLERANCE = 1e-5
+"""Final bracket width in asinh(λ) units: λ to about 1e-5·max(1, |λ|)."""
 
 LAMBDA_SPAN = 20.0
-"""λ is searched within 1 ± this (and within the range V_abs allows)."""
+"""λ is searched within 1 ± this where the data have both signs (and within the range
+V_abs allows)..."""
+
+OPEN_SPAN = 1e4
+"""...and within 1 ∓ this on the side no value constrains (λ → −∞ keeps yj(x, λ) of
+non-negative x within [0, 1/|λ|]; scikit-learn reaches λ ≈ −280 on BCW)."""
 
 MAX_TRANSFORMED = ppf_zscore.MAX_ABS_VALUE
 """|yj(x, λ)| the PPF z-score of the transformed data accepts."""
 
-DEFAULT_SIGN_BITS = 12
+DEFAULT_SIGN_BITS = 20
 """Precision of the composite sign (``FitOptions.extra["yeojohnson_sign_bits"]``)."""
 
 CONSTANT_RTOL = 1e-6
@@ -285,8 +290,8 @@ def lambda_range(vabs: np.ndarray, flags: SignFlags | None = None
     if flags is None:
         return 2 - top, top
     lower, upper = flags.interval(vabs)
-    return (np.where(lower < 0, 2 - top, 1 - LAMBDA_SPAN),
-            np.where(upper > 0, top, 1 + LAMBDA_SPAN))
+    return (np.where(lower < 0, 2 - top, 1 - OPEN_SPAN),
+            np.where(upper > 0, top, 1 + OPEN_SPAN))
 
 
 def _log_yeo_johnson_top(log_v: np.ndarray, lam: np.ndarray) -> np.ndarray:

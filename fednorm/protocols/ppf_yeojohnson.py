@@ -191,7 +191,7 @@ def yeo_johnson_inverse(y: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
     """x with yj(x, λ) = y."""
     y = np.asarray(y, dtype=np.float64)
     lam = np.asarray(lambdas, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         pos = np.where(np.abs(lam) < 1e-300, np.expm1(y),
                        np.expm1(np.log1p(lam * y) / np.where(lam == 0, 1, lam)))
         mu = 2 - lam

@@ -1,0 +1,277 @@
+"""PPF Yeo-Johnson against the pooled scikit-learn / SciPy oracle, its ledger, bad input.
+
+The oracle: scikit-learn's ``PowerTransformer(method="yeo-johnson")`` on the pooled data.
+The PPF search maximizes the same log-likelihood over the λ range V_abs allows, so the
+check is llf(λ_ppf) ≥ llf(λ_sklearn clipped to that range) − δ (llf concave: the clipped
+λ is the range's maximizer), with llf from SciPy on the pooled values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openfhe
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from recording import install, spy_secret_keys
+from scipy import stats
+from sklearn.preprocessing import PowerTransformer
+
+from fednorm.engine import ckks
+from fednorm.engine.ckks.compare import composite_sign
+from fednorm.engine.errors import InputError
+from fednorm.engine.runtime import SERVER
+from fednorm.protocols import FitOptions
+from fednorm.protocols import ppf_yeojohnson as ppf
+from fednorm.protocols.normalizers import yeo_johnson
+from fednorm.sim.federation import simulate
+
+# Stated tolerances. λ: a probe's sign is wrong only where |t| = |D|/K is below the
+# CKKS noise of ⟨t⟩ (~1e-8), i.e. where llf is flat; measured loss ≤ 2e-6 nats on BCW
+# (n = 569), so δ = 1e-6·n + 1e-6 leaves an order of magnitude. Mean and variance of the
+# transformed data: the PPF z-score's 1e-6 relative.
+LLF_DELTA_PER_VALUE = 1e-6
+RTOL = 1e-6
+NOISE = 1e-8  # CKKS noise of ⟨t⟩ in the plaintext model of the search
+
+
+def pooled_llf(column: np.ndarray, lam: float) -> float:
+    return float(stats.yeojohnson_llf(lam, column[~np.isnan(column)]))
+
+
+def sklearn_lambdas(pooled: np.ndarray) -> np.ndarray:
+    return PowerTransformer(method="yeo-johnson", standardize=False).fit(pooled).lambdas_
+
+
+def assert_reaches_pooled_maximum(pooled: np.ndarray, lambdas: np.ndarray,
+                                  plan: ppf.SearchPlan) -> None:
+    oracle = np.clip(sklearn_lambdas(pooled), plan.low, plan.high)
+    for j, column in enumerate(pooled.T):
+        n = np.sum(~np.isnan(column))
+        delta = LLF_DELTA_PER_VALUE * n + 1e-6
+        assert pooled_llf(column, lambdas[j]) >= pooled_llf(column, oracle[j]) - delta, \
+            (j, lambdas[j], oracle[j])
+
+
+def plan_for(pooled: np.ndarray, vabs: tuple[float, ...], preset: str = "test"
+             ) -> ppf.SearchPlan:
+    return ppf.SearchPlan.build(FitOptions(vabs=vabs, preset=preset), pooled.shape[1],
+                                ckks.get_preset(preset).slots, ppf.SignFlags.local(pooled))
+
+
+# -- the math, in plaintext -----------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.floats(-50, 50), st.floats(-6, 8))
+def test_the_lambda_derivative_matches_finite_differences(x, lam) -> None:
+    h = 1e-6
+    column = np.array([[x]])
+    numeric = (yeo_johnson(column, [lam + h]) - yeo_johnson(column, [lam - h]))[0, 0] / (2 * h)
+    exact = ppf.yeo_johnson_derivative(np.array(x), np.array(lam))
+    assert abs(exact - numeric) <= 1e-6 * (1 + abs(numeric))
+    y = yeo_johnson(column, [lam])[0]
+    back = yeo_johnson(ppf.yeo_johnson_inverse(y, lam)[:, None], [lam])[0]
+    assert abs(back[0] - y[0]) <= 1e-12 * (1 + abs(y[0]))  # yj(x, λ) can saturate
+
+
+@st.composite
+def pooled_columns(draw: st.DrawFn) -> tuple[np.ndarray, float]:
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(2, 120))
+    kind = draw(st.sampled_from(["normal", "gamma", "negative", "ties"]))
+    scale = 10.0 ** rng.uniform(-2, 3)
+    if kind == "normal":
+        x = rng.normal(rng.uniform(-2, 2) * scale, scale, n)
+    elif kind == "gamma":
+        x = rng.gamma(rng.uniform(0.5, 4), scale, n)
+    elif kind == "negative":
+        x = -rng.lognormal(np.log(scale), 0.7, n)
+    else:
+        x = rng.choice(rng.normal(0, scale, 3), n)
+    if np.ptp(x) == 0:
+        x[0] += scale
+    return x, float(np.abs(x).max() * rng.uniform(1.05, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(pooled_columns(), st.floats(-3, 5))
+def test_t_is_the_scaled_derivative_sign_within_one(column_vabs, lam) -> None:
+    """|t| ≤ 1 (the sign polynomial's domain) and sign t = sign llf'(λ)."""
+    x, vabs = column_vabs
+    t = ppf.plain_t(x, np.array([lam]), vabs)[0]
+    assert abs(t) <= 1
+    h = 1e-5 * max(1, abs(lam))
+    slope = (stats.yeojohnson_llf(lam + h, x) - stats.yeojohnson_llf(lam - h, x)) / (2 * h)
+    if abs(slope) > 1e-3 * len(x):  # clear of the maximizer: the sign must agree
+        assert np.sign(t) == np.sign(slope)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pooled_columns(), st.integers(0, 2**32 - 1))
+def test_the_bisection_reaches_the_maximum_from_noisy_signs(column_vabs, seed) -> None:
+    """The server's search on the composite sign of t plus CKKS-sized noise."""
+    x, vabs = column_vabs
+    pooled = x[:, None]
+    plan = plan_for(pooled, (vabs,))
+    search = ppf.SignBisection(plan, np.array([True]))
+    sign = ppf.sign_plan(FitOptions())
+    rng = np.random.default_rng(seed)
+    while not search.finished:
+        lam = search.probe()
+        t = ppf.plain_t(x, lam[0], vabs)[None, :] + rng.normal(0, NOISE, lam.shape)
+        search.update(composite_sign(sign.g_stages, sign.f_stages, np.clip(t, -1, 1)))
+    assert_reaches_pooled_maximum(pooled, search.lambdas, plan)
+
+
+# -- the protocol under multiparty CKKS (test preset) ----------------------------------------
+def _column(rng: np.random.Generator, kind: str, scale: float, n: int) -> np.ndarray:
+    if kind == "normal":
+        return rng.normal(rng.uniform(-1, 1) * scale, scale, n)
+    if kind == "gamma":
+        return rng.gamma(2.0, scale, n)
+    if kind == "negative":
+        return -rng.lognormal(np.log(scale), 0.5, n)
+    column = rng.choice([-scale, 0.5 * scale, 2 * scale], n)  # ties
+    column[:2] = [-scale, 2 * scale]
+    return column
+
+
+@st.composite
+def ppf_federations(draw: st.DrawFn) -> tuple[list[np.ndarray], tuple[float, ...]]:
+    parties = draw(st.integers(1, 4))
+    features = draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rows = [int(r) for r in rng.integers(1, 25, size=parties)]
+    rows[0] = 1 if parties > 1 and draw(st.booleans()) else rows[0]  # a party with one row
+    kinds = draw(st.lists(st.sampled_from(["normal", "gamma", "negative", "ties"]),
+                          min_size=features, max_size=features))
+    columns = [_column(rng, kind, 10.0 ** rng.uniform(-1, 2), sum(rows)) for kind in kinds]
+    pooled = np.column_stack(columns)
+    if draw(st.booleans()):
+        pooled[rng.random(pooled.shape) < 0.1] = np.nan
+        pooled[:2] = np.column_stack(columns)[:2]  # keep two values per feature
+    parts = np.split(pooled, np.cumsum(rows)[:-1])
+    vabs = tuple(np.nanmax(np.abs(pooled), axis=0) * rng.uniform(1.05, 3, size=features))
+    return parts, vabs
+
+
+@settings(max_examples=3, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ppf_federations())
+def test_ppf_yeojohnson_reaches_the_pooled_maximum_likelihood(federation) -> None:
+    parts, vabs = federation
+    pooled = np.vstack(parts)
+    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=vabs),
+                      timeout=900).normalizer
+    assert_reaches_pooled_maximum(pooled, fitted.lambdas, plan_for(pooled, vabs))
+    transformed = yeo_johnson(pooled, fitted.lambdas)
+    np.testing.assert_allclose(fitted.mean, np.nanmean(transformed, axis=0), rtol=RTOL,
+                               atol=1e-9 * np.nanmax(np.abs(transformed)))
+    np.testing.assert_allclose(fitted.var, np.nanvar(transformed, axis=0), rtol=RTOL)
+
+
+def test_constant_and_empty_features_follow_the_plain_conventions() -> None:
+    rng = np.random.default_rng(3)
+    parts = [np.column_stack([np.full(n, 2.5), rng.gamma(2, 1, n), np.full(n, np.nan)])
+             for n in (6, 1, 9)]
+    fitted = simulate(parts, "yeojohnson", "mhe",
+                      FitOptions(preset="test", vabs=(5.0, 40.0, 1.0)), timeout=900).normalizer
+    pooled = np.vstack(parts)
+    assert fitted.lambdas[0] == 1 and fitted.var[0] == 0
+    assert fitted.mean[0] == pytest.approx(2.5, rel=1e-6)
+    assert fitted.lambdas[2] == 1 and np.isnan(fitted.mean[2]) and np.isnan(fitted.var[2])
+    plan = plan_for(pooled[:, 1:2], (40.0,))
+    assert_reaches_pooled_maximum(pooled[:, 1:2], fitted.lambdas[1:2], plan)
+    np.testing.assert_allclose(fitted.transform(pooled)[:, 0], 0.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
+    from fednorm.sim.datasets import load_dataset
+    from fednorm.sim.partition import partition
+
+    data = load_dataset("bcw")
+    parts = [p.X for p in partition(data.X, data.y, 10, "label:0.5", seed=0)]
+    vabs = tuple(1.5 * np.abs(data.X).max(axis=0))
+    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(preset="paper", vabs=vabs),
+                      timeout=3600).normalizer
+    assert_reaches_pooled_maximum(data.X, fitted.lambdas, plan_for(data.X, vabs, "paper"))
+    transformed = yeo_johnson(data.X, fitted.lambdas)
+    np.testing.assert_allclose(fitted.mean, transformed.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(fitted.var, transformed.var(axis=0), rtol=RTOL)
+
+
+# -- leakage ledger -------------------------------------------------------------------------
+LEDGER = {
+    "ppf_yeojohnson.start": {"width"},
+    "ppf_yeojohnson.flags": {"empty", "negative", "positive"},
+    "ppf_yeojohnson.probes": {"lambdas"},
+    "ppf_yeojohnson.lambdas": {"lambdas"},
+    "ppf_yeojohnson.result": {"lambdas", "mean", "var"},
+    "ppf_zscore.scales": {"scales"},
+    "ppf_zscore.mean": {"mean"},
+    "ckks.joint_round1": {"party_tags"},
+}
+CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
+
+
+def test_only_the_ledger_crosses_the_wire(monkeypatch) -> None:
+    secrets = spy_secret_keys(monkeypatch)
+    recorder = install(monkeypatch)
+    revealed: list[int] = []
+    fuse = ckks.fuse_decryption
+
+    def counting_fuse(context, joint, ct, shares, n):
+        revealed.append(n)
+        return fuse(context, joint, ct, shares, n)
+
+    monkeypatch.setattr(ckks, "fuse_decryption", counting_fuse)
+    rng = np.random.default_rng(5)
+    parts = [rng.gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)]
+    pooled = np.vstack(parts)
+    vabs = (float(np.abs(pooled).max() * 2),)
+    simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=vabs), timeout=900)
+
+    plan = plan_for(pooled, vabs)
+    decrypt_requests = 0
+    for header, msg in recorder.decoded():
+        plaintext = {name for name, value in msg.fields().items()
+                     if value is not None and not isinstance(value, CRYPTO_TYPES)}
+        assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
+        decrypt_requests += header.kind == "ckks.decrypt_request" and header.sender == SERVER
+    # The sign flags; one sign vector per round; the z-score's four passes.
+    assert decrypt_requests == 3 * (1 + plan.rounds + 4)
+    width, signs = 2, plan.layout.used
+    assert revealed == [3 * width] + [signs] * plan.rounds + [width] * 4
+    assert len(secrets) == 3
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
+
+
+# -- bad input --------------------------------------------------------------------------------
+def _no_encryption(monkeypatch) -> list[int]:
+    from fednorm.protocols.collective import PartyCrypto
+
+    calls: list[int] = []
+    encrypt = PartyCrypto.encrypt
+
+    async def counting(self, values):
+        calls.append(1)
+        return await encrypt(self, values)
+
+    monkeypatch.setattr(PartyCrypto, "encrypt", counting)
+    return calls
+
+
+def test_values_beyond_vabs_are_rejected_before_encryption(monkeypatch) -> None:
+    calls = _no_encryption(monkeypatch)
+    parts = [np.array([[1.0], [2.0]]), np.array([[3.0], [-12.0]])]
+    with pytest.raises(InputError, match="beyond the agreed bound"):
+        simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=(10.0,)))
+    assert calls == []
+
+
+def test_ppf_yeojohnson_needs_the_agreed_bound(monkeypatch) -> None:
+    calls = _no_encryption(monkeypatch)
+    with pytest.raises(InputError, match=r"(?i)v_?abs"):
+        simulate([np.ones((3, 1)), np.ones((3, 1))], "yeojohnson", "mhe",
+                 FitOptions(preset="test"))
+    assert calls == []

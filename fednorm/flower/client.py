@@ -3,9 +3,10 @@
 The first message of a session loads the node's data (with the application's own
 loader), starts the party worker (:mod:`fednorm.flower.worker`) and hands it the data
 and the protocol; every message relays the server's frames to the worker and answers
-with what the party sent back.  When the party is done, its fitted normalizer is kept in
-the node's Flower context state, so the application's ``train`` and ``evaluate``
-handlers normalize their data with :func:`fitted_normalizer`.
+with what the party sent back.  Each message runs in a fresh ClientApp process, so this
+module imports no protocol code: relaying needs only the pipe.  When the party is done,
+its fitted normalizer is kept in the node's Flower context state, so the application's
+``train`` and ``evaluate`` handlers normalize their data with :func:`fitted_normalizer`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 import numpy as np
@@ -33,15 +35,16 @@ from fednorm.flower.content import (
     parse_request,
 )
 from fednorm.flower.localpipe import (
+    READY,
     array_to_wire,
     exchange,
     normalizer_from_wire,
-    params_digest,
     pipe_path,
+    wire_digest,
 )
-from fednorm.flower.worker import READY
-from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data
+
+if TYPE_CHECKING:
+    from fednorm.protocols import Normalizer
 
 DataLoader = Callable[[Context], np.ndarray]
 STATE_KEY = "fednorm-normalizer"
@@ -77,12 +80,20 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         packet = {"session": request.session, "party": request.party,
                   "frames": request.frames}
         if request.start is not None:
-            packet["setup"] = _setup(request, check_party_data(load_data(context)))
+            packet["setup"] = _setup(request, _checked(load_data(context)))
             start_worker(path, request.timeout)
         reply = exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
     except (FednormError, OSError) as exc:
         return Answer(request.session, "failed", error=f"{who}: {type(exc).__name__}: {exc}")
+
+
+def _checked(X: np.ndarray) -> np.ndarray:
+    # Imported here, once a session: each ClientApp run is a new process, and most only
+    # relay frames, so they load no protocol code.
+    from fednorm.protocols.base import check_party_data
+
+    return check_party_data(X)
 
 
 def _setup(request: Request, X: np.ndarray) -> dict[str, object]:
@@ -103,7 +114,7 @@ def _answer(request: Request, reply: dict[str, object], context: Context) -> Ans
         wire = reply.get("normalizer")
         if not isinstance(wire, dict):
             raise ProtocolError("the party worker finished without a normalizer")
-        digest = params_digest(normalizer_from_wire(wire))
+        digest = wire_digest(wire)
         context.state[STATE_KEY] = ConfigRecord({
             "session": request.session,
             "normalizer": msgpack.packb(wire, use_bin_type=True),

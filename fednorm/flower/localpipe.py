@@ -18,15 +18,18 @@ import stat
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.protocols.normalizers import Normalizer
+
+if TYPE_CHECKING:  # the ClientApp relay stays light: it imports no protocol code
+    from fednorm.protocols.normalizers import Normalizer
 
 PIPE_DIR_ENV = "FEDNORM_FLOWER_DIR"
+READY = b"ready\n"  # the worker's first and only line on stdout: it is listening
 _LENGTH = struct.Struct(">Q")
 # A Unix socket path is at most 107 bytes on Linux (108 with the terminating NUL).
 _MAX_SOCKET_PATH = 107
@@ -116,6 +119,8 @@ def array_from_wire(wire: dict[str, Any]) -> np.ndarray:
 
 
 def _normalizer_classes() -> dict[str, type[Normalizer]]:
+    from fednorm.protocols.normalizers import Normalizer
+
     classes: dict[str, type[Normalizer]] = {}
     pending = list(Normalizer.__subclasses__())
     while pending:
@@ -140,6 +145,10 @@ def normalizer_from_wire(wire: dict[str, Any]) -> Normalizer:
         raise ProtocolError(f"malformed normalizer parameters: {exc}") from None
 
 
+def wire_digest(wire: dict[str, Any]) -> bytes:
+    """A fingerprint of fitted parameters, so the server can check every party agrees."""
+    return hashlib.sha256(msgpack.packb(wire, use_bin_type=True)).digest()
+
+
 def params_digest(normalizer: Normalizer) -> bytes:
-    """A fingerprint of the fitted parameters, so the server can check every party agrees."""
-    return hashlib.sha256(msgpack.packb(normalizer_to_wire(normalizer))).digest()
+    return wire_digest(normalizer_to_wire(normalizer))

@@ -34,6 +34,7 @@ from fednorm.engine.errors import FednormError, ProtocolError
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
+    READY,
     array_from_wire,
     normalizer_to_wire,
     pack,
@@ -45,7 +46,6 @@ from fednorm.protocols.base import check_party_data
 from fednorm.remote import abort_reason, options_from_wire, run_role
 from fednorm.sim.federation import root_cause
 
-READY = b"ready\n"
 _PARENT_POLL_SECONDS = 0.5
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from fednorm.engine.errors import InputError  # noqa: E402
 from fednorm.protocols import METHODS  # noqa: E402
 from fednorm.sim.datasets import load_dataset  # noqa: E402
+from fednorm.training import mlp_step  # noqa: E402
 from fednorm.training.data import make_clients, merge_eval  # noqa: E402
 from fednorm.training.fedavg import (  # noqa: E402
     BatchedRound,
@@ -248,6 +249,33 @@ def test_stacked_runs_equal_each_run_trained_alone(spec, norm, persist, task, im
             torch.testing.assert_close(states[run][name], state[name], rtol=1e-9, atol=1e-10)
     assert not torch.allclose(states[0][next(iter(states[0]))],
                               states[2][next(iter(states[2]))])  # the runs did differ
+
+
+@pytest.mark.parametrize("norm", ["none", "batch", "layer", "group"])
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_hand_written_mlp_gradients_equal_autograd(norm, task):
+    """The MLP step without autograd (what MLPs train with) against functional_call and
+    autograd (what CNNs train with), dropout included, over two stacked runs."""
+    spec = MLPSpec(hidden=(8, 6, 4), dropout=0.25)
+    assert mlp_step.supports(seeded_double_model(spec, 16, task, norm))
+    results = []
+    for hand_written in (True, False):
+        model = seeded_double_model(spec, 16, task, norm)
+        stack = StackedRound(model, stack_data(2, task), task, TrainConfig(batch_size=4, seed=2))
+        if not hand_written:
+            stack.manual = None
+        states = [clone_state(model.state_dict()) for _ in range(2)]
+        torch.manual_seed(7)
+        for round_index in range(2):
+            states, losses = stack(states, round_index)
+        results.append((states, losses))
+    (manual, manual_losses), (autograd, autograd_losses) = results
+    np.testing.assert_allclose(manual_losses, autograd_losses, rtol=1e-9)
+    for run in range(2):
+        for name in manual[run]:
+            torch.testing.assert_close(manual[run][name], autograd[run][name], rtol=1e-9,
+                                       atol=1e-10)
+    assert not mlp_step.supports(build_model(MODEL_SPECS["digits"], 64, 10, "none", (1, 8, 8)))
 
 
 def test_stacked_training_stops_each_run_as_it_would_stop_alone():

@@ -4,15 +4,22 @@ early stopping on the server's validation loss.
 A round can be computed two ways that give the same result:
 
 * :class:`BatchedRound` trains **all clients at once**: their parameters are stacked
-  along a leading client dimension (one flat row per client) and swapped into the model
-  with ``torch.func.functional_call``; the model's layers compute all clients together
-  (see :mod:`fednorm.training.models`). Ordinary autograd on the sum of the per-client
-  losses yields every client's own gradient (clients share nothing), and one call of
-  torch's fused Adam kernel updates every client's row. Clients with fewer rows get
-  padded batches whose padded rows are masked out of the loss and of batch-norm
-  statistics; clients are ordered by their number of batches, so at each step the
-  clients that still have a batch are a prefix of the stack and finished ones cost
-  nothing (Adam skips rows without a gradient).
+  along a leading client dimension (one flat row per client) and the model's layers
+  compute all clients together (see :mod:`fednorm.training.models`). MLPs take a
+  hand-written forward and backward pass (:mod:`fednorm.training.mlp_step`); other
+  networks get their stacked parameters swapped in with ``torch.func.functional_call``
+  and ordinary autograd on the sum of the per-client losses, which yields every
+  client's own gradient (clients share nothing). One call of torch's fused Adam kernel
+  updates every client's row. Clients with fewer rows get padded batches whose padded
+  rows are masked out of the loss and of batch-norm statistics; clients are ordered by
+  their number of batches, so at each step the clients that still have a batch are a
+  prefix of the stack and finished ones cost nothing.
+* :class:`StackedRound`, which :class:`BatchedRound` is one run of, also stacks
+  **several runs** that share a partition and an architecture (the study's input
+  normalizations of one skew, client count and seed) and trains them as one batch,
+  each with its own weights, features and (in :func:`train_stacked`) early stopping.
+  The products are so small that a step costs nearly as much for one run's clients as
+  for nine runs' (Parkinson's, 10 clients: see ``bench/RESULTS.md``).
 * :class:`SequentialRound` is the textbook loop, one client after another with an
   ``nn.Module`` and ``torch.optim.Adam``. It is the reference the batched path is tested
   against, and the baseline of ``bench/bench_training.py``.
@@ -42,6 +49,8 @@ from torch.func import functional_call
 from torch.optim.adam import adam
 
 from fednorm.engine.errors import InputError
+from fednorm.training import mlp_step
+from fednorm.training.mlp_step import MLPStep
 from fednorm.training.models import Dense, FedNet, update_running_stats
 
 State = dict[str, Tensor]
@@ -234,6 +243,7 @@ class StackedRound:
         self.weights = torch.tensor(sizes / sizes.sum(), dtype=first.X.dtype)
         self.offsets = first.offsets
         self.layout = ParamLayout(model)
+        self.manual = MLPStep(model) if mlp_step.supports(model) else None
         self.buffer_names = [name for name, _ in model.named_buffers()]
         self.stat_names = model.running_stat_names()
         self.saved_adam: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
@@ -277,24 +287,37 @@ class StackedRound:
         summed loss."""
         k = len(rows)
         slots = k * width
+        batch = features[rows].transpose(1, 2).reshape(slots, rows.shape[1], -1)
+        slot_mask = mask.repeat_interleave(width, dim=0)
+        targets = self.y[rows].repeat_interleave(width, dim=0)
+        head = {n: b[:slots] for n, b in buffers.items()}
+        if self.manual is not None:
+            losses, stats, grad = self.manual(self.layout.storage_views(flat[:slots]), batch,
+                                              slot_mask, targets, self.task, width)
+        else:
+            losses, stats, grad = self._autograd_step(flat[:slots], head, batch, slot_mask,
+                                                      targets, width)
+        with torch.no_grad():
+            adam_state.step(flat[:slots], grad, slots, self.config)
+            update_running_stats(head, self.stat_names, stats)
+        return losses.sum(1)
+
+    def _autograd_step(self, flat: Tensor, head: State, batch: Tensor, slot_mask: Tensor,
+                       targets: Tensor, width: int) -> tuple[Tensor, tuple, Tensor]:
+        """Masked per-row losses, batch statistics and the flat gradient rows, through
+        ``functional_call`` and autograd (any :class:`FedNet`)."""
+        slots = len(flat)
         # One leaf per parameter (views of the flat rows): a leaf that is a slice would
         # make backward build a full-size gradient for every parameter.
         leaves = {n: p.detach().requires_grad_() for n, p in
-                  self.layout.storage_views(flat[:slots]).items()}
-        head = {n: b[:slots] for n, b in buffers.items()}
-        batch = features[rows].transpose(1, 2).reshape(slots, rows.shape[1], -1)
-        slot_mask = mask.repeat_interleave(width, dim=0)
+                  self.layout.storage_views(flat).items()}
         output, stats = functional_call(
             self.model, {**self.layout.model_views(leaves), **head}, (batch, slot_mask, width))
-        targets = self.y[rows].repeat_interleave(width, dim=0)
         losses = task_loss(output, targets, self.task) * slot_mask
         grads = torch.autograd.grad((losses.sum(1) / slot_mask.sum(1)).sum(),
                                     list(leaves.values()))
-        with torch.no_grad():
-            adam_state.step(flat[:slots], torch.cat([g.reshape(slots, -1) for g in grads], 1),
-                            slots, self.config)
-            update_running_stats(head, self.stat_names, stats)
-        return losses.detach().sum(1)
+        return (losses.detach(), stats,
+                torch.cat([g.reshape(slots, -1) for g in grads], 1))
 
     def _adam_state(self, runs: list[int], flat: Tensor) -> AdamState:
         """Fresh moments, or (``persist_optimizer``) the runs' own from earlier rounds."""

@@ -144,10 +144,14 @@ class SharedDropout(nn.Dropout):
     def forward(self, x: Tensor, runs: int = 1) -> Tensor:
         if not self.training or self.p == 0.0 or x.dim() < 3:
             return super().forward(x)
+        keep = self.keep_mask(x, runs)
+        return (x.view(keep.shape[0], runs, *x.shape[1:]) * keep).view(x.shape)
+
+    def keep_mask(self, x: Tensor, runs: int) -> Tensor:
+        """The scaled keep mask (clients, 1, B, units) for stacked rows ``x``."""
         clients = x.shape[0] // runs
         keep = torch.empty(clients, 1, *x.shape[1:], dtype=x.dtype).bernoulli_(1.0 - self.p)
-        keep.div_(1.0 - self.p)
-        return (x.view(clients, runs, *x.shape[1:]) * keep).view(x.shape)
+        return keep.div_(1.0 - self.p)
 
 
 class Flatten(nn.Module):

@@ -16,6 +16,7 @@ leave out key generation; the measured bytes are shown with and without it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ class WireParams:
         return 2 * self.ring_dim * self.log_q // 8
 
 
+@functools.cache
 def wire_params(preset: str) -> WireParams:
     ctx = col_context(preset)
     p = ckks.get_preset(preset)

@@ -288,8 +288,8 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
             f"{r['mode']}: mean {sci(r['err_mean'])}, variance {sci(r['err_var'])}"
             for r in rows) + ".",
     ]
-    return finish(Section("table_v", "Table V — PPF z-score total runtime, 10 parties",
-                           rows, tables, notes, meta), t0)
+    title = f"Table V — PPF z-score modes and time breakdown, {parties} parties"
+    return finish(Section("table_v", title, rows, tables, notes, meta), t0)
 
 
 _WARMUP_S: dict[str, float] = {}
@@ -429,7 +429,7 @@ def table_vi(repeats: int = 3, parties: int = 10, preset: str = "paper",
     ]
     header = ["parameter", "data", "mode", "max rel. error", "median", "paper (Table VI)",
               "target", "meets target"]
-    return finish(Section("table_vi", "Table VI — PPF z-score precision, 10 parties", rows,
+    return finish(Section("table_vi", f"Table VI — PPF z-score precision, {parties} parties", rows,
                            [("", header, cells)], notes, meta), t0)
 
 

@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated subset of micro,totals,zscore,precision,epsilon,"
                         "scaling,noise (default: all)")
     p.add_argument("--preset", help="CKKS preset: paper (default) or test (--quick)")
-    p.add_argument("--repeats", type=int, help="runs per Table V protocol (default 3)")
+    p.add_argument("--repeats", type=int, help="runs per Table V protocol and z-score mode (default 2)")
     p.add_argument("--parties", type=int, help="P of Table V / VI and runtime vs ε (10)")
     p.add_argument("--micro-parties", type=_list_of(int, "--micro-parties"),
                    help="Table IV party counts (default 10,20,30,50)")
@@ -107,23 +107,29 @@ def bench_command(args: argparse.Namespace) -> int:
         "fednorm bench")
     plan = plan_from(args, command)
     _check_outputs(args)
-    run = report.run_plan(plan)
     target = args.results or args.out
     plot_dir = args.plots or (os.path.join(os.path.dirname(os.path.abspath(target)), "plots")
                               if target else None)
-    written = plots.write_plots(run.sections, plot_dir) if plot_dir else {}
-    base = os.path.dirname(os.path.abspath(target)) if target else "."
-    text = report.render(run, written, relative_to=base)
-    if args.results:
-        report.replace_generated_part(args.results, text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
-    if not target:
-        print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({k: s.rows for k, s in run.sections.items()}, f, indent=1, default=str)
+    written: dict[str, str] = {}
+
+    def write(run: report.BenchRun) -> None:
+        """The report so far, rewritten after every section."""
+        written.update(plots.write_plots(run.sections, plot_dir) if plot_dir else {})
+        base = os.path.dirname(os.path.abspath(target)) if target else "."
+        text = report.render(run, written, relative_to=base)
+        if args.results:
+            report.replace_generated_part(args.results, text)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        if not target and run.complete:
+            print(text)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({k: s.rows for k, s in run.sections.items()}, f, indent=1,
+                          default=str)
+
+    report.run_plan(plan, after_section=write)
     for path in [args.results, args.out, *written.values()]:
         if path:
             print(f"wrote {path}", file=sys.stderr)

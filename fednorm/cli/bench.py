@@ -41,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated subset of micro,totals,zscore,precision,epsilon,"
                         "scaling,noise (default: all)")
     p.add_argument("--preset", help="CKKS preset: paper (default) or test (--quick)")
-    p.add_argument("--repeats", type=int, help="runs per Table V protocol and z-score mode (default 2)")
+    p.add_argument("--repeats", type=int,
+                   help="runs per Table V protocol and z-score mode (default 2)")
     p.add_argument("--parties", type=int, help="P of Table V / VI and runtime vs ε (10)")
     p.add_argument("--micro-parties", type=_list_of(int, "--micro-parties"),
                    help="Table IV party counts (default 10,20,30,50)")

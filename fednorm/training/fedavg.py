@@ -18,8 +18,9 @@ A round can be computed two ways that give the same result:
   **several runs** that share a partition and an architecture (the study's input
   normalizations of one skew, client count and seed) and trains them as one batch,
   each with its own weights, features and (in :func:`train_stacked`) early stopping.
-  The products are so small that a step costs nearly as much for one run's clients as
-  for nine runs' (Parkinson's, 10 clients: see ``bench/RESULTS.md``).
+  The products are so small that their fixed costs dominate: a step of nine stacked
+  runs took about three times one run's (13 vs 4.2 ms of CPU, Parkinson's MLP, 10
+  clients; see ``bench/RESULTS.md``).
 * :class:`SequentialRound` is the textbook loop, one client after another with an
   ``nn.Module`` and ``torch.optim.Adam``. It is the reference the batched path is tested
   against, and the baseline of ``bench/bench_training.py``.

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,11 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
+from fednorm.engine.errors import InputError, PartyDropped
+from fednorm.flower import fitted_normalizer, normalize, register_party
 from fednorm.flower.localpipe import PIPE_DIR_ENV
 from fednorm.protocols import FitOptions
 from fednorm.sim.federation import simulate
@@ -71,6 +75,127 @@ def expected_normalizer(partition_ids: list[int], method: str, privacy: str,
     """The in-memory simulation on the same rows, party i holding ``partition_ids[i-1]``."""
     parts = [load_partition(pid, NODES).X_train for pid in partition_ids]
     return simulate(parts, method, privacy, options).normalizer.params()
+
+
+# -- the relay on an in-process Grid: real ClientApp handlers, real party workers ---------
+class LoopbackGrid:
+    """A Grid that hands each message straight to its node's ClientApp, in this process.
+
+    Only Flower's transport is missing: the ClientApp, its Context state and the party
+    workers are the real ones, so relay failures can be staged cheaply.
+    """
+
+    def __init__(self, app: ClientApp, node_ids: list[int], run_id: int = 7) -> None:
+        self.app = app
+        self.contexts = {node: Context(run_id=run_id, node_id=node, node_config={},
+                                       state=RecordDict(), run_config={})
+                         for node in node_ids}
+        self.replies: dict[str, Message] = {}
+        self.pushes = 0
+        self.before_push: Callable[[int], None] = lambda pushes: None
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        self.pushes += 1
+        self.before_push(self.pushes)
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id
+            message.metadata.__dict__["_run_id"] = 7
+            context = self.contexts[message.metadata.dst_node_id]
+            self.replies[message.metadata.message_id] = self.app(message, context)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+
+NODE_IDS = [9001, 4242, 777]
+
+
+@pytest.fixture
+def pipe_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    directory = short_private_dir("fnl-")
+    monkeypatch.setenv(PIPE_DIR_ENV, str(directory))
+    yield directory
+    for pid in worker_processes(directory):  # only if a test failed half-way
+        os.kill(pid, signal.SIGKILL)
+
+
+def loopback(load: Callable[[Context], np.ndarray]) -> LoopbackGrid:
+    app = ClientApp()
+    register_party(app, load)
+    return LoopbackGrid(app, NODE_IDS)
+
+
+def partition_of(context: Context) -> np.ndarray:
+    return load_partition(NODE_IDS.index(context.node_id), NODES).X_train
+
+
+def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result(
+    pipe_dir: Path,
+) -> None:
+    grid = loopback(partition_of)
+    fitted = normalize(grid, NODE_IDS, "robust", "plain")
+
+    expected = expected_normalizer([0, 1, 2], "robust", "plain", FitOptions())
+    assert fitted.normalizer.params() == expected  # plaintext runs are bit-for-bit
+    assert fitted.parties == {1: 9001, 2: 4242, 3: 777}
+    assert fitted.flower_rounds == fitted.protocol_rounds + 1  # + the result broadcast
+    for context in grid.contexts.values():
+        assert fitted_normalizer(context).params() == expected
+    wait_until_gone(pipe_dir)
+
+
+def test_a_node_with_bad_data_stops_the_session_and_every_worker(pipe_dir: Path) -> None:
+    def load(context: Context) -> np.ndarray:
+        X = partition_of(context)
+        return X[:, 0] if context.node_id == 4242 else X  # 1-D: not a feature matrix
+
+    with pytest.raises(PartyDropped, match=r"party 2 \(node 4242\).*InputError.*2-D"):
+        normalize(loopback(load), NODE_IDS, "robust", "plain")
+    wait_until_gone(pipe_dir)
+
+
+def test_a_worker_killed_mid_protocol_fails_the_run_and_leaves_nothing_behind(
+    pipe_dir: Path,
+) -> None:
+    grid = loopback(partition_of)
+
+    def kill_one_worker(pushes: int) -> None:
+        if pushes == 3:
+            workers = worker_processes(pipe_dir)
+            assert len(workers) == NODES
+            os.kill(workers[0], signal.SIGKILL)
+
+    grid.before_push = kill_one_worker
+    with pytest.raises(PartyDropped, match="party worker is gone"):
+        normalize(grid, NODE_IDS, "robust", "plain")
+    wait_until_gone(pipe_dir)
+
+
+def test_bad_arguments_are_refused_before_any_message(pipe_dir: Path) -> None:
+    grid = loopback(partition_of)
+    with pytest.raises(InputError, match="unknown method"):
+        normalize(grid, NODE_IDS, "median", "plain")
+    with pytest.raises(InputError, match="distinct node ids"):
+        normalize(grid, [1, 1], "robust", "plain")
+    with pytest.raises(InputError, match="not finished"):
+        fitted_normalizer(grid.contexts[777])
+    assert grid.pushes == 0
+
+
+def test_without_flower_the_core_still_imports_and_the_error_says_what_to_install() -> None:
+    script = ("import sys; sys.modules['flwr'] = None\n"
+              "import fednorm.protocols, fednorm.flower.worker\n"
+              "try:\n    import fednorm.flower.client\n"
+              "except ImportError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "pip install 'fednorm[flower]'" in done.stdout
 
 
 # -- Flower's local deployment runtime: a SuperLink and SuperNodes, real processes --------

@@ -16,6 +16,7 @@ import select
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,10 +83,24 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         if request.start is not None:
             packet["setup"] = _setup(request, _checked(load_data(context)))
             start_worker(path, request.timeout)
-        reply = exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
+        reply = _exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
     except (FednormError, OSError) as exc:
         return Answer(request.session, "failed", error=f"{who}: {type(exc).__name__}: {exc}")
+
+
+def _exchange(path: Path, packet: dict[str, object], timeout: float) -> dict[str, object]:
+    try:
+        return exchange(path, packet, timeout)
+    except (ConnectionRefusedError, FileNotFoundError, ConnectionError) as exc:
+        # Nobody listens any more: a worker that was killed leaves its socket behind.
+        with suppress(FileNotFoundError):
+            path.unlink()
+        raise PartyGone(f"the party worker is gone ({type(exc).__name__}: {exc})") from None
+
+
+class PartyGone(FednormError):
+    """The node's party worker stopped before its session ended."""
 
 
 def _checked(X: np.ndarray) -> np.ndarray:

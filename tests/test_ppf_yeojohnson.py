@@ -68,9 +68,6 @@ def test_the_lambda_derivative_matches_finite_differences(x, lam) -> None:
     numeric = (yeo_johnson(column, [lam + h]) - yeo_johnson(column, [lam - h]))[0, 0] / (2 * h)
     exact = ppf.yeo_johnson_derivative(np.array(x), np.array(lam))
     assert abs(exact - numeric) <= 1e-6 * (1 + abs(numeric))
-    y = yeo_johnson(column, [lam])[0]
-    back = yeo_johnson(ppf.yeo_johnson_inverse(y, lam)[:, None], [lam])[0]
-    assert abs(back[0] - y[0]) <= 1e-12 * (1 + abs(y[0]))  # yj(x, λ) can saturate
 
 
 @st.composite
@@ -209,6 +206,7 @@ LEDGER = {
     "ppf_yeojohnson.result": {"lambdas", "mean", "var"},
     "ppf_zscore.scales": {"scales"},
     "ppf_zscore.mean": {"mean"},
+    "ppf_zscore.result": {"mean", "var"},
     "ckks.joint_round1": {"party_tags"},
 }
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)

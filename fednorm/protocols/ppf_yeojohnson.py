@@ -11,10 +11,11 @@ changes sign. With ψ' = ∂ψ/∂λ and pooled means E[·] over the n present v
     llf'(λ)/n = E[s] − cov(ψ, ψ')/var(ψ),  so  sign llf'(λ) = sign D,
     D = E[s]·var(ψ) − cov(ψ, ψ') = E[s]·(E[ψ²] − E[ψ]²) − (E[ψψ'] − E[ψ]·E[ψ']).
 
-**Scaling from V_abs.** Both yj(·, λ) and ψ' are monotone in x on each side of 0
+**Scaling from V_abs.** yj(·, λ) is increasing and ψ' grows with |x| on each side of 0
 (ψ = ∫₀ᴸ e^{λu} du, ψ' = ∫₀ᴸ u·e^{λu} du with L = log1p x for x ≥ 0, mirrored with
-2 − λ below 0), so the agreed bound |x| ≤ V_abs gives, per λ, plaintext centres c, c' and
-half-widths B_ψ, B_ψ' of ψ and ψ', and |s| ≤ B_s = log1p V_abs. Then
+2 − λ below 0), so the agreed bound |x| ≤ V_abs — narrowed to [0, V_abs] or [−V_abs, 0]
+when the pooled data have one sign (the sign flags below) — gives, per λ, plaintext
+centres c, c' and half-widths B_ψ, B_ψ' of ψ and ψ', and |s| ≤ B_s = log1p V_abs. Then
 |D| ≤ K = B_s·B_ψ² + B_ψ·B_ψ', and each party maps its values, before encrypting, to
 
     ψ̃ = a·(ψ − c),  ψ̃' = (a/B_s)·(ψ' − c'),  s̃ = s/B_s,  a = sqrt(B_s/K),
@@ -27,11 +28,15 @@ unchanged) and the server needs no bound of its own.
 1. Collective key generation with relinearization and one rotation key (by a quarter of
    the slots).
 2. Each party checks its data against V_abs (:class:`InputError` before any encryption),
-   then encrypts its per-feature counts, Σ s̃, and a 0/1 "no values here" flag per feature.
-   The server multiplies the flags (a feature is empty iff every party says so) and
-   decrypts that product only: the empty features (which the result reveals anyway, as
-   NaN). It inverts the pooled count homomorphically (Goldschmidt, as PPF z-score, plus
-   one Newton step: relative error ~1e-7 → below CKKS noise) and forms ⟨E[s̃]⟩.
+   then encrypts its per-feature counts, Σ s̃, and 0/1 flags per feature: "no value
+   here", "no negative value here", "no positive value here". The server multiplies the
+   flags over the parties (1 iff no party has such a value) and decrypts that product
+   only: per feature, whether the pooled data are empty (which the result reveals
+   anyway, as NaN) and which signs they hold. Without the sign flags, all-positive data
+   would be bounded as if values down to −V_abs existed, and t would fall below the CKKS
+   noise near the maximizer (~1e-9 on skewed positive data). The server inverts the
+   pooled count homomorphically (Goldschmidt, as PPF z-score, then one Newton step:
+   relative error ~1e-7 → below CKKS noise) and forms ⟨E[s̃]⟩.
 3. Multi-probe bisection in asinh(λ), all features at once: each round the server sends
    :data:`PROBES` λ's per feature, evenly inside each feature's bracket; every party
    encrypts Σψ̃, Σψ̃², Σψ̃ψ̃', Σψ̃' in four slot blocks of one ciphertext; the server adds
@@ -43,14 +48,26 @@ unchanged) and the server needs no bound of its own.
 4. The λ's are broadcast; the PPF z-score of the transformed data runs on the same keys
    and the same encrypted inverse (its two passes, as :mod:`ppf_zscore`).
 
-**λ range.** λ is searched in [2 − λ_max, λ_max], λ_max ≤ 1 + :data:`LAMBDA_SPAN`, the
-largest λ with yj(V_abs, λ) ≤ 2^40: the transformed data must fit the PPF z-score's range.
-The result is the pooled maximizer over that range (the range's end where the
-unconstrained maximizer lies beyond it).
+**λ range.** Where the pooled data hold positive values, λ ≤ λ_max, the largest
+λ ≤ 1 + :data:`LAMBDA_SPAN` with yj(V_abs, λ) ≤ 2^40 (the transformed data must fit the
+PPF z-score's range); where they hold negative values, λ ≥ 2 − λ_max; a side no value
+constrains is open to 1 ∓ :data:`OPEN_SPAN`. The result is the pooled maximizer over
+that range (the range's end where the unconstrained maximizer lies beyond it).
+
+**Probes and rounds.** Up to 255 probes per feature fit a slot block (fewer for many
+features), so each round shrinks the bracket 256-fold and 3 rounds reach
+:data:`TOLERANCE` for up to 10 features (BCW's 30: 3 at the paper preset, 4 at the test
+preset). Decrypted per probe is p(t), the composite sign: ±1 to within 1e-6 for
+|t| ≥ 4.9e-6 with the default 8 + 2 stages, and a value increasing with t below that
+(see the ledger, docs/LEAKAGE.md). The split kept is the one that best fits "+ then −"
+weighted by |p|, so probes whose sign drowns in noise barely count.
 
 **Precision.** A probe's sign is right whenever |t| exceeds the CKKS noise of ⟨t⟩
-(measured ~1e-8 after the collective bootstrap of the means); wrong signs occur only where
-|D| < 1e-8·K, i.e. near the maximizer, where llf is flat. Where the pooled transformed
+(~1e-8 after the collective bootstrap of the means); wrong signs occur only where
+|D| < 1e-8·K, i.e. near the maximizer, where llf is flat. Measured on BCW with
+V_abs = 1.5·max|x| (search driven by t plus 1e-8 noise): llf within 2e-6 nats of the
+pooled maximum in all 30 features; at the test preset under encryption, λ within 3e-6 of
+scikit-learn's. Where the pooled transformed
 data are nearly constant compared with the V_abs bounds (data far inside [−V_abs,
 V_abs], or λ far from the maximizer), t is below the noise everywhere and the search
 lands anywhere in that flat region: choose V_abs close to the data's true bound.
@@ -58,9 +75,10 @@ lands anywhere in that flat region: choose V_abs close to the data's true bound.
 **Conventions** (as :mod:`yeojohnson`). A feature without values gets λ = 1 and NaN mean
 and variance. A feature whose transformed pooled variance comes out below
 (:data:`CONSTANT_RTOL`·mean)² + :data:`CONSTANT_ATOL`² is constant: λ = 1, mean = its
-value (the inverse transform of the revealed mean), variance 0. Its λ search saw t = 0
-(noise signs), so the value of λ used for its z-score is arbitrary; only the revealed
-mean and variance (≈ 0) matter, and they are what the normalizer needs.
+value, variance 0. Its λ search saw t = 0 (noise signs), so the λ its z-score used is
+arbitrary and yj(x, λ) may have saturated there; its value is therefore computed afresh,
+as the pooled mean of x (one more two-pass quotient, only when some feature is
+constant: the value is in the result anyway).
 """
 
 from __future__ import annotations
@@ -185,19 +203,6 @@ def yeo_johnson_derivative(x: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
     log_abs = np.log1p(np.abs(x))
     exponent = np.where(x >= 0, lam, 2 - lam) * log_abs
     return log_abs**2 * _phi(exponent)
-
-
-def yeo_johnson_inverse(y: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
-    """x with yj(x, λ) = y."""
-    y = np.asarray(y, dtype=np.float64)
-    lam = np.asarray(lambdas, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        pos = np.where(np.abs(lam) < 1e-300, np.expm1(y),
-                       np.expm1(np.log1p(lam * y) / np.where(lam == 0, 1, lam)))
-        mu = 2 - lam
-        neg = np.where(np.abs(mu) < 1e-300, -np.expm1(-y),
-                       -np.expm1(np.log1p(-mu * y) / np.where(mu == 0, 1, mu)))
-    return np.where(y >= 0, pos, neg)
 
 
 @dataclass(frozen=True)
@@ -500,13 +505,19 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
     return {"relinearize": True, "rotations": (ckks.get_preset(options.preset).slots // BLOCKS,)}
 
 
-def constant_fixup(lambdas: np.ndarray, mean: np.ndarray, var: np.ndarray,
-                   empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The plain protocol's conventions on the revealed z-score (see the module doc)."""
-    constant = ~empty & (var <= (CONSTANT_RTOL * mean) ** 2 + CONSTANT_ATOL**2)
-    value = yeo_johnson_inverse(mean, lambdas)
+def constant_features(mean: np.ndarray, var: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """Features whose transformed variance is zero within the PPF z-score's precision."""
+    return ~empty & (var <= (CONSTANT_RTOL * mean) ** 2 + CONSTANT_ATOL**2)
+
+
+def conventions(lambdas: np.ndarray, mean: np.ndarray, var: np.ndarray, empty: np.ndarray,
+                values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The plain protocol's conventions on the revealed z-score: λ = 1, the value and
+    variance 0 for constant features (``values``: their pooled mean of x); λ = 1 and NaN
+    for empty ones."""
+    constant = constant_features(mean, var, empty)
     lambdas = np.where(constant | empty, 1.0, lambdas)
-    mean = np.where(empty, np.nan, np.where(constant, value, mean))
+    mean = np.where(empty, np.nan, np.where(constant, values, mean))
     var = np.where(empty, np.nan, np.where(constant, 0.0, var))
     return lambdas, mean, var
 
@@ -551,7 +562,10 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     await rc.broadcast(Lambdas(lambdas=lambdas))
 
     mean, var = await _zscore_server(crypto, pooled, width, options)
-    lambdas, mean, var = constant_fixup(lambdas, mean, var, flags.empty)
+    await rc.broadcast(ppf_zscore.PpfZScoreResult(mean=mean, var=var))
+    values = await _constant_values(crypto, pooled, constant_features(mean, var, flags.empty),
+                                    options)
+    lambdas, mean, var = conventions(lambdas, mean, var, flags.empty, values)
     await rc.broadcast(PpfYeoJohnsonResult(lambdas=lambdas, mean=mean, var=var))
     return YeoJohnsonNormalizer(lambdas, mean, var)
 
@@ -628,8 +642,7 @@ async def _zscore_server(crypto: ServerCrypto, pooled: _Pooled, width: int,
                          options: FitOptions) -> tuple[np.ndarray, np.ndarray]:
     """PPF z-score (both two-pass quotients) of the transformed data on this setup."""
     rc = crypto.rc
-    inverse = await rc.run_sync(crypto.ckks.mul, pooled.inverse.scaled,
-                                 pooled.inverse.correction)
+    inverse = await _refined_inverse(crypto, pooled)
     sums = await rc.gather(ppf_zscore.EncryptedVector)
     total = await crypto.add_all({p: m.values for p, m in sums.items()})
     mean = await ppf_zscore._precise_quotient(
@@ -640,6 +653,26 @@ async def _zscore_server(crypto: ServerCrypto, pooled: _Pooled, width: int,
     var = np.maximum(await ppf_zscore._precise_quotient(
         crypto, squared, inverse, width, options), 0.0)
     return mean, var
+
+
+async def _constant_values(crypto: ServerCrypto, pooled: _Pooled, constant: np.ndarray,
+                           options: FitOptions) -> np.ndarray:
+    """The pooled mean of x for the constant features (their value, which the result
+    holds anyway), by one more two-pass quotient; nothing when there are none. λ of a
+    constant feature is arbitrary (t = 0), so yj(x, λ) may have saturated: its mean does
+    not give x back."""
+    if not constant.any():
+        return np.zeros(len(constant))
+    rc = crypto.rc
+    sums = await rc.gather(ppf_zscore.EncryptedVector)
+    total = await crypto.add_all({p: m.values for p, m in sums.items()})
+    return await ppf_zscore._precise_quotient(crypto, total, await _refined_inverse(crypto, pooled),
+                                             len(constant), options)
+
+
+async def _refined_inverse(crypto: ServerCrypto, pooled: _Pooled) -> openfhe.Ciphertext:
+    return await crypto.rc.run_sync(crypto.ckks.mul, pooled.inverse.scaled,
+                                    pooled.inverse.correction)
 
 
 # -- party ------------------------------------------------------------------------------------
@@ -656,9 +689,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
             layout.tiled(log_sums / np.log1p(vabs_vector(options, width)), blocks=1)),
         absent=await crypto.encrypt(mine.absent()),
         width=width))
-    plan = SearchPlan.build(options, width, crypto.ckks.slots,
-                            _received_flags(await serve_until(crypto, Flags, decryptions=1),
-                                            mine))
+    flags = _received_flags(await serve_until(crypto, Flags, decryptions=1), mine)
+    plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
     decryptions, rounds = 0, 0  # none while the server pools, then one per round
     while isinstance(msg := await serve_until(crypto, (Probes, Lambdas),
                                               decryptions=decryptions), Probes):
@@ -672,7 +704,16 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
     await _zscore_party(crypto, yeo_johnson(X, lambdas), width)
-    result = await serve_until(crypto, PpfYeoJohnsonResult, decryptions=1)
+    scaled = await serve_until(crypto, ppf_zscore.PpfZScoreResult, decryptions=1)
+    constant = constant_features(as_float_vector(scaled.mean, width, "mean"),
+                                 as_float_vector(scaled.var, width, "variance"), flags.empty)
+    owed = 0
+    if constant.any():  # the values of constant features, as the server needs them
+        raw = np.where(constant, np.nansum(X, axis=0), 0.0)
+        await rc.send(SERVER, ppf_zscore.EncryptedVector(values=await crypto.encrypt(raw)))
+        await ppf_zscore._precise_quotient_party(crypto, raw, width)
+        owed = 1
+    result = await serve_until(crypto, PpfYeoJohnsonResult, decryptions=owed)
     return YeoJohnsonNormalizer(as_float_vector(result.lambdas, width, "lambdas"),
                                 as_float_vector(result.mean, width, "mean"),
                                 as_float_vector(result.var, width, "variance"))

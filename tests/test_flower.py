@@ -177,6 +177,37 @@ def test_a_worker_killed_mid_protocol_fails_the_run_and_leaves_nothing_behind(
     wait_until_gone(pipe_dir)
 
 
+def start_worker_process(pipe: Path, *args: str) -> subprocess.Popen[bytes]:
+    worker = subprocess.Popen([sys.executable, "-m", "fednorm.flower.worker", "--pipe",
+                               str(pipe), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+    assert pipe.exists()
+    return worker
+
+
+def test_a_worker_whose_node_goes_away_stops_and_removes_its_socket(pipe_dir: Path) -> None:
+    supervisor = subprocess.Popen(["sleep", "60"])  # stands for the node's SuperExec
+    try:
+        worker = start_worker_process(pipe_dir / "w.sock", "--watch-pid", str(supervisor.pid),
+                                      "--timeout", "60")
+        supervisor.kill()
+        supervisor.wait()
+        _, err = worker.communicate(timeout=10)
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert worker.returncode == 1 and b"stopped before the session ended" in err
+    assert not (pipe_dir / "w.sock").exists()
+
+
+def test_a_worker_that_hears_nothing_within_its_timeout_stops(pipe_dir: Path) -> None:
+    worker = start_worker_process(pipe_dir / "w.sock", "--timeout", "0.5")
+    _, err = worker.communicate(timeout=10)
+    assert worker.returncode == 1 and b"no ClientApp run came back within 0.5 s" in err
+    assert not (pipe_dir / "w.sock").exists()
+
+
 def test_bad_arguments_are_refused_before_any_message(pipe_dir: Path) -> None:
     grid = loopback(partition_of)
     with pytest.raises(InputError, match="unknown method"):

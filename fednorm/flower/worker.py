@@ -240,8 +240,7 @@ async def run_worker(path: Path, watch_pid: int | None, timeout: float) -> Outco
     try:
         sys.stdout.buffer.write(READY)
         sys.stdout.flush()
-        with suppress(OSError):
-            os.close(sys.stdout.fileno())
+        _detach_stdout()
         async with trio.open_nursery() as nursery:
             outcome: list[Outcome] = []
 
@@ -263,6 +262,16 @@ async def run_worker(path: Path, watch_pid: int | None, timeout: float) -> Outco
             await listener.aclose()
         with suppress(FileNotFoundError):
             path.unlink()
+
+
+def _detach_stdout() -> None:
+    """Let the starter stop reading: point stdout at /dev/null (not closed, so the fd
+    cannot be reused by a socket that a stray print would then write into)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 async def _termination_signal() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from fednorm.bench.measure import Section, finish, load_average, now, section_meta
 from fednorm.bench.paper import PAPER_K_INV, PAPER_K_MM, TABLE_V_ROBUST_EPSILON
-from fednorm.bench.protocols import METHOD_NAMES, RunRecord, bcw_split
+from fednorm.bench.protocols import METHOD_NAMES, VARIANTS, RunRecord, bcw_split
 from fednorm.bench.zscore import col_context
 from fednorm.engine import ckks
 
@@ -87,11 +87,14 @@ def paper_bytes(method: str, parties: int, c: float, p: float, *, k_inv: float =
 
 
 def formula_for(rec: RunRecord, wire: WireParams, x: int) -> tuple[float, float]:
-    """The paper's bytes for this run: with the paper's K_inv, and with ours."""
+    """The paper's bytes for this run: with the paper's K_inv, and with ours (none when
+    the counts are revealed: no encrypted inverse)."""
     c, p = wire.ciphertext, wire.plaintext
     x = int(rec.extra.get("kth_rounds", x))
-    return (paper_bytes(rec.method, rec.parties, c, p, x=x),
-            paper_bytes(rec.method, rec.parties, c, p, k_inv=wire.k_inv, x=x))
+    method = VARIANTS.get(rec.method, (rec.method, {}))[0]
+    our_k = 0 if rec.method == "zscore_reveal" else wire.k_inv
+    return (paper_bytes(method, rec.parties, c, p, x=x),
+            paper_bytes(method, rec.parties, c, p, k_inv=our_k, x=x))
 
 
 def _mb(value: float) -> str:
@@ -125,7 +128,7 @@ def communication(records: list[RunRecord], preset: str, parties: int = 10,
                       _mb(row["server_received"]),
                       f"{row['party_sent_median'] / 1e6:.1f}",
                       f"{row['party_received_median'] / 1e6:.1f}",
-                      _mb(paper_k), _mb(our_k) if method in ("zscore", "robust") else "–",
+                      _mb(paper_k), _mb(our_k) if method.startswith("zscore") else "–",
                       "–" if math.isnan(paper_k) else f"{rec.bytes_protocol / paper_k:.2f}"])
     header = ["protocol", "P", "MB total", "MB key setup", "MB after setup", "server sent",
               "server received", "party sent (median)", "party received (median)",

@@ -23,6 +23,7 @@ from fednorm.bench.measure import (
     fmt_or_dash,
     git_state,
     load_average,
+    log,
     met,
     now,
     reporting,
@@ -58,8 +59,9 @@ class BenchPlan:
     costly_seeds: int = 1  # MinMax and robust (a robust run at ε = 1e-6 is minutes)
     precision_modes: tuple[str, ...] = ("default", "reveal")
     epsilons: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
-    scaling_parties: tuple[int, ...] = (3, 10, 30, 100)
-    scaling_methods: tuple[str, ...] = ("zscore",)
+    scaling_parties: tuple[int, ...] = (3, 10, 25, 50, 100)
+    scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
+    scaling_caps: tuple[tuple[str, int], ...] = (("zscore", 50),)
     quiet_below: float = 0.5
     max_wait: float = 0.0
     command: str = ""
@@ -72,7 +74,7 @@ class BenchPlan:
                    fast_repeats=3, slow_repeats=2, zscore_modes=("default",),
                    precision_seeds=1, costly_seeds=1, precision_modes=("default",),
                    epsilons=(1e-1, 1e-3),
-                   scaling_parties=(2, 4), quick=True)
+                   scaling_parties=(2, 4), scaling_methods=("zscore",), quick=True)
         return replace(base, **changes)
 
     def __post_init__(self) -> None:
@@ -86,13 +88,19 @@ class BenchPlan:
         if min(self.repeats, self.micro_repeats, self.fast_repeats, self.slow_repeats,
                self.precision_seeds, self.costly_seeds) < 1:
             raise InputError("repeats must be at least 1")
+        known = set(protocols.METHOD_NAMES) - {"kth"}
+        strange = sorted((set(self.methods) | set(self.scaling_methods)) - known)
+        if strange:
+            raise InputError(f"unknown methods {strange}; choose from {sorted(known)}")
         if not self.epsilons or min(self.epsilons) <= 0:
             raise InputError(f"epsilons must be positive, got {self.epsilons}")
 
     def steps(self) -> int:
         """Units of work the progress bar counts (runs, or one per P / per section)."""
         methods = sum(protocols.available(m) for m in self.methods)
-        scaled = sum(protocols.available(m) for m in self.scaling_methods)
+        caps = dict(self.scaling_caps)
+        scaled = sum(protocols.available(m) for n in self.scaling_parties
+                     for m in self.scaling_methods if n <= caps.get(m, n))
         count = {
             "micro": len(self.micro_parties) + 1,
             "totals": self.repeats * methods,
@@ -100,7 +108,7 @@ class BenchPlan:
             "precision": 2 * (self.precision_seeds * len(self.precision_modes)
                               + self.costly_seeds * len(protocols.PRECISION_CASES)),
             "epsilon": len(self.epsilons),
-            "scaling": len(self.scaling_parties) * scaled,
+            "scaling": scaled,
             "noise": 1,
         }
         return sum(count[s] for s in self.sections) + 1  # + communication
@@ -139,7 +147,7 @@ def run_plan(plan: BenchPlan, progress: Progress | None = None,
     with reporting(progress or Progress(plan.steps())):
         for name in plan.sections:
             seen = wait_for_quiet(plan.quiet_below, plan.max_wait)
-            for section in _RUNNERS[name](plan, run):
+            for section in _run_section(name, plan, run):
                 section.meta["load average (1/5/15 min) before"] = seen
                 run.sections[section.key] = section
             run.done.append(name)
@@ -151,6 +159,20 @@ def run_plan(plan: BenchPlan, progress: Progress | None = None,
                 after_section(run)
         step("communication", 0.0)
     return run
+
+
+def _run_section(name: str, plan: BenchPlan, run: BenchRun) -> list[Section]:
+    """One section; a failure becomes a section that says so, and the run goes on (one
+    broken protocol must not cost the hour of measurements around it)."""
+    started, t0 = now()
+    try:
+        return _RUNNERS[name](plan, run)
+    except Exception as exc:  # reported in the output, not swallowed
+        log(f"section {name} failed: {type(exc).__name__}: {exc}")
+        note = (f"**Failed** after {time.perf_counter() - t0:.0f} s: `{type(exc).__name__}: "
+                f"{exc}`. The sections before and after it are unaffected.")
+        return [Section(f"failed_{name}", f"Section `{name}` failed", [], [], [note],
+                        {"date": started.strftime("%Y-%m-%d %H:%M UTC")})]
 
 
 def _micro(plan: BenchPlan, run: BenchRun) -> list[Section]:
@@ -189,7 +211,8 @@ def _epsilon(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 def _scaling(plan: BenchPlan, run: BenchRun) -> list[Section]:
     section, records = protocols.scaling(plan.scaling_methods, plan.scaling_parties,
-                                         plan.preset, command=plan.command)
+                                         plan.preset, command=plan.command,
+                                         caps=dict(plan.scaling_caps))
     run.records += records
     return [section]
 

@@ -47,9 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-parties", type=_list_of(int, "--micro-parties"),
                    help="Table IV party counts (default 10,20,30,50)")
     p.add_argument("--scaling-parties", type=_list_of(int, "--scaling-parties"),
-                   help="P grid of the totals vs P (default 3,10,30,100)")
+                   help="P grid of the totals vs P (default 3,10,25,50,100; default "
+                        "z-score up to 50)")
     p.add_argument("--scaling-methods", type=_list_of(str, "--scaling-methods"),
-                   help="protocols of the totals vs P (default zscore)")
+                   help="protocols of the totals vs P: zscore, zscore_reveal, minmax, "
+                        "robust, yeojohnson (default zscore,zscore_reveal)")
     p.add_argument("--epsilons", type=_list_of(float, "--epsilons"),
                    help="ε grid of the k-th search (default 1e-1,...,1e-6)")
     p.add_argument("--results", help="replace this RESULTS.md from its "

@@ -278,6 +278,44 @@ def test_hand_written_mlp_gradients_equal_autograd(norm, task):
     assert not mlp_step.supports(build_model(MODEL_SPECS["digits"], 64, 10, "none", (1, 8, 8)))
 
 
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_mlps_with_different_norms_stack_and_equal_each_run_alone(task):
+    """The study's stack of a partition: one MLP run per activation norm (and input
+    normalizations, i.e. other features), dropout included, two rounds each."""
+    spec = MLPSpec(hidden=(8, 6, 4), dropout=0.25)
+    norms = ["group", "none", "batch", "layer", "instance", "none"]
+    runs = stack_data(len(norms), task)
+    config = TrainConfig(batch_size=4, seed=4)
+    models = [seeded_double_model(spec, 16, task, norm) for norm in norms]
+    stack = StackedRound(models, runs, task, config)
+    assert stack.manual is not None and stack.manual.mixed is not None
+    states = [clone_state(model.state_dict()) for model in models]
+    stacked_losses = []
+    for round_index in range(2):
+        torch.manual_seed(50 + round_index)
+        states, losses = stack(states, round_index)
+        stacked_losses.append(losses)
+    for run, (norm, data) in enumerate(zip(norms, runs, strict=True)):
+        model = seeded_double_model(spec, 16, task, norm)
+        alone = BatchedRound(model, data, task, config)
+        state = clone_state(model.state_dict())
+        for round_index in range(2):
+            torch.manual_seed(50 + round_index)
+            state, loss = alone(state, round_index)
+            assert loss == pytest.approx(stacked_losses[round_index][run], rel=1e-9)
+        assert state.keys() == states[run].keys()
+        for name in state:
+            torch.testing.assert_close(states[run][name], state[name], rtol=1e-9, atol=1e-10)
+
+
+def test_networks_that_differ_beyond_the_norm_do_not_stack():
+    runs = stack_data(2, "regression")
+    models = [seeded_double_model(MLPSpec(hidden=hidden), 16, "regression", "none")
+              for hidden in ((8,), (6,))]
+    with pytest.raises(InputError, match="share their network"):
+        StackedRound(models, runs, "regression", TrainConfig())
+
+
 def test_stacked_training_stops_each_run_as_it_would_stop_alone():
     task, spec = "classification", MLPSpec(hidden=(8, 4), dropout=0.2)
     runs = stack_data(3, task)
@@ -286,7 +324,7 @@ def test_stacked_training_stops_each_run_as_it_would_stop_alone():
              torch.tensor(rng.integers(0, 3, 30))) for r in range(3)]
     config = TrainConfig(batch_size=4, max_rounds=12, patience=2, seed=3)
     models = [seeded_double_model(spec, 16, task, "none") for _ in runs]
-    stacked = train_stacked(models[0], StackedRound(models[0], runs, task, config),
+    stacked = train_stacked(models, StackedRound(models, runs, task, config),
                             [m.state_dict() for m in models], vals, task, config)
     rounds = []
     for data, val, outcome in zip(runs, vals, stacked, strict=True):

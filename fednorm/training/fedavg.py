@@ -51,7 +51,7 @@ from torch.optim.adam import adam
 
 from fednorm.engine.errors import InputError
 from fednorm.training import mlp_step
-from fednorm.training.mlp_step import MLPStep
+from fednorm.training.mlp_step import MixedRuns, MLPStep
 from fednorm.training.models import Dense, FedNet, update_running_stats
 
 State = dict[str, Tensor]
@@ -227,10 +227,19 @@ class StackedRound:
     but the dropout masks, which are drawn once per client and step (the same draws each
     run would make alone: every run starts from the same seed and draws the same shapes).
     A call trains any subset of the runs, so runs that stopped early cost nothing.
+
+    ``model`` is the runs' network, or one network per run: MLPs may then differ in
+    their activation norm (one stack for all the study's normalizations of a partition;
+    see :class:`fednorm.training.mlp_step.MixedRuns`), other networks must be identical.
     """
 
-    def __init__(self, model: FedNet, runs: Sequence[ClientTensors], task: Task,
-                 config: TrainConfig):
+    def __init__(self, model: FedNet | Sequence[FedNet], runs: Sequence[ClientTensors],
+                 task: Task, config: TrainConfig):
+        models = [model] * len(runs) if isinstance(model, FedNet) else list(model)
+        if len(models) != len(runs):
+            raise InputError("one network per stacked run is needed")
+        self.mixed = MixedRuns(models) if all(map(mlp_step.supports, models)) else None
+        model = self.mixed.reference if self.mixed is not None else models[0]
         first = runs[0]
         for other in runs[1:]:
             if other.sizes != first.sizes or not torch.equal(other.y, first.y):
@@ -244,7 +253,7 @@ class StackedRound:
         self.weights = torch.tensor(sizes / sizes.sum(), dtype=first.X.dtype)
         self.offsets = first.offsets
         self.layout = ParamLayout(model)
-        self.manual = MLPStep(model) if mlp_step.supports(model) else None
+        self.manual = MLPStep(model, self.mixed) if self.mixed is not None else None
         self.buffer_names = [name for name, _ in model.named_buffers()]
         self.stat_names = model.running_stat_names()
         self.saved_adam: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
@@ -264,6 +273,7 @@ class StackedRound:
         clients, width = len(self.order), len(runs)
         rows, mask, active = self._padded_plan(round_index)
         features = self.features[:, runs] if width < self.n_runs else self.features
+        states = [self._to_union(run, state) for run, state in zip(runs, states, strict=True)]
         flat = torch.stack([self.layout.flatten(s) for s in states])
         flat = flat.expand(clients, *flat.shape).reshape(clients * width, -1).contiguous()
         buffers = {n: _tile(torch.stack([s[n] for s in states]), clients)
@@ -272,21 +282,27 @@ class StackedRound:
         loss_sum = torch.zeros(clients * width, dtype=flat.dtype)
         for step, k in enumerate(active):
             loss_sum[: k * width] += self._step(
-                flat, adam_state, buffers, features, rows[:k, step], mask[:k, step], width)
+                flat, adam_state, buffers, features, rows[:k, step], mask[:k, step], runs)
         self._keep_adam(runs, adam_state)
         merged = torch.tensordot(self.weights, flat.view(clients, width, -1), dims=1)
         merged_buffers = {n: torch.tensordot(self.weights, b.view(clients, width, *b.shape[1:]),
                                              dims=1) for n, b in buffers.items()}
         run_losses = loss_sum.view(clients, width).sum(0) / sum(self.sizes)
-        return ([{**self.layout.unflatten(merged[r]),
-                  **{n: b[r] for n, b in merged_buffers.items()}} for r in range(width)],
-                [float(loss) for loss in run_losses])
+        return ([self._from_union(run, {**self.layout.unflatten(merged[i]),
+                                        **{n: b[i] for n, b in merged_buffers.items()}})
+                 for i, run in enumerate(runs)], [float(loss) for loss in run_losses])
+
+    def _to_union(self, run: int, state: State) -> State:
+        return state if self.mixed is None else self.mixed.to_union(run, state)
+
+    def _from_union(self, run: int, state: State) -> State:
+        return state if self.mixed is None else self.mixed.from_union(run, state)
 
     def _step(self, flat: Tensor, adam_state: AdamState, buffers: State, features: Tensor,
-              rows: Tensor, mask: Tensor, width: int) -> Tensor:
+              rows: Tensor, mask: Tensor, runs: list[int]) -> Tensor:
         """One mini-batch of the first ``k`` clients of every run; returns each slot's
         summed loss."""
-        k = len(rows)
+        k, width = len(rows), len(runs)
         slots = k * width
         batch = features[rows].transpose(1, 2).reshape(slots, rows.shape[1], -1)
         slot_mask = mask.repeat_interleave(width, dim=0)
@@ -294,7 +310,7 @@ class StackedRound:
         head = {n: b[:slots] for n, b in buffers.items()}
         if self.manual is not None:
             losses, stats, grad = self.manual(self.layout.storage_views(flat[:slots]), batch,
-                                              slot_mask, targets, self.task, width)
+                                              slot_mask, targets, self.task, runs)
         else:
             losses, stats, grad = self._autograd_step(flat[:slots], head, batch, slot_mask,
                                                       targets, width)
@@ -467,7 +483,7 @@ def train_federated(
 
 
 def train_stacked(
-    model: FedNet,
+    models: Sequence[FedNet],
     stack: StackedRound,
     initial: Sequence[State],
     vals: Sequence[tuple[Tensor, Tensor]],
@@ -476,9 +492,10 @@ def train_stacked(
 ) -> list[TrainOutcome]:
     """:func:`train_federated` for every run of ``stack`` at once, each run with its own
     initial weights, validation rows and early stopping; a run that has stopped leaves
-    the stack, so the others' rounds get cheaper."""
-    if not len(initial) == len(vals) == stack.n_runs:
-        raise InputError("one initial state and one validation set per stacked run")
+    the stack, so the others' rounds get cheaper. ``models`` (one per run) evaluate the
+    runs' validation loss."""
+    if not len(models) == len(initial) == len(vals) == stack.n_runs:
+        raise InputError("one network, initial state and validation set per stacked run")
     states = [clone_state(state) for state in initial]
     stoppings = [EarlyStopping(state, config) for state in states]
     for round_index in range(config.max_rounds):
@@ -488,6 +505,7 @@ def train_stacked(
         new_states, train_losses = stack([states[r] for r in running], round_index, running)
         for run, state, train_loss in zip(running, new_states, train_losses, strict=True):
             states[run] = state
-            val_loss = mean_loss(predict(model, state, vals[run][0]), vals[run][1], task)
+            val_loss = mean_loss(predict(models[run], state, vals[run][0]), vals[run][1],
+                                 task)
             stoppings[run].record(round_index, state, train_loss, val_loss)
     return [stopping.outcome for stopping in stoppings]

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fednorm.engine.errors import InputError
 from fednorm.training.models import (
     ChannelNorm,
     Dense,
@@ -33,14 +34,103 @@ from fednorm.training.models import (
     SharedDropout,
 )
 
+State = dict[str, Tensor]
 NORM_LAYERS = (ChannelNorm, MaskedBatchNorm)
+Role = tuple  # ("dense", ordinal, attribute) or ("norm", attribute)
 
 
 def supports(model: FedNet) -> bool:
     """Whether ``model`` is an MLP this module can differentiate by hand."""
     allowed = (Dense, nn.ReLU, SharedDropout, *NORM_LAYERS)
-    return model.image_shape is None and all(isinstance(layer, allowed)
-                                             for layer in model.layers)
+    norms = [layer for layer in model.layers if isinstance(layer, NORM_LAYERS)]
+    return (model.image_shape is None and len(norms) <= 1
+            and all(isinstance(layer, allowed) for layer in model.layers))
+
+
+class MixedRuns:
+    """Stacked MLP runs whose networks differ at most in their activation norm.
+
+    The stack is laid out by a *reference* network (one with a batch norm if any run
+    has one, else one with any norm); a run without some of its parameters or buffers
+    (no norm, or a norm without running statistics) carries the reference's initial
+    values there, which its zero gradients leave untouched and which are dropped again
+    on the way out. Each run's norm is applied to its own slots (:meth:`norm_groups`).
+    """
+
+    def __init__(self, models: list[FedNet]) -> None:
+        if not all(supports(model) for model in models):
+            raise InputError("only MLPs that differ in their activation norm can be mixed")
+        skeletons = {_skeleton(model) for model in models}
+        norm_positions = {p for p in map(_norm_position, models) if p is not None}
+        if len(skeletons) != 1 or len(norm_positions) > 1:
+            raise InputError("stacked runs must share their network but for the norm")
+        self.reference = max(models, key=_reference_rank)
+        reference_roles = _roles(self.reference)
+        self.defaults = {name: tensor.detach().clone()
+                         for name, tensor in self.reference.state_dict().items()}
+        self.names = []  # per run: union name -> the run's own name, or None
+        for model in models:
+            own = _roles(model)
+            self.names.append({name: own.get(role) for role, name in reference_roles.items()})
+        self.norms = [next((layer for layer in model.layers if isinstance(layer, NORM_LAYERS)),
+                           None) for model in models]
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the runs' norms differ (else the reference's layers serve every run)."""
+        return len({_norm_kind(norm) for norm in self.norms}) > 1
+
+    def to_union(self, run: int, state: State) -> State:
+        return {name: state[own] if own is not None else self.defaults[name]
+                for name, own in self.names[run].items()}
+
+    def from_union(self, run: int, state: State) -> State:
+        return {own: state[name] for name, own in self.names[run].items() if own is not None}
+
+    def norm_groups(self, runs: list[int]) -> list[tuple[nn.Module | None, list[int]]]:
+        """The active runs' norms, each with its runs' positions among ``runs``."""
+        groups: dict[tuple, tuple[nn.Module | None, list[int]]] = {}
+        for position, run in enumerate(runs):
+            norm = self.norms[run]
+            groups.setdefault(_norm_kind(norm), (norm, []))[1].append(position)
+        return list(groups.values())
+
+
+def _norm_kind(norm: nn.Module | None) -> tuple:
+    return (type(norm).__name__, getattr(norm, "groups", None))
+
+
+def _reference_rank(model: FedNet) -> int:
+    kinds = {type(layer) for layer in model.layers}
+    return 2 if MaskedBatchNorm in kinds else 1 if kinds & set(NORM_LAYERS) else 0
+
+
+def _skeleton(model: FedNet) -> tuple:
+    """The network without its norm: layer types, parameter shapes, dropout rates."""
+    return tuple((type(layer).__name__, tuple(tuple(p.shape) for p in layer.parameters()),
+                  getattr(layer, "p", None))
+                 for layer in model.layers if not isinstance(layer, NORM_LAYERS))
+
+
+def _norm_position(model: FedNet) -> int | None:
+    """The norm's index among the layers (None without one)."""
+    positions = [i for i, layer in enumerate(model.layers) if isinstance(layer, NORM_LAYERS)]
+    return positions[0] if positions else None
+
+
+def _roles(model: FedNet) -> dict[Role, str]:
+    """Each parameter's and buffer's role (which Dense, or the norm) and its name."""
+    roles: dict[Role, str] = {}
+    dense = 0
+    for index, layer in enumerate(model.layers):
+        tensors = [*layer.named_parameters(), *layer.named_buffers()]
+        if isinstance(layer, Dense):
+            roles.update({("dense", dense, attr): f"layers.{index}.{attr}"
+                          for attr, _ in tensors})
+            dense += 1
+        elif isinstance(layer, NORM_LAYERS):
+            roles.update({("norm", attr): f"layers.{index}.{attr}" for attr, _ in tensors})
+    return roles
 
 
 @dataclass
@@ -58,9 +148,12 @@ class MLPStep:
     """Loss, gradients and batch statistics of one stacked mini-batch, without autograd
     on the Dense layers."""
 
-    def __init__(self, model: FedNet) -> None:
+    def __init__(self, model: FedNet, mixed: MixedRuns | None = None) -> None:
+        """``model`` lays the stack out; ``mixed`` (with ``model`` its reference) gives
+        every run its own norm when the runs' norms differ."""
         self.layers = [(f"layers.{i}", layer) for i, layer in enumerate(model.layers)]
         self.first_dense = next(name for name, layer in self.layers if isinstance(layer, Dense))
+        self.mixed = mixed if mixed is not None and mixed.mixed else None
 
     def __call__(
         self,
@@ -69,11 +162,12 @@ class MLPStep:
         mask: Tensor,
         targets: Tensor,
         task: str,
-        runs: int,
+        runs: list[int],
     ) -> tuple[Tensor, tuple, Tensor]:
         """Each slot's per-row losses (masked), the batch-norm statistics, and the flat
         gradient rows of Σ_slots (mean masked loss) with respect to ``params`` (given and
-        returned in the stored layout: Dense weights (slots, in, out))."""
+        returned in the stored layout: Dense weights (slots, in, out)). ``runs`` are the
+        stacked runs, client-major (slot ``c · len(runs) + i`` is run ``runs[i]``)."""
         saved, stats, output = self._forward(params, x, mask, runs)
         losses, delta = loss_and_gradient(output, targets, mask, task)
         grads = self._backward(saved, params, delta)
@@ -81,7 +175,7 @@ class MLPStep:
         # One concatenation: bmm into strided views of the flat rows copies anyway.
         return losses, tuple(stats), torch.cat([grads[n].reshape(slots, -1) for n in params], 1)
 
-    def _forward(self, params: dict[str, Tensor], x: Tensor, mask: Tensor, runs: int
+    def _forward(self, params: dict[str, Tensor], x: Tensor, mask: Tensor, runs: list[int]
                  ) -> tuple[list[Saved], list, Tensor]:
         saved: list[Saved] = []
         stats: list = []
@@ -96,9 +190,11 @@ class MLPStep:
                 record.tensor = x
             elif isinstance(layer, SharedDropout):
                 if layer.p:
-                    keep = layer.keep_mask(x, runs)
+                    keep = layer.keep_mask(x, len(runs))
                     record.tensor = keep
-                    x = (x.view(keep.shape[0], runs, *x.shape[1:]) * keep).view(x.shape)
+                    x = (x.view(keep.shape[0], len(runs), *x.shape[1:]) * keep).view(x.shape)
+            elif self.mixed is not None:
+                x = self._mixed_norm_forward(name, params, x, mask, record, stats, runs)
             else:
                 x = self._norm_forward(layer, name, params, x, mask, record, stats)
             saved.append(record)
@@ -122,6 +218,59 @@ class MLPStep:
                                       (record.norm_input,))
         record.tensor = out
         return out.detach()
+
+    def _mixed_norm_forward(self, name: str, params: dict[str, Tensor], x: Tensor,
+                            mask: Tensor, record: Saved, stats: list, runs: list[int]
+                            ) -> Tensor:
+        """Each run's own norm (or none) on its slots, as one autograd graph."""
+        assert self.mixed is not None
+        slots, rows, channels = x.shape
+        width = len(runs)
+        clients = slots // width
+        weight = params[f"{name}.weight"].detach().requires_grad_()
+        bias = params[f"{name}.bias"].detach().requires_grad_()
+        record.norm_input = x.detach().requires_grad_()
+        record.norm_params = (weight, bias)
+        per_run = {"x": record.norm_input.view(clients, width, rows, channels),
+                   "weight": weight.view(clients, width, channels),
+                   "bias": bias.view(clients, width, channels)}
+        run_mask = mask.view(clients, width, rows)
+        batch_stats = [torch.zeros(clients, width, channels, dtype=x.dtype),
+                       torch.ones(clients, width, channels, dtype=x.dtype),
+                       torch.ones(clients, width, dtype=x.dtype)]
+        parts, order = [], []
+        with torch.enable_grad():
+            for norm, positions in self.mixed.norm_groups(runs):
+                index = torch.tensor(positions)
+                part = per_run["x"][:, index]
+                if norm is not None:
+                    part = self._group_norm_forward(norm, per_run, run_mask, index, part,
+                                                    batch_stats)
+                parts.append(part)
+                order += positions
+            joined = torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(order))]
+            out = joined.reshape(slots, rows, channels)
+        if any(isinstance(norm, MaskedBatchNorm) for norm in self.mixed.norms):
+            stats.append(tuple(t.reshape(slots, *t.shape[2:]) for t in batch_stats))
+        record.tensor = out
+        return out.detach()
+
+    @staticmethod
+    def _group_norm_forward(norm: nn.Module, per_run: dict[str, Tensor], run_mask: Tensor,
+                            index: Tensor, part: Tensor, batch_stats: list[Tensor]) -> Tensor:
+        """One norm on its runs' slots; batch statistics land in their slots."""
+        clients, count, rows, channels = part.shape
+        params = {key: per_run[key][:, index].reshape(clients * count, channels)
+                  for key in ("weight", "bias")}
+        flat = part.reshape(clients * count, rows, channels)
+        if isinstance(norm, MaskedBatchNorm):
+            mask = run_mask[:, index].reshape(clients * count, rows)
+            out, group_stats = functional_call(norm, params, (flat, mask), strict=False)
+            for full, values in zip(batch_stats, group_stats, strict=True):
+                full[:, index] = values.view(clients, count, *values.shape[1:])
+        else:
+            out = functional_call(norm, params, (flat,))
+        return out.view(clients, count, rows, channels)
 
     def _backward(self, saved: list[Saved], params: dict[str, Tensor], delta: Tensor
                   ) -> dict[str, Tensor]:

@@ -36,7 +36,14 @@ from fednorm.training.fedavg import (
 )
 from fednorm.training.grid import COLUMNS, DATASETS, Cell, ResultStore
 from fednorm.training.metrics import classification_metrics, regression_metrics
-from fednorm.training.models import FedNet, architecture_key, build_model, model_spec
+from fednorm.training.models import (
+    FedNet,
+    MLPSpec,
+    ModelSpec,
+    architecture_key,
+    build_model,
+    model_spec,
+)
 from fednorm.training.normalization import (
     NormalizationSpec,
     NormalizedFederation,
@@ -126,11 +133,17 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     groups: dict[object, list[PreparedRun]] = {}
     for run in prepared:
         if run.normalized is not None:
-            key = architecture_key(spec, run.activation) if _stacking(settings) else id(run)
+            key = _stack_key(spec, run.activation) if _stacking(settings) else id(run)
             groups.setdefault(key, []).append(run)
     for group in groups.values():
         _train_group(dataset, group, settings)
     return [(run.cell, run.row) for run in prepared]
+
+
+def _stack_key(spec: ModelSpec, activation: str) -> object:
+    """Runs with equal keys train in one stack: all MLPs of a partition (they differ at
+    most in their activation norm), identical networks otherwise."""
+    return spec if isinstance(spec, MLPSpec) else architecture_key(spec, activation)
 
 
 def _stacking(settings: RunSettings) -> bool:
@@ -174,7 +187,8 @@ def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettin
         results = [train_and_test(dataset, federations[0], group[0].activation, config,
                                   settings.trainer)]
     else:
-        results = train_and_test_stacked(dataset, federations, group[0].activation, config)
+        results = train_and_test_stacked(dataset, federations,
+                                         [run.activation for run in group], config)
     share = (time.perf_counter() - started) / len(group)
     for run, (outcome, metrics) in zip(group, results, strict=True):
         run.row.update(metrics)
@@ -207,25 +221,27 @@ def train_and_test(
 def train_and_test_stacked(
     dataset: Dataset,
     federations: list[list[ClientData]],
-    activation: str,
+    activations: list[str],
     config: TrainConfig,
 ) -> list[tuple[TrainOutcome, dict[str, float]]]:
     """:func:`train_and_test` for several federations of one partition (same rows and
-    targets, different features) whose networks are identical, trained stacked; each
-    gets the result it would get alone."""
+    targets, different features), each with its activation norm, trained stacked; each
+    gets the result it would get alone. The networks must be identical unless they are
+    MLPs (see :class:`StackedRound`)."""
     assert dataset.task is not None
     task = dataset.task
     evals = [merge_eval(clients) for clients in federations]
     data = [client_tensors(clients, task) for clients in federations]
     # Each run's model as it would be built alone; this also leaves torch's generator
     # where a lone run's training would find it (the dropout draws are shared).
-    models = [seeded_model(dataset, data[0], activation, config.seed) for _ in federations]
+    models = [seeded_model(dataset, data[0], activation, config.seed)
+              for activation in activations]
     outcomes = train_stacked(
-        models[0], StackedRound(models[0], data, task, config),
+        models, StackedRound(models, data, task, config),
         [model.state_dict() for model in models],
         [eval_tensors(val, task) for val, _ in evals], task, config)
-    return [(outcome, score_on_test(models[0], outcome, test, task))
-            for outcome, (_, test) in zip(outcomes, evals, strict=True)]
+    return [(outcome, score_on_test(model, outcome, test, task))
+            for model, outcome, (_, test) in zip(models, outcomes, evals, strict=True)]
 
 
 def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: int) -> FedNet:

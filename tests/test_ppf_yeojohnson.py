@@ -19,7 +19,7 @@ from sklearn.preprocessing import PowerTransformer
 
 from fednorm.engine import ckks
 from fednorm.engine.ckks.compare import composite_sign
-from fednorm.engine.errors import InputError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_yeojohnson as ppf
@@ -273,3 +273,24 @@ def test_ppf_yeojohnson_needs_the_agreed_bound(monkeypatch) -> None:
         simulate([np.ones((3, 1)), np.ones((3, 1))], "yeojohnson", "mhe",
                  FitOptions(preset="test"))
     assert calls == []
+
+
+# -- a misbehaving server ------------------------------------------------------------------
+async def test_parties_refuse_sign_flags_their_data_contradict() -> None:
+    """False flags would break the bound |t| ≤ 1 (and with it the sign's meaning)."""
+    from fednorm.protocols import get_protocol
+    from fednorm.sim.federation import run_federation
+
+    async def lying_server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset, **ppf.setup_arguments(options))
+        await rc.gather(ppf.EncryptedStart)
+        none = np.zeros(1)
+        await rc.broadcast(ppf.Flags(empty=none, negative=none, positive=np.ones(1)))
+        await rc.gather(ppf.EncryptedMoments)  # never comes
+        return crypto
+
+    protocol = get_protocol("yeojohnson", "mhe")
+    cheat = type(protocol)(protocol.name, "yeojohnson", "mhe", lying_server, protocol.party)
+    parts = [np.array([[1.0], [-2.0]]), np.array([[3.0]])]
+    with pytest.raises(ProtocolError, match="contradict"):
+        await run_federation(cheat, parts, FitOptions(preset="test", vabs=(5.0,)), timeout=300)

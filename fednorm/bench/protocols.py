@@ -12,10 +12,11 @@ rows, never the library's own plaintext fit.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,6 +230,22 @@ def run_method(method: str, parts: list[np.ndarray], pooled: np.ndarray, preset:
     return rec
 
 
+def attempt(label: str, failures: list[str], run: Callable[[], RunRecord]
+            ) -> RunRecord | None:
+    """One measured run; a failure is noted (and counted as a step), not raised, so one
+    broken protocol or an exhausted machine at one point costs only that point."""
+    t = time.perf_counter()
+    try:
+        rec = run()
+    except Exception as exc:  # reported in the section's notes
+        failures.append(f"{label} failed after {time.perf_counter() - t:.0f} s: "
+                        f"`{type(exc).__name__}: {exc}`.")
+        step(f"{label} FAILED", time.perf_counter() - t)
+        return None
+    step(f"{label}, {rec.bytes_total / 1e6:.0f} MB", rec.seconds)
+    return rec
+
+
 # -- Table V: totals at P=10 --------------------------------------------------------------
 def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str = "paper",
            command: str = "") -> tuple[Section, list[RunRecord]]:
@@ -239,15 +256,18 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
     present = [m for m in methods if available(m)]
     missing = [m for m in methods if m not in present]
     runs: dict[str, list[RunRecord]] = {m: [] for m in present}
+    failures: list[str] = []
     for rep in range(repeats):
         for method in present:
             eps = TABLE_V_ROBUST_EPSILON if method == "robust" else None
-            rec = run_method(method, parts, pooled, preset, eps)
-            runs[method].append(rec)
-            step(f"Table V {METHOD_NAMES[method]} run {rep + 1}/{repeats}, "
-                 f"{rec.bytes_total / 1e6:.0f} MB", rec.seconds)
+            rec = attempt(f"Table V {METHOD_NAMES[method]} run {rep + 1}/{repeats}", failures,
+                          functools.partial(run_method, method, parts, pooled, preset, eps))
+            if rec:
+                runs[method].append(rec)
     rows, cells = [], []
     for method, recs in runs.items():
+        if not recs:
+            continue
         secs = [r.seconds for r in recs]
         paper = PAPER_TABLE_V_S.get(method, math.nan)
         comparable = preset == "paper" and parties == 10
@@ -265,7 +285,8 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
                       ", ".join(f"{s:.1f}" for s in secs), f"{row['cpu_s']:.1f}",
                       str(row["rounds"]), f"{row['bytes_total'] / 1e6:.0f}",
                       fmt_or_dash(paper, ".0f"), fmt_or_dash(target, ".1f"),
-                      met(row["median_s"], target), _ratio(paper, row["median_s"]),
+                      met(row["median_s"], target),
+                      _ratio(paper, row["median_s"]) if comparable else "–",
                       f"{row['foreign_load']:.2f}",
                       errors_text(row["errors"], row["abs_errors"])])
     notes = [
@@ -282,9 +303,10 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
     ]
     notes += [f"{METHOD_NAMES[m]}: not measured — `get_protocol({m!r}, 'mhe')` is not "
               "registered in this tree." for m in missing]
+    notes += failures
     header = ["protocol, P=" + str(parties), "median s", "runs s", "CPU s", "rounds",
               "MB on the wire", "paper s (Table V)", "target s", "meets target", "vs paper",
-              "foreign load (cores)", "max rel. error"]
+              "foreign load (cores)", "max error: relative (absolute)"]
     section = Section("totals", f"Table V — PPF protocols, total runtime, {parties} parties",
                       rows, [("", header, cells)], notes, meta)
     return finish(section, t0), [r for recs in runs.values() for r in recs]
@@ -310,18 +332,21 @@ def precision(repeats: int, parties: int = 10, preset: str = "paper", command: s
     started, t0 = now()
     meta = section_meta(command, started, load_average())
     errors: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    failures: list[str] = []
     for seed in range(repeats):
         for kind in TABLE_VI_DATA:
             X = synthetic(kind, seed)
             parts = [p.X for p in partition(X, None, parties, "iid", seed=seed)]
             for method, eps, params in PRECISION_CASES:
-                rec = run_method(method, parts, X, preset, eps)
-                for param in params:
+                rec = attempt(f"Table VI {METHOD_NAMES[method]} seed {seed} {kind}", failures,
+                              functools.partial(run_method, method, parts, X, preset, eps))
+                for param in params if rec else ():
                     errors.setdefault((param, kind), []).append(
                         (rec.errors[param], rec.abs_errors[param]))
-                step(f"Table VI {METHOD_NAMES[method]} seed {seed} {kind}", rec.seconds)
+    order = [p for _, _, params in PRECISION_CASES for p in params]
     rows, cells = [], []
-    for (param, kind), values in errors.items():
+    for (param, kind), values in sorted(errors.items(),
+                                        key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
         paper = PAPER_TABLE_VI[param, kind]
         relative = [v[0] for v in values]
         comparable = preset == "paper" and parties == 10
@@ -340,7 +365,8 @@ def precision(repeats: int, parties: int = 10, preset: str = "paper", command: s
              f"{TABLE_VI_MEDIAN_EPSILON:g} (the paper's), so on small-valued data (values "
              "~1e-3) its relative error is bounded by ε / 2 / |median|, not by CKKS noise; the "
              "absolute error column shows the search's ε / 2 bound. Target (issue 3/7): no "
-             "worse than the paper in every cell (judged at the paper preset, P=10 only)."]
+             "worse than the paper in every cell (judged at the paper preset, P=10 only).",
+             *failures]
     header = ["statistic", "data", "max rel. error", "median", "max abs. error",
               "paper (Table VI)", "no worse than paper"]
     return finish(Section("precision", "Table VI — PPF MinMax and robust precision, "
@@ -462,24 +488,17 @@ def scaling(methods: Sequence[str], parties: Sequence[int], preset: str = "paper
     started, t0 = now()
     meta = section_meta(command, started, load_average())
     present = [m for m in methods if available(m)]
-    records, failures = [], []
+    records: list[RunRecord] = []
+    failures: list[str] = []
     for rep in range(repeats):
         for n in parties:
             parts, pooled = bcw_split(n)
             for method in (m for m in present if n <= caps.get(m, n)):
                 eps = TABLE_V_ROBUST_EPSILON if method == "robust" else None
-                t = time.perf_counter()
-                try:  # the largest P is where memory or time may run out: keep the rest
-                    rec = run_method(method, parts, pooled, preset, eps)
-                except Exception as exc:
-                    failures.append(f"{METHOD_NAMES[method]} at P={n} failed after "
-                                    f"{time.perf_counter() - t:.0f} s: "
-                                    f"`{type(exc).__name__}: {exc}`.")
-                    step(f"scaling {METHOD_NAMES[method]} P={n} FAILED", time.perf_counter() - t)
-                    continue
-                records.append(rec)
-                step(f"scaling {METHOD_NAMES[method]} P={n} run {rep + 1}/{repeats}, "
-                     f"{rec.bytes_total / 1e6:.0f} MB", rec.seconds)
+                rec = attempt(f"scaling {METHOD_NAMES[method]} P={n} run {rep + 1}/{repeats}",
+                              failures,
+                              functools.partial(run_method, method, parts, pooled, preset, eps))
+                records += [rec] if rec else []
     rows, cells = [], []
     for method in present:
         for n in parties:
@@ -504,12 +523,12 @@ def scaling(methods: Sequence[str], parties: Sequence[int], preset: str = "paper
              "per point; key generation included. 'MB after key setup' leaves out the "
              "collective key generation's messages, as the paper's formulas do.",
              *(f"{METHOD_NAMES[m]} only up to P={cap}: beyond it, one process holding every "
-               "role runs out of memory (each party's copy of the 25 MB relinearization "
-               "material is queued at once; ~10 GB at P=100, measured)." for m, cap in
-               caps.items() if m in present and cap < max(parties)),
+               "role runs out of memory (every party's copy of the relinearization material, "
+               "25 MB at the paper preset, is queued at once: past 9.5 GB and still growing "
+               "at P=100)." for m, cap in caps.items() if m in present and cap < max(parties)),
              *failures]
     header = ["protocol", "P", "median s", "s per party", "rounds", "MB on the wire",
-              "MB after key setup", "foreign load", "max rel. error"]
+              "MB after key setup", "foreign load", "max error: relative (absolute)"]
     section = Section("scaling", "Totals vs the number of parties", rows,
                       [("", header, cells)], notes, meta)
     return finish(section, t0), records

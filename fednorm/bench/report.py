@@ -36,7 +36,7 @@ from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
 GENERATED_MARKER = "## Part 2 — generated report"
-SECTIONS = ("totals", "precision", "epsilon", "scaling", "micro", "zscore", "noise")
+SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
 
@@ -50,9 +50,9 @@ class BenchPlan:
     parties: int = 10  # Table V / VI
     repeats: int = 2  # runs per Table V protocol and z-score mode
     micro_parties: tuple[int, ...] = (10, 20, 30, 50)
-    micro_repeats: int = 3
-    fast_repeats: int = 9
-    slow_repeats: int = 5
+    micro_repeats: int = 2
+    fast_repeats: int = 7
+    slow_repeats: int = 3
     methods: tuple[str, ...] = ("zscore", "minmax", "robust", "yeojohnson")
     zscore_modes: tuple[str, ...] = ("default", "reveal", "max_count")
     precision_seeds: int = 2  # z-score
@@ -126,6 +126,7 @@ class BenchRun:
     load_after: str = ""
     seconds: float = 0.0
     done: list[str] = field(default_factory=list)  # sections finished so far
+    fednorm: str = ""  # commit and uncommitted changes at the start (the code measured)
 
     @property
     def complete(self) -> bool:
@@ -143,7 +144,7 @@ def run_plan(plan: BenchPlan, progress: Progress | None = None,
     zscore.col_context(plan.preset)
     start, t0 = now()
     run = BenchRun(plan, started=start.strftime("%Y-%m-%d %H:%M UTC"),
-                   load_before=load_average())
+                   load_before=load_average(), fednorm=git_state())
     with reporting(progress or Progress(plan.steps())):
         for name in plan.sections:
             seen = wait_for_quiet(plan.quiet_below, plan.max_wait)
@@ -247,7 +248,7 @@ def render(run: BenchRun, plots: dict[str, str] | None = None, relative_to: str 
              f"{env['ram']} RAM, {env['os']}",
              f"- **versions**: Python {env['python']}, openfhe {env['openfhe']}, numpy "
              f"{env['numpy']}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
-             f"- **fednorm**: {git_state()}",
+             f"- **fednorm**: {run.fednorm} (at the start: the code measured)",
              f"- **load average (1/5/15 min)**: {run.load_before} before, {run.load_after} "
              "after. Each section lists the load it started under, and each row the "
              "*foreign load*: cores kept busy by other processes while it ran (2 cores here;"
@@ -262,8 +263,9 @@ def render(run: BenchRun, plots: dict[str, str] | None = None, relative_to: str 
         for caption, path in plots.items():
             lines += [f"![{caption}]({os.path.relpath(path, relative_to)})", ""]
     lines += [summary(run.sections, plan.parties), ""]
-    for section in run.sections.values():
-        lines.append(section.markdown(level=3, skip=_SHOWN_IN_HEADER))
+    # Communication last: it covers the runs of every section before it.
+    ordered = sorted(run.sections.items(), key=lambda item: item[0] == "communication")
+    lines += [section.markdown(level=3, skip=_SHOWN_IN_HEADER) for _, section in ordered]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -77,6 +77,21 @@ def expected_normalizer(partition_ids: list[int], method: str, privacy: str,
     return simulate(parts, method, privacy, options).normalizer.params()
 
 
+def pooled_training_rows() -> np.ndarray:
+    return np.vstack([load_partition(pid, NODES).X_train for pid in range(NODES)])
+
+
+def check_quartiles_against_numpy(params: dict[str, list[float]], relative_epsilon: float
+                                  ) -> None:
+    """The oracle: numpy's quartiles of the pooled rows, to the rank search's precision
+    (each quartile within ε = relative_epsilon × the feature's range)."""
+    pooled = pooled_training_rows()
+    eps = relative_epsilon * (pooled.max(axis=0) - pooled.min(axis=0))
+    for name, q in zip(("q1", "median", "q3"), (25, 50, 75), strict=True):
+        expected = np.percentile(pooled, q, axis=0)
+        assert np.all(np.abs(np.array(params[name]) - expected) <= eps), name
+
+
 # -- the relay on an in-process Grid: real ClientApp handlers, real party workers ---------
 class LoopbackGrid:
     """A Grid that hands each message straight to its node's ClientApp, in this process.
@@ -143,6 +158,7 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
 
     expected = expected_normalizer([0, 1, 2], "robust", "plain", FitOptions())
     assert fitted.normalizer.params() == expected  # plaintext runs are bit-for-bit
+    check_quartiles_against_numpy(expected, FitOptions().relative_epsilon)
     assert fitted.parties == {1: 9001, 2: 4242, 3: 777}
     assert fitted.flower_rounds == fitted.protocol_rounds + 1  # + the result broadcast
     for context in grid.contexts.values():
@@ -364,6 +380,7 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
     seconds = time.monotonic() - started
 
     check_against_simulation(deployment, document, "robust", "plain", options, rtol=1e-12)
+    check_quartiles_against_numpy(document["params"], options.relative_epsilon)
     assert document["flower_rounds"] == document["protocol_rounds"] + 1  # + the result
     # Step 2 ran: FedAvg on the normalized data learned the task.
     final = document["evaluate"][str(max(map(int, document["evaluate"])))]
@@ -374,12 +391,20 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
 
 
 @pytest.mark.slow
-def test_the_example_app_runs_ppf_robust_scaling_in_flower(
+def test_the_example_app_runs_a_ppf_protocol_in_flower(
     deployment: Deployment, tmp_path: Path,
 ) -> None:
-    options = FitOptions(relative_epsilon=1e-3, preset="test", vabs=(5000.0,))
-    document = run_example(deployment, tmp_path, "robust", "mhe", options, timeout=900,
-                           vabs=5000.0)
-    # CKKS noise differs run to run, within the PPF tolerance (see test_ppf_robust.py).
-    check_against_simulation(deployment, document, "robust", "mhe", options, rtol=1e-6)
+    # PPF z-score: 14 protocol rounds with the test preset.  PPF robust scaling runs the
+    # same way but needs about 50 rounds, each a Flower round of several seconds.
+    options = FitOptions(preset="test")
+    document = run_example(deployment, tmp_path, "zscore", "mhe", options, timeout=900)
+    # CKKS noise differs run to run, within the PPF tolerance (see test_ppf_zscore.py).
+    check_against_simulation(deployment, document, "zscore", "mhe", options, rtol=2e-6)
+    pooled = pooled_training_rows()
+    np.testing.assert_allclose(document["params"]["mean"], pooled.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(document["params"]["var"], pooled.var(axis=0), rtol=1e-6)
+    final = document["evaluate"][str(max(map(int, document["evaluate"])))]
+    assert final["eval-acc"] > 0.9, document["evaluate"]
     wait_until_gone(deployment.pipe_dir)
+    print(f"zscore-mhe in Flower: {document['protocol_rounds']} protocol rounds in "
+          f"{document['flower_rounds']} Flower rounds, {document['seconds']:.1f} s")

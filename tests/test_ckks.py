@@ -9,7 +9,6 @@ Tolerances: a collective decryption at scale 2^50 carries ~1e-6 absolute smudgin
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from fednorm.engine.ckks import (
     COUNT_RANGE,
     CkksContext,
     CkksPreset,
+    DecodeOverflow,
     LevelBudgetError,
     PartyKeys,
     aggregate_boot_shares,
@@ -39,6 +39,7 @@ from fednorm.engine.ckks import (
     inverse,
     local_refresh,
     plan_inverse,
+    serial,
     setup_locally,
     start_bootstrap,
     sum_rotation_indices,
@@ -120,6 +121,37 @@ def test_joint_encryption_aggregates_and_decrypts(fed: Fed, parts: list[np.ndarr
     for values in padded[1:]:
         total = fed.ctx.add(total, fed.encrypt(values))
     np.testing.assert_allclose(fed.decrypt(total, n), sum(padded), atol=FRESH_ABS_TOL)
+
+
+def test_an_upload_at_a_reduced_level_is_smaller_and_still_multiplies(fed: Fed) -> None:
+    """A ciphertext encrypted at ``upload_level(k)`` takes k products, then decrypts."""
+    ctx, rng = fed.ctx, np.random.default_rng(3)
+    a, b = rng.uniform(-1, 1, 16), rng.uniform(1, 2, 16)
+    level = ctx.upload_level(2)
+    ca = ctx.encrypt(fed.joint.public_key, a, level)
+    assert ctx.consumed(ca) == level == ctx.depth - 4
+    assert len(ctx.to_bytes(ca)) < 0.6 * len(ctx.to_bytes(fed.encrypt(a)))  # 5 of 10 towers
+    product = ctx.mul(ctx.mul(ca, fed.consume(fed.encrypt(b), 2)), 0.5)
+    np.testing.assert_allclose(fed.decrypt(ctx.double_scale(product), 16), a * b / 2,
+                               atol=DOUBLED_ABS_TOL)
+    summed = ctx.encrypt(fed.joint.public_key, a, ctx.upload_level(0))
+    np.testing.assert_allclose(fed.decrypt(ctx.double_scale(summed), 16), a,
+                               atol=DOUBLED_ABS_TOL)
+    with pytest.raises(InputError, match="encryption level"):
+        ctx.encrypt(fed.joint.public_key, a, ctx.depth)
+    with pytest.raises(InputError, match="no level for decryption"):
+        ctx.upload_level(ctx.depth - 1)
+
+
+def test_a_product_too_large_to_decode_is_a_decode_overflow(fed: Fed) -> None:
+    """OpenFHE's decoding check fails on large products: a distinct ProtocolError, so a
+    protocol can decrypt again at a smaller public scale."""
+    ctx = fed.ctx
+    big = fed.encrypt(np.full(4, 2.0**30))  # measured: 2^26 squared decodes, 2^28 not
+    with pytest.raises(DecodeOverflow, match="too large"):
+        fed.decrypt(ctx.mul(big, big), 4)
+    scaled = ctx.mul(ctx.mul(big, 2.0**-30), big)
+    np.testing.assert_allclose(fed.decrypt(scaled, 4), 2.0**30, rtol=1e-6)
 
 
 @CRYPTO
@@ -309,7 +341,7 @@ def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> 
     flipped[header + 100] ^= 0xFF  # inside the crypto parameters: would crash OpenFHE
     payload = bytes(flipped[header:])
     # a peer that recomputes the digest still cannot get odd parameters past the template
-    forged = data[:13] + hashlib.blake2b(payload, digest_size=16).digest() + payload
+    forged = data[:13] + serial.payload_digest(payload) + payload
     cases = [
         ("ciphertext", data[:10], "too short"),
         ("ciphertext", b"XXXX" + data[4:], "bad magic"),

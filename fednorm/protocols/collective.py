@@ -24,7 +24,7 @@ each phase — so a party, not just the server, enforces the leakage ledger.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import TypeVar
 
@@ -122,6 +122,8 @@ class ServerCrypto:
     joint: ckks.JointKeys
     bootstraps: int = 0
     decryptions: int = 0
+    relinearized: bool = True
+    rotations: tuple[int, ...] = ()
 
     def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
         return self.ckks.encrypt(self.joint.public_key, values)
@@ -181,9 +183,19 @@ class PartyCrypto:
     ckks: ckks.CkksContext
     keys: ckks.PartyKeys
     public_key: openfhe.PublicKey
+    relinearized: bool = True
+    rotations: tuple[int, ...] = ()
 
-    async def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
-        return await self.rc.run_sync(self.ckks.encrypt, self.public_key, values)
+    async def encrypt(self, values: np.ndarray, level: int = 0) -> openfhe.Ciphertext:
+        """Encrypt under the joint key; ``level`` > 0 for a ciphertext the server only
+        multiplies a few times (:meth:`~fednorm.engine.ckks.CkksContext.upload_level`)."""
+        return await self.rc.run_sync(self.ckks.encrypt, self.public_key, values, level)
+
+    async def encrypt_for_sum(self, values: np.ndarray) -> openfhe.Ciphertext:
+        """Encrypt values the server only adds up and decrypts (counts): at the deepest
+        level that still decrypts, 3 towers (1.6 MB instead of 6.3 MB at the paper
+        preset)."""
+        return await self.encrypt(values, self.ckks.upload_level(0))
 
 
 def _finish_bootstrap(
@@ -208,8 +220,14 @@ async def setup_server(
     """Server side of collective key generation (see the module doc).
 
     Without ``relinearize`` (a protocol that never multiplies two ciphertexts) the
-    third round and its 25 MB-per-party shares are skipped.
+    third round and its 25 MB-per-party shares are skipped.  If ``rc.crypto`` already
+    holds keys of this federation that cover the request (an earlier protocol of the
+    same session, see :func:`reusable`), they are reused and nothing is sent.
     """
+    held = reusable(rc, ServerCrypto, preset, relinearize, rotations)
+    if held is not None:
+        rc.crypto = replace(held, rc=rc, bootstraps=0, decryptions=0)
+        return rc.crypto
     context = shared_context(preset)
     with rc.subprotocol("setup"):
         lead = await rc.receive(LEAD, LeadKeys)
@@ -234,13 +252,22 @@ async def setup_server(
                                       [round2[p].share for p in rc.parties])
             context.install_relin_key(relin, joint.tag)
         await rc.broadcast(SetupDone())
-    return ServerCrypto(rc, context, joint)
+    rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
+                             rotations=tuple(rotations))
+    return rc.crypto
 
 
 async def setup_party(
     rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = ()
 ) -> PartyCrypto:
-    """Party side of collective key generation; the secret key stays in ``PartyKeys``."""
+    """Party side of collective key generation; the secret key stays in ``PartyKeys``.
+
+    Reuses the keys in ``rc.crypto`` under the same rule as :func:`setup_server`.
+    """
+    held = reusable(rc, PartyCrypto, preset, relinearize, rotations)
+    if held is not None:
+        rc.crypto = replace(held, rc=rc)
+        return rc.crypto
     context = shared_context(preset)
     with rc.subprotocol("setup"):
         lead = None if rc.me == LEAD else await rc.receive(SERVER, LeadKeys)
@@ -263,7 +290,31 @@ async def setup_party(
                                       _required(joint.relin_round1, "relin"))
             await rc.send(SERVER, RelinRound2(share=share))
         await rc.receive(SERVER, SetupDone)
-    return PartyCrypto(rc, context, keys, joint.public_key)
+    rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
+                            rotations=tuple(rotations))
+    return rc.crypto
+
+
+C = TypeVar("C", ServerCrypto, PartyCrypto)
+
+
+def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
+             rotations: Sequence[int]) -> C | None:
+    """The keys ``rc.crypto`` holds, if they are ``kind`` for ``preset`` and cover the
+    relinearization key and rotations asked for; else None (run the setup).
+
+    Collective key generation is the most expensive step of a short protocol (37% of
+    PPF z-score at P=10), and the joint keys do not depend on the data: a federation
+    that runs several protocols in one session (:func:`fednorm.sim.federation.
+    simulate_session`) generates them once.  Server and parties decide alike, since they
+    ran the same earlier protocols.
+    """
+    held = rc.crypto
+    if not isinstance(held, kind) or held.ckks.preset.name != preset:
+        return None
+    if relinearize and not held.relinearized:
+        return None
+    return held if set(rotations) <= set(held.rotations) else None
 
 
 def _required(share: T | None, what: str) -> T:

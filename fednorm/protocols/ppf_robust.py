@@ -91,7 +91,7 @@ class EncryptedCountAggregator:
 
     async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
         assert isinstance(self._crypto, PartyCrypto)
-        ct = await self._crypto.encrypt(counts)
+        ct = await self._crypto.encrypt_for_sum(counts)
         await ctx.send(SERVER, EncryptedCounts(counts=ct, width=len(counts)))
         self._decryptions_owed = 1
 
@@ -120,8 +120,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     X = ppf_minmax.check_minmax_input(check_party_data(X), options)
     crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options))
     width = X.shape[1]
-    await rc.send(SERVER, EncryptedCounts(counts=await crypto.encrypt(feature_counts(X)),
-                                          width=width))
+    await rc.send(SERVER, EncryptedCounts(
+        counts=await crypto.encrypt_for_sum(feature_counts(X)), width=width))
     await serve_until(crypto, PooledCounts, decryptions=1)
     await ppf_minmax.minmax_party(crypto, X, options)
     await kth_party(rc, SortedColumns(X), EncryptedCountAggregator(crypto))

@@ -50,6 +50,8 @@ from fednorm.protocols.zscore import deviation_sums
 
 MAX_ABS_VALUE = 2.0**40
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
+COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
+COARSE_DECRYPTIONS = 2  # so a party helps decrypt a coarse pass at most twice
 
 
 @message("ppf_zscore.encrypted_sums")
@@ -143,7 +145,7 @@ async def _precise_quotient(
 ) -> np.ndarray:
     """numerator / n_g per feature, in two passes (coarse, then at per-feature scales)."""
     rc = crypto.rc
-    coarse = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
     scales = power_of_two_scales(coarse)
     await rc.broadcast(Scales(scales=scales))
     rescaled = await rc.gather(EncryptedVector)
@@ -166,6 +168,25 @@ def power_of_two_scales(coarse: np.ndarray) -> np.ndarray:
     return np.ldexp(1.0, (QUOTIENT_EXPONENT - exponents).astype(np.int64))
 
 
+async def _coarse_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext,
+    scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
+) -> np.ndarray:
+    """The coarse pass: numerator / n_g, decrypted once more at 2^-COARSE_SHIFT if too
+    large to decode (quotients beyond ~2^40, e.g. variances of values beyond ~1e6).
+
+    The second decryption reveals the same quotient, scaled by a public constant.
+    Shifting the numerator *before* the product keeps the product's noise small; the
+    shifted pass resolves quotients of ~2^14 … 2^54 (measured), enough for the scales.
+    """
+    try:
+        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    except ckks.DecodeOverflow:
+        shifted = await crypto.rc.run_sync(crypto.ckks.mul, numerator, 2.0**-COARSE_SHIFT)
+        quotient = await _decrypt_quotient(crypto, shifted, scaled_inverse, width, options)
+        return quotient * 2.0**COARSE_SHIFT
+
+
 async def _decrypt_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext,
     scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
@@ -185,9 +206,12 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
+    counts = feature_counts(X)
     await rc.send(SERVER, EncryptedSums(
-        total=await crypto.encrypt(total), count=await crypto.encrypt(feature_counts(X)),
-        width=width))
+        total=await crypto.encrypt(total, numerator_level(crypto.ckks)),
+        # An encrypted-inverse count needs every level; a revealed one is only decrypted.
+        count=await (crypto.encrypt_for_sum(counts) if options.reveal_counts
+                     else crypto.encrypt(counts)), width=width))
     count_reveals = 1 if options.reveal_counts else 0
     await _precise_quotient_party(crypto, total, width, extra_decryptions=count_reveals)
     # The precise pass is decrypted before the result of each phase arrives.
@@ -195,7 +219,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
                            width, "mean from the server")
 
     squared, _ = deviation_sums(X, mean)
-    await rc.send(SERVER, EncryptedVector(values=await crypto.encrypt(squared)))
+    await rc.send(SERVER, EncryptedVector(
+        values=await crypto.encrypt(squared, numerator_level(crypto.ckks))))
     await _precise_quotient_party(crypto, squared, width)
     result = await serve_until(crypto, PpfZScoreResult, decryptions=1)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
@@ -206,11 +231,21 @@ async def _precise_quotient_party(
     crypto: PartyCrypto, local: np.ndarray, width: int, extra_decryptions: int = 0
 ) -> None:
     """Party side of a two-pass quotient: help decrypt the coarse pass, re-encrypt scaled."""
-    scales = await serve_until(crypto, Scales, decryptions=1 + extra_decryptions)
+    scales = await serve_until(crypto, Scales,
+                               decryptions=COARSE_DECRYPTIONS + extra_decryptions)
     factors = as_float_vector(scales.scales, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
         raise InputError("the server sent invalid scales")
-    await crypto.rc.send(SERVER, EncryptedVector(values=await crypto.encrypt(local * factors)))
+    await crypto.rc.send(SERVER, EncryptedVector(
+        values=await crypto.encrypt(local * factors, numerator_level(crypto.ckks))))
+
+
+def numerator_level(context: ckks.CkksContext) -> int:
+    """The level parties encrypt numerators at: the server multiplies each twice (by the
+    inverse count, then by 1/max_count) before decrypting it, so the towers a fresh
+    ciphertext carries beyond that are dead weight on the wire (5 of 12 kept at the
+    paper preset; the count, inverted in depth, stays at full level)."""
+    return context.upload_level(2)
 
 
 register("zscore", "mhe", server, party)

@@ -12,6 +12,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import trio
@@ -85,6 +86,15 @@ def root_cause(group: BaseExceptionGroup) -> BaseException:
     return (causes or leaves or [group])[0]
 
 
+@dataclass
+class FederationKeys:
+    """What each role kept from earlier protocol runs of one federation: its joint CKKS
+    keys (``RoleContext.crypto``), so a PPF protocol run after another reuses them
+    instead of generating new ones (:func:`fednorm.protocols.collective.reusable`)."""
+
+    by_role: dict[int, Any] = field(default_factory=dict)
+
+
 async def run_federation(
     protocol: Protocol,
     party_data: Sequence[np.ndarray],
@@ -92,8 +102,13 @@ async def run_federation(
     *,
     timeout: float | None = 120.0,
     session: str | None = None,
+    keys: FederationKeys | None = None,
 ) -> SimulationResult:
-    """Run ``protocol`` with one party per array, all in this trio run."""
+    """Run ``protocol`` with one party per array, all in this trio run.
+
+    With ``keys`` (shared by several runs over the same party arrays) every role starts
+    with what it kept from the previous run and keeps what it holds after this one.
+    """
     arrays = check_federation_data(party_data)
     options = options or FitOptions()
     session = session or secrets.token_hex(8)
@@ -103,7 +118,8 @@ async def run_federation(
 
     def context(me: int, links: dict) -> RoleContext:
         return RoleContext(me, links, session, protocol=protocol.name, timeout=timeout,
-                           worker_limiter=limiter)
+                           worker_limiter=limiter,
+                           crypto=keys.by_role.get(me) if keys is not None else None)
 
     server_ctx = context(SERVER, server_links)
     party_ctxs = {p: context(p, {SERVER: party_links[p]}) for p in party_ids}
@@ -124,6 +140,9 @@ async def run_federation(
     except BaseExceptionGroup as group:
         raise root_cause(group) from None
     seconds = time.perf_counter() - started
+    if keys is not None:
+        keys.by_role[SERVER] = server_ctx.crypto
+        keys.by_role.update({p: party_ctxs[p].crypto for p in party_ids})
 
     traffic = {role_name(SERVER): server_ctx.stats}
     traffic.update({role_name(p): party_ctxs[p].stats for p in party_ids})
@@ -143,3 +162,25 @@ def simulate(
     protocol = get_protocol(method, privacy)
     check_federation_data(party_data)
     return trio.run(lambda: run_federation(protocol, party_data, options, timeout=timeout))
+
+
+def simulate_session(
+    party_data: Sequence[np.ndarray],
+    methods: Sequence[str],
+    privacy: str = "mhe",
+    options: FitOptions | None = None,
+    *,
+    timeout: float | None = 120.0,
+) -> list[SimulationResult]:
+    """Fit several methods in turn over the same federation, generating the joint keys
+    once: a later PPF protocol reuses them when they cover its needs (put the method
+    needing the most keys first, e.g. ``robust`` or ``minmax`` before ``zscore``)."""
+    protocols = [get_protocol(method, privacy) for method in methods]
+    check_federation_data(party_data)
+    keys = FederationKeys()
+
+    async def run_all() -> list[SimulationResult]:
+        return [await run_federation(protocol, party_data, options, timeout=timeout, keys=keys)
+                for protocol in protocols]
+
+    return trio.run(run_all)

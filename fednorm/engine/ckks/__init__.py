@@ -27,6 +27,7 @@ with collective bootstraps through a ``refresh`` callback; bytes: ``CkksContext.
 
 from fednorm.engine.ckks.collective import (
     BootRound,
+    DecodeOverflow,
     aggregate_boot_shares,
     aggregate_decrypt_shares,
     aggregate_public_key,
@@ -81,6 +82,7 @@ __all__ = [
     "CkksContext",
     "CkksPreset",
     "ComparePlan",
+    "DecodeOverflow",
     "InversePlan",
     "JointKeys",
     "LevelBudgetError",

@@ -155,7 +155,20 @@ def aggregate_decrypt_shares(ctx: CkksContext, joint: JointKeys, ct: openfhe.Cip
     try:
         return ctx.raw.MultipartyDecryptFusion(list(shares))
     except RuntimeError as exc:
+        if _DECODE_OVERFLOW in str(exc):
+            raise DecodeOverflow(f"decrypted values too large to decode: {exc}") from None
         raise ProtocolError(f"decryption shares do not fuse: {exc}") from None
+
+
+_DECODE_OVERFLOW = "approximation error is too high"
+
+
+class DecodeOverflow(ProtocolError):
+    """The shares fused, but OpenFHE's decoding check failed: the ciphertext's noise is
+    too large for its scale. Measured after a ciphertext-ciphertext product: quotients of
+    2^42 and above (test preset; the noise grows with the values), so the caller may
+    decrypt again at a public smaller scale; nothing else was learned.
+    """
 
 
 def fuse_decryption(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext,

@@ -125,10 +125,32 @@ class CkksContext:
             padded[:arr.size] = arr
         return self.raw.MakeCKKSPackedPlaintext(padded, 1, level)
 
-    def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray) -> Ciphertext:
-        """Encrypt ``values`` (padded to all slots) under ``public_key``."""
+    def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray,
+                level: int = 0) -> Ciphertext:
+        """Encrypt ``values`` (padded to all slots) under ``public_key``.
+
+        ``level`` > 0 encrypts with that many towers dropped, for a ciphertext the server
+        will multiply only a few times (see :meth:`upload_level`): smaller and faster to
+        make, send and parse (paper preset: level 7 is 2.6 MB instead of 6.3 MB), with
+        the same absolute noise as a fresh full-level encryption.
+        """
         self.check_same_context(public_key, "public key")
-        return self.raw.Encrypt(public_key, self.encode(values))
+        if not 0 <= level < self.depth:
+            raise InputError(f"encryption level {level} outside [0, {self.depth - 1}]")
+        return self.raw.Encrypt(public_key, self.encode(values, level))
+
+    def upload_level(self, products: int) -> int:
+        """The deepest level to encrypt at for a ciphertext that is multiplied
+        ``products`` times (each a level) and then collectively decrypted.
+
+        Decryption compresses to 3 towers and doubles the scale (one level, see
+        :meth:`double_scale`); measured at the paper preset, a quotient formed from a
+        level-7 upload by two products decrypts with the same relative error (~5e-8)
+        as one from a full-level upload.
+        """
+        if not 0 <= products <= self.depth - 2:
+            raise InputError(f"{products} products leave no level for decryption")
+        return self.depth - products - 2
 
     def decode(self, plaintext: openfhe.Plaintext, n: int) -> np.ndarray:
         """The first ``n`` real parts of a decrypted plaintext."""

@@ -6,7 +6,7 @@ parameters) *kills the process* with SIGFPE inside the deserializer. So a payloa
 in a small frame and is checked in this order, each failure a :class:`ProtocolError`:
 
 1. magic, kind byte and preset fingerprint (wrong type / object made under another preset);
-2. a BLAKE2b digest of the payload (truncation, corruption in transit);
+2. a SHA-256 digest of the payload (truncation, corruption in transit);
 3. a *template* check: the leading bytes (cereal headers + crypto parameters, identical for
    every object of a kind in one context) must equal those of a locally made reference
    object, so OpenFHE only ever parses parameters it produced itself;
@@ -78,8 +78,15 @@ def frame(obj: Any, fingerprint: bytes) -> bytes:
     """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring)."""
     kind = kind_of(obj)
     payload = openfhe.Serialize(obj, openfhe.BINARY)
-    digest = hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest()
-    return b"".join((_HEADER.pack(MAGIC, kind.code, fingerprint, digest), payload))
+    header = _HEADER.pack(MAGIC, kind.code, fingerprint, payload_digest(payload))
+    return b"".join((header, payload))
+
+
+def payload_digest(payload: bytes) -> bytes:
+    """The frame's integrity digest: SHA-256, truncated. Every byte on the wire goes
+    through it twice (sender, receiver); SHA-256 runs on the CPU's SHA extensions,
+    measured 2x faster than BLAKE2b here (a 25 MB key share: 117 vs 240 ms under load)."""
+    return hashlib.sha256(payload).digest()[:_DIGEST_BYTES]
 
 
 def digest_of(data: bytes) -> bytes | None:
@@ -107,7 +114,7 @@ def unframe(kind_name: str, data: bytes, fingerprint: bytes) -> bytes:
     if their_print != fingerprint:
         raise ProtocolError(f"{kind_name} was made under another CKKS preset")
     payload = bytes(data[_HEADER.size:])
-    if hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest() != digest:
+    if payload_digest(payload) != digest:
         raise ProtocolError(f"malformed {kind_name}: digest mismatch (corrupted or truncated)")
     return payload
 

@@ -75,7 +75,6 @@ def handle_message(message: Message, context: Context, load_data: DataLoader) ->
 
 
 def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
-    who = f"party {request.party} (node {context.node_id})"
     try:
         path = pipe_path(context.node_id, context.run_id, request.session)
         packet = {"session": request.session, "party": request.party,
@@ -86,13 +85,13 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         reply = _exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
     except (FednormError, OSError) as exc:
-        return Answer(request.session, "failed", error=f"{who}: {type(exc).__name__}: {exc}")
+        return Answer(request.session, "failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def _exchange(path: Path, packet: dict[str, object], timeout: float) -> dict[str, object]:
     try:
         return exchange(path, packet, timeout)
-    except (ConnectionRefusedError, FileNotFoundError, ConnectionError) as exc:
+    except (FileNotFoundError, ConnectionError) as exc:
         # Nobody listens any more: a worker that was killed leaves its socket behind.
         with suppress(FileNotFoundError):
             path.unlink()

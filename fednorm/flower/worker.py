@@ -131,16 +131,24 @@ class PartyWorker:
         self._link = RelayLink()
         self._outcome = Outcome()
         self._setup: Setup | None = None
+        self._between_runs = trio.CancelScope()
 
     async def serve(self) -> Outcome:
         async with trio.open_nursery() as nursery:
             while not self._outcome.finished:
-                with trio.fail_after(self._timeout):
-                    stream = await self._listener.accept()
+                stream = await self._next_run()
+                if stream is None:  # the role ended between two ClientApp runs
+                    break
                 async with stream:
                     await self._serve_turn(stream, nursery)
             nursery.cancel_scope.cancel()
         return self._outcome
+
+    async def _next_run(self) -> trio.SocketStream | None:
+        """The next ClientApp run's connection; None if the role ends while waiting."""
+        with trio.fail_after(self._timeout), trio.CancelScope() as self._between_runs:
+            return await self._listener.accept()
+        return None
 
     async def _serve_turn(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         with trio.fail_after(self._timeout):
@@ -157,8 +165,9 @@ class PartyWorker:
 
     def _check_same_session(self, request: dict[str, Any]) -> None:
         assert self._setup is not None
-        if request.get("session") != self._setup.session or request.get("party") != \
-                self._setup.party:
+        same = (request.get("session"), request.get("party")) == (self._setup.session,
+                                                                    self._setup.party)
+        if not same:
             raise ProtocolError("a ClientApp run relayed frames of another session or party")
 
     def _answer(self) -> dict[str, Any]:
@@ -183,6 +192,7 @@ class PartyWorker:
         finally:
             self._outcome.finished = True
             self._link.turn_over.set()
+            self._between_runs.cancel()  # no-op during a turn: that scope has exited
 
 
 async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:

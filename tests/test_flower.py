@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,6 +139,7 @@ def pipe_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield directory
     for pid in worker_processes(directory):  # only if a test failed half-way
         os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def loopback(load: Callable[[Context], np.ndarray]) -> LoopbackGrid:
@@ -330,6 +332,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 proc.wait()
             with _suppress_lookup():
                 os.killpg(proc.pid, signal.SIGKILL)  # whatever Flower left in the group
+        shutil.rmtree(pipe_dir, ignore_errors=True)
 
 
 class _suppress_lookup:

@@ -308,6 +308,24 @@ def test_mlps_with_different_norms_stack_and_equal_each_run_alone(task):
             torch.testing.assert_close(states[run][name], state[name], rtol=1e-9, atol=1e-10)
 
 
+def test_a_mixed_stack_goes_on_when_only_runs_without_a_norm_are_left():
+    task, spec = "regression", MLPSpec(hidden=(8, 4))
+    runs = stack_data(3, task)
+    config = TrainConfig(batch_size=4, seed=1)
+    models = [seeded_double_model(spec, 16, task, norm) for norm in ("batch", "none", "none")]
+    stack = StackedRound(models, runs, task, config)
+    states = [clone_state(model.state_dict()) for model in models]
+    states, _ = stack(states, 0)
+    left, _ = stack(states[1:], 1, [1, 2])  # the batch-norm run has stopped
+    model = seeded_double_model(spec, 16, task, "none")
+    alone = BatchedRound(model, runs[2], task, config)
+    state = clone_state(model.state_dict())
+    for round_index in range(2):
+        state, _ = alone(state, round_index)
+    for name in state:
+        torch.testing.assert_close(left[1][name], state[name], rtol=1e-9, atol=1e-10)
+
+
 def test_networks_that_differ_beyond_the_norm_do_not_stack():
     runs = stack_data(2, "regression")
     models = [seeded_double_model(MLPSpec(hidden=hidden), 16, "regression", "none")

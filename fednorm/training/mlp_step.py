@@ -292,8 +292,13 @@ class MLPStep:
                              ).view(delta.shape)
             else:
                 assert record.norm_input is not None and record.norm_params is not None
-                d_input, d_weight, d_bias = torch.autograd.grad(
-                    record.tensor, [record.norm_input, *record.norm_params], delta)
+                inputs = [record.norm_input, *record.norm_params]
+                # A mixed stack whose runs with a norm have all stopped early no longer
+                # uses the norm's parameters: their gradient is zero.
+                d_input, d_weight, d_bias = (
+                    torch.zeros_like(tensor) if grad is None else grad
+                    for tensor, grad in zip(inputs, torch.autograd.grad(
+                        record.tensor, inputs, delta, allow_unused=True), strict=True))
                 grads[f"{name}.weight"], grads[f"{name}.bias"] = d_weight, d_bias
                 delta = d_input
         return grads

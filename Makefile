@@ -21,9 +21,10 @@ $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# The study's tests train models: they need the train extra (torch) on top of dev.
+# The study's tests train models (train extra: torch) and the Flower tests run a local
+# Flower deployment (flower extra), on top of dev.
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
-	$(PY) -m pip install -q -e '.[dev,train]'
+	$(PY) -m pip install -q -e '.[dev,train,flower]'
 	touch $@
 
 # PPF MinMax, robust scaling and Yeo-Johnson need a bound V_abs on |x| that the parties agree

@@ -67,7 +67,8 @@ weighted by |p|, so probes whose sign drowns in noise barely count.
 only where |D| < 1e-7·K: near the maximizer, where llf is flat, or far out where the
 transformed data are nearly constant relative to the bounds. Measured on BCW with
 V_abs = 1.5·max|x| (search driven by t plus 1e-8 noise): llf within 2e-6 nats of the
-pooled maximum in all 30 features; under encryption (test preset, P = 10) within 1e-6.
+pooled maximum in all 30 features; under encryption (P = 10) within 3e-9 (λ within
+1.1e-5 relative) at the test preset, 1.5e-9 (7.8e-6) at the paper preset.
 Where the pooled transformed data are nearly constant compared with the V_abs bounds
 everywhere (data far inside [−V_abs, V_abs]), t is below the noise at every probe and
 the search lands anywhere in that flat region: choose V_abs close to the data's bound.

@@ -256,9 +256,9 @@ def _no_encryption(monkeypatch) -> list[int]:
     calls: list[int] = []
     encrypt = PartyCrypto.encrypt
 
-    async def counting(self, values):
+    async def counting(self, *args, **kwargs):
         calls.append(1)
-        return await encrypt(self, values)
+        return await encrypt(self, *args, **kwargs)
 
     monkeypatch.setattr(PartyCrypto, "encrypt", counting)
     return calls

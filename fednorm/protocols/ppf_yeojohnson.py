@@ -73,6 +73,11 @@ Where the pooled transformed data are nearly constant compared with the V_abs bo
 everywhere (data far inside [−V_abs, V_abs]), t is below the noise at every probe and
 the search lands anywhere in that flat region: choose V_abs close to the data's bound.
 
+**Cost.** Per round one collective bootstrap of the four means, the sign's refreshes
+(5 at the paper preset, 9 at the test preset, with 8 + 2 stages) and one decryption;
+before the rounds, the count inverse (3–4 bootstraps) and ⟨E[s̃]⟩ (1). Collective
+bootstraps dominate both time and bytes.
+
 **Conventions** (as :mod:`yeojohnson`). A feature without values gets λ = 1 and NaN mean
 and variance. A feature whose transformed pooled variance comes out below
 (:data:`CONSTANT_RTOL`·mean)² + :data:`CONSTANT_ATOL`² is constant: λ = 1, mean = its

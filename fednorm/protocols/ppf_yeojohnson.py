@@ -76,8 +76,7 @@ the search lands anywhere in that flat region: choose V_abs close to the data's 
 **Cost.** Per round one collective bootstrap of the four means, the sign's refreshes
 (5 at the paper preset, 9 at the test preset, with 8 + 2 stages) and one decryption;
 before the rounds, the count inverse (2 bootstraps at the paper preset, 4 at the test
-preset) and ⟨E[s̃]⟩ (1). Collective
-bootstraps dominate both time and bytes.
+preset) and ⟨E[s̃]⟩ (1). Collective bootstraps dominate both time and bytes.
 
 **Conventions** (as :mod:`yeojohnson`). A feature without values gets λ = 1 and NaN mean
 and variance. A feature whose transformed pooled variance comes out below

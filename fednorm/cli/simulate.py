@@ -135,7 +135,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reveal-counts", action="store_true",
                    help="mhe: decrypt the pooled counts instead of inverting them encrypted")
     p.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
-    p.add_argument("--vabs", help="mhe minmax/robust: agreed bound on |x|, one value or one "
-                                  "per feature separated by commas")
+    p.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one value "
+                                  "or one per feature separated by commas")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=simulate_command)

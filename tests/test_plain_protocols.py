@@ -56,11 +56,11 @@ def test_minmax_equals_pooled_extremes_exactly(fed: Federation) -> None:
 
 
 @SETTINGS
-@given(federations(), st.sampled_from([None, 1e-3]))
+@given(federations(), st.sampled_from([None, 1e-3]), st.sampled_from([1, 2, 7]))
 def test_robust_quartiles_equal_robust_scaler_within_epsilon(
-    fed: Federation, epsilon: float | None
+    fed: Federation, epsilon: float | None, probes: int
 ) -> None:
-    options = FitOptions(epsilon=epsilon)
+    options = FitOptions(epsilon=epsilon, rank_probes=probes)
     result = simulate(fed.parts, "robust", options=options).normalizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -89,9 +89,36 @@ def test_robust_matches_sklearn_robust_scaler_on_bcw() -> None:
                                rtol=1e-6, atol=1e-6)
 
 
-def test_gap_rule_returns_a_value_between_the_middle_order_statistics() -> None:
+def test_multi_probe_search_needs_fewer_rounds_for_the_same_precision() -> None:
+    from fednorm.sim.datasets import load_dataset
+    from fednorm.sim.partition import partition
+
+    data = load_dataset("bcw")
+    parts = [p.X for p in partition(data.X, data.y, 5, "iid", seed=0)]
+    eps = 1e-9 * (data.X.max(axis=0) - data.X.min(axis=0))
+    expected = np.percentile(data.X, [25, 50, 75], axis=0)
+    rounds = {}
+    for probes in (1, 15):
+        result = simulate(parts, "robust", options=FitOptions(rank_probes=probes))
+        fitted = result.normalizer
+        for got, want in zip((fitted.q1, fitted.median, fitted.q3), expected, strict=True):
+            assert np.all(np.abs(got - want) <= eps)
+        rounds[probes] = result.report.rounds
+    # 30 bits of bracket: ~30 search rounds by bisection, ~8 with 15 probes (4 bits each).
+    assert rounds[15] <= rounds[1] - 20
+
+
+@pytest.mark.parametrize("probes", [0, 256])
+def test_rank_probes_out_of_range_is_an_input_error(probes: int) -> None:
+    with pytest.raises(InputError, match="rank_probes"):
+        FitOptions(rank_probes=probes)
+
+
+@pytest.mark.parametrize("probes", [1, 3])
+def test_gap_rule_returns_a_value_between_the_middle_order_statistics(probes: int) -> None:
     parts = [np.array([[1.0], [2.0]]), np.array([[10.0], [20.0]])]
-    median = simulate(parts, "robust", options=FitOptions(quantile_rule="gap")).normalizer.median
+    options = FitOptions(quantile_rule="gap", rank_probes=probes)
+    median = simulate(parts, "robust", options=options).normalizer.median
     assert 2.0 <= median[0] < 10.0  # interpolation would give exactly 6.0
     interpolated = simulate(parts, "robust").normalizer.median
     assert abs(interpolated[0] - 6.0) <= 1e-9 * 19

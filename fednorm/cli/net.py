@@ -16,7 +16,8 @@ from typing import TypeVar
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.protocols import METHODS, FitOptions
+from fednorm.cli.options import add_fit_options, fit_options
+from fednorm.protocols import METHODS
 from fednorm.remote import (
     Party,
     PartyConfig,
@@ -59,7 +60,7 @@ def serve_command(args: argparse.Namespace) -> int:
     host, port = parse_address(args.bind)
     config = ServerConfig(
         host, port, parties=args.parties, method=args.method, certs=args.certs,
-        privacy=args.privacy, options=FitOptions(epsilon=args.epsilon, preset=args.preset),
+        privacy=args.privacy, options=fit_options(args),
         timeouts=_timeouts(args), sessions=None if args.keep_serving else args.sessions,
         out=args.out,
     )
@@ -122,9 +123,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--parties", type=int, required=True)
     serve.add_argument("--method", choices=METHODS, required=True)
     serve.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
-    serve.add_argument("--preset", choices=("test", "paper"), default="paper",
-                       help="CKKS parameters for --privacy mhe")
-    serve.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
+    add_fit_options(serve)
     serve.add_argument("--certs", type=Path, required=True, metavar="DIR")
     serve.add_argument("--out", type=Path, metavar="DIR", help="write params.json here")
     sessions = serve.add_mutually_exclusive_group()

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fednorm.engine.errors import InputError
-from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
+from fednorm.cli.options import add_fit_options, fit_options
+from fednorm.protocols import METHODS, Normalizer, fit_local
 from fednorm.sim.datasets import load_dataset
 from fednorm.sim.federation import SimulationResult, simulate
 from fednorm.sim.partition import SplitSpec, partition
@@ -50,8 +50,7 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
 
 def simulate_command(args: argparse.Namespace) -> int:
     split = SplitSpec.parse(args.split)
-    options = FitOptions(epsilon=args.epsilon, preset=args.preset,
-                         reveal_counts=args.reveal_counts, vabs=parse_vabs(args.vabs))
+    options = fit_options(args)
     dataset = load_dataset(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
     result = simulate([p.X for p in parts], args.method, args.privacy, options)
@@ -107,16 +106,6 @@ def _human_report(
     return "\n".join(lines)
 
 
-def parse_vabs(text: str | None) -> tuple[float, ...] | None:
-    """``--vabs 1000`` (all features) or ``--vabs 10,2.5,1e6`` (one per feature)."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise InputError(f"--vabs takes numbers separated by commas, not {text!r}") from None
-
-
 def _privacy_label(args: argparse.Namespace) -> str:
     return f"mhe, {args.preset} preset" if args.privacy == "mhe" else args.privacy
 
@@ -130,12 +119,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--method", choices=METHODS, default="zscore")
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
-    p.add_argument("--preset", choices=("test", "paper"), default="paper",
-                   help="CKKS parameters for --privacy mhe")
-    p.add_argument("--reveal-counts", action="store_true",
-                   help="mhe: decrypt the pooled counts instead of inverting them encrypted")
-    p.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
-    p.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one value "
-                                  "or one per feature separated by commas")
+    add_fit_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=simulate_command)

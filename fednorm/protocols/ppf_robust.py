@@ -39,12 +39,11 @@ from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.rank import (
     RankDone,
     RankProbe,
-    RankSearch,
     SortedColumns,
-    feature_epsilon,
     kth_party,
     kth_server,
     plan_quantiles,
+    start_search,
 )
 from fednorm.protocols.robust import QUARTILES, RobustResult
 
@@ -108,7 +107,7 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
     await rc.broadcast(PooledCounts(count=count))
     low, high = await ppf_minmax.minmax_server(crypto, width, options)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
-    search = RankSearch(plan, count, low, high, feature_epsilon(low, high, options))
+    search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
     values = await kth_server(rc, search, EncryptedCountAggregator(crypto))
     quartiles = plan.combine(values)
     quartiles[:, count == 0] = np.nan

@@ -7,6 +7,11 @@ sums decide which half holds x_(k).  All features and all ranks are searched in
 the same rounds, and a target stops once its bracket is narrower than its ε, so
 the answer is within ε/2 of x_(k) after at most ⌈log2(range/ε)⌉ rounds.
 
+Multi-probe search (``FitOptions.rank_probes`` = K > 1): each round probes K points
+evenly inside each bracket instead of its midpoint, and the bracket shrinks to the cell
+where the count crosses k, K + 1 times narrower; ⌈log_{K+1}(range/ε)⌉ rounds, at the
+price of K revealed counts per target and round.  K = 1 is the paper's bisection.
+
 :class:`RankSearch` is the sans-IO state machine; the plaintext and encrypted
 protocols only differ in how the per-round counts get summed.
 
@@ -115,6 +120,18 @@ def feature_epsilon(low: np.ndarray, high: np.ndarray, options: FitOptions) -> n
     return np.maximum((high - low) * options.relative_epsilon, np.finfo(np.float64).tiny)
 
 
+def start_search(
+    plan: QuantilePlan, counts: np.ndarray, low: np.ndarray, high: np.ndarray,
+    options: FitOptions, max_points: int | None = None,
+) -> RankSearch:
+    """The search for ``plan`` with the options' ε and probes per target, capped so that a
+    round's points fit ``max_points`` (one ciphertext's slots, under encryption)."""
+    probes = options.rank_probes
+    if max_points is not None and len(plan.features):
+        probes = max(1, min(probes, max_points // len(plan.features)))
+    return RankSearch(plan, counts, low, high, feature_epsilon(low, high, options), probes)
+
+
 class RankSearch:
     """Server-side state of Algorithm 4 for many (feature, rank) targets at once."""
 
@@ -125,8 +142,12 @@ class RankSearch:
         low: np.ndarray,
         high: np.ndarray,
         epsilon: np.ndarray,
+        probes: int = 1,
     ) -> None:
+        if probes < 1:
+            raise ValueError(f"probes must be at least 1, got {probes}")
         f = plan.features
+        self.probes = probes
         self.features = f
         self.ranks = plan.ranks
         self.gap = plan.gap
@@ -155,28 +176,46 @@ class RankSearch:
         self._finish(self.hi - self.lo <= self.epsilon, (self.lo + self.hi) / 2)
 
     def probe(self) -> RankProbe:
-        """Midpoints of the open targets' brackets."""
+        """K points evenly inside each open target's bracket (K = 1: its midpoint),
+        target by target."""
         open_ = ~self.done
-        return RankProbe(features=self.features[open_],
-                         points=(self.lo[open_] + self.hi[open_]) / 2)
+        return RankProbe(features=np.repeat(self.features[open_], self.probes),
+                         points=self._points(open_).ravel())
+
+    def _points(self, open_: np.ndarray) -> np.ndarray:
+        """(open targets, K) probe points; lo·(1 − w) + hi·w cannot overflow and gives
+        exactly (lo + hi) / 2 for K = 1."""
+        weights = np.arange(1, self.probes + 1) / (self.probes + 1)
+        return self.lo[open_, None] * (1 - weights) + self.hi[open_, None] * weights
 
     def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
-        """Narrow the open brackets with the pooled counts of values ≤ each midpoint."""
+        """Narrow the open brackets with the pooled counts of values ≤ each probe point."""
         open_ = np.flatnonzero(~self.done)
-        if len(at_most) != len(open_):
-            raise ProtocolError(f"expected {len(open_)} counts, got {len(at_most)}")
+        if len(at_most) != len(open_) * self.probes:
+            raise ProtocolError(
+                f"expected {len(open_) * self.probes} counts, got {len(at_most)}")
         self.rounds += 1
-        middle = probe.points
-        k = self.ranks[open_]
-        in_gap = self.gap[open_] & (at_most == k)
+        points = np.asarray(probe.points, dtype=np.float64).reshape(len(open_), self.probes)
+        counts = np.asarray(at_most).reshape(len(open_), self.probes)
+        k = self.ranks[open_, None]
+        rows = np.arange(len(open_))
+        # Gap rule: a probe with exactly k values at or below it lies in [x_(k), x_(k+1)).
+        exact = self.gap[open_, None] & (counts == k)
+        in_gap = exact.any(axis=1)
         accepted = np.zeros(len(self.done), dtype=bool)
         accepted[open_[in_gap]] = True
         value = np.zeros(len(self.done))
-        value[open_] = middle
+        value[open_] = points[rows, exact.argmax(axis=1)]
         self._finish(accepted, value)
-        go_down = at_most >= k
-        self.hi[open_] = np.where(go_down & ~in_gap, middle, self.hi[open_])
-        self.lo[open_] = np.where(~go_down & ~in_gap, middle, self.lo[open_])
+        # x_(k) lies in the cell before the first probe with at least k values at or below.
+        reached = counts >= k
+        first = np.where(reached.any(axis=1), reached.argmax(axis=1), self.probes)
+        new_hi = np.where(first < self.probes, points[rows, np.minimum(first, self.probes - 1)],
+                          self.hi[open_])
+        new_lo = np.where(first > 0, points[rows, np.maximum(first - 1, 0)], self.lo[open_])
+        keep = ~in_gap
+        self.hi[open_] = np.where(keep, new_hi, self.hi[open_])
+        self.lo[open_] = np.where(keep, new_lo, self.lo[open_])
         self._finish_narrow()
 
 

@@ -23,12 +23,11 @@ from fednorm.protocols.base import (
 from fednorm.protocols.minmax import local_extremes
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.rank import (
-    RankSearch,
     SortedColumns,
-    feature_epsilon,
     kth_party,
     kth_server,
     plan_quantiles,
+    start_search,
 )
 
 QUARTILES = (0.25, 0.5, 0.75)
@@ -58,7 +57,7 @@ async def server(ctx: RoleContext, options: FitOptions) -> RobustNormalizer:
     low = gathered_vectors(summaries, "min", len(count)).min(axis=0)
     high = gathered_vectors(summaries, "max", len(count)).max(axis=0)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
-    search = RankSearch(plan, count, low, high, feature_epsilon(low, high, options))
+    search = start_search(plan, count, low, high, options)
     values = await kth_server(ctx, search)
     quartiles = plan.combine(values)
     quartiles[:, count == 0] = np.nan

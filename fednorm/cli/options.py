@@ -1,0 +1,40 @@
+"""The protocol options both ``fednorm simulate`` and ``fednorm serve`` take, parsed once.
+
+The server of a multi-host run sends its options to the parties in the welcome, so the
+parties check their data against the same V_abs and search with the same ε.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions
+
+
+def add_fit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=("test", "paper"), default="paper",
+                        help="CKKS parameters for --privacy mhe")
+    parser.add_argument("--reveal-counts", action="store_true",
+                        help="mhe: decrypt the pooled counts instead of inverting them encrypted")
+    parser.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
+    parser.add_argument("--rank-probes", type=int, default=1, metavar="K",
+                        help="robust: points probed per quantile and round (default 1, the "
+                             "paper's bisection; K reveals K counts a round, needs fewer rounds)")
+    parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
+                                       "value or one per feature separated by commas")
+
+
+def fit_options(args: argparse.Namespace) -> FitOptions:
+    return FitOptions(epsilon=args.epsilon, preset=args.preset, rank_probes=args.rank_probes,
+                      reveal_counts=args.reveal_counts, vabs=parse_vabs(args.vabs))
+
+
+def parse_vabs(text: str | None) -> tuple[float, ...] | None:
+    """``--vabs 1000`` (all features) or ``--vabs 10,2.5,1e6`` (one per feature)."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"--vabs takes numbers separated by commas, not {text!r}") from None

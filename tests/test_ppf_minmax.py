@@ -41,6 +41,16 @@ def _assert_within_bound(parts, options, fitted) -> None:
     assert np.all(np.abs(fitted.max - want_max)[~empty] <= tolerance[~empty])
 
 
+def _relative_errors(parts, options) -> tuple[np.ndarray, np.ndarray]:
+    """Fit PPF MinMax, check it against the bound, and return its relative errors
+    (min, max) per feature against the pooled extremes."""
+    fitted = simulate(parts, "minmax", "mhe", options).normalizer
+    _assert_within_bound(parts, options, fitted)
+    pooled = np.vstack(parts)
+    return (np.abs(fitted.min / np.min(pooled, axis=0) - 1),
+            np.abs(fitted.max / np.max(pooled, axis=0) - 1))
+
+
 @st.composite
 def federations(draw: st.DrawFn) -> tuple[list[np.ndarray], np.ndarray]:
     """2–10 parties, some with one row, values of either sign and any scale, some NaN."""
@@ -72,11 +82,7 @@ def test_default_precision_on_large_and_small_values() -> None:
     small = [rng.uniform(1e-4, 1e-3, (12, 2)) * [1, -1] for _ in range(2)]
     parts = [np.hstack(pair) for pair in zip(large, small, strict=True)]
     options = FitOptions(preset="test", vabs=(1e6, 1e6, 1.0, 1.0))
-    fitted = simulate(parts, "minmax", "mhe", options).normalizer
-    _assert_within_bound(parts, options, fitted)
-    pooled = np.vstack(parts)
-    rel_min = np.abs(fitted.min / np.min(pooled, axis=0) - 1)
-    rel_max = np.abs(fitted.max / np.max(pooled, axis=0) - 1)
+    rel_min, rel_max = _relative_errors(parts, options)
     assert np.all(rel_min[:2] < 1e-9) and np.all(rel_max[:2] < 1e-9)
     assert np.all(rel_min[2:] < 1e-4) and np.all(rel_max[2:] < 1e-4)
 
@@ -190,11 +196,7 @@ def test_ppf_minmax_at_the_paper_preset_with_ten_parties() -> None:
     parts = [np.hstack([rng.uniform(1e5, 1e6, (20, 2)) * [1, -1],
                         rng.uniform(1e-4, 1e-3, (20, 2)) * [1, -1]]) for _ in range(10)]
     options = FitOptions(preset="paper", vabs=(1e6, 1e6, 1.0, 1.0))
-    fitted = simulate(parts, "minmax", "mhe", options).normalizer
-    _assert_within_bound(parts, options, fitted)
-    pooled = np.vstack(parts)
-    rel_min = np.abs(fitted.min / np.min(pooled, axis=0) - 1)
-    rel_max = np.abs(fitted.max / np.max(pooled, axis=0) - 1)
+    rel_min, rel_max = _relative_errors(parts, options)
     # the paper's Table VI: min 2.92e-9 / 1.78e-4, max 1.27e-8 / 4.64e-4
     assert np.all(rel_min[:2] <= 2.92e-9) and np.all(rel_max[:2] <= 1.27e-8)
     assert np.all(rel_min[2:] <= 1.78e-4) and np.all(rel_max[2:] <= 4.64e-4)

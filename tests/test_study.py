@@ -123,6 +123,19 @@ def test_experiment_runs_once_and_a_rerun_adds_nothing(tmp_path, capsys):
     assert "0 runs finished" in capsys.readouterr().out
 
 
+def test_an_encrypted_experiment_records_its_privacy_and_protocol_cost(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "mhe.csv"
+    flags = ["--datasets", "bcw", "--skews", "iid", "--clients", "3", "--seeds", "0",
+             "--normalizations", "federated_zscore", "--max-rounds", "1", "--out", str(out)]
+    assert main(["experiment", *flags, "--privacy", "mhe", "--ckks-preset", "test"]) == 0
+    assert main(["experiment", *flags]) == 0
+    encrypted, plain = read_rows(out)
+    assert (encrypted["privacy"], encrypted["status"], plain["privacy"]) == ("mhe", "ok", "plain")
+    assert int(encrypted["norm_bytes"]) > 10 * int(plain["norm_bytes"])
+    assert abs(float(encrypted["test_f1"]) - float(plain["test_f1"])) < 0.02
+
+
 def test_stacked_and_one_at_a_time_experiments_record_the_same_results(tmp_path):
     """A partition's runs train in one stack by default; --no-stack trains each alone.
 

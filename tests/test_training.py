@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fednorm.engine.errors import InputError  # noqa: E402
-from fednorm.protocols import METHODS  # noqa: E402
+from fednorm.protocols import METHODS, FitOptions  # noqa: E402
 from fednorm.sim.datasets import load_dataset  # noqa: E402
 from fednorm.training import mlp_step  # noqa: E402
 from fednorm.training.data import make_clients, merge_eval  # noqa: E402
@@ -36,6 +36,7 @@ from fednorm.training.normalization import (  # noqa: E402
     PAPER_NORMALIZATIONS,
     NormalizationSpec,
     normalize_clients,
+    study_bound,
 )
 
 
@@ -115,6 +116,29 @@ def test_local_normalization_differs_from_federated_under_feature_skew(bcw):
     np.testing.assert_allclose(pooled_train.mean(axis=0), 0, atol=1e-9)
     assert np.abs(federated[3].X_train.mean(axis=0)).max() > 0.05
     assert not np.allclose(local[3].X_test, federated[3].X_test, atol=1e-3)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_federated_normalization_under_mhe_equals_the_pooled_fit(bcw, method):
+    """The study's ``--privacy mhe`` runs the encrypted protocols (test preset), with the
+    derived V_abs where the method needs one, and lands on the pooled fit."""
+    clients = make_clients(bcw, 3, "quantity:0.7", seed=4)
+    options = FitOptions(preset="test", relative_epsilon=1e-7)
+    spec = NormalizationSpec("federated", method)
+    encrypted = normalize_clients(clients, spec, "mhe", options)
+    plain = normalize_clients(clients, spec, "plain", options)
+    pooled = normalize_clients(clients, NormalizationSpec("pooled", method)).clients
+    assert encrypted.bytes > 10 * plain.bytes  # ciphertexts crossed the wire, not plain sums
+    for mine, oracle in zip(encrypted.clients, pooled, strict=True):
+        np.testing.assert_allclose(mine.X_test, oracle.X_test, rtol=1e-3, atol=1e-3)
+
+
+def test_the_study_bound_is_the_power_of_two_above_every_clients_largest_value():
+    clients = make_clients(load_dataset("bcw"), 4, "label:0.5", seed=0)
+    largest = np.max([np.abs(c.X_train).max(axis=0) for c in clients], axis=0)
+    bound = np.array(study_bound(clients))
+    assert np.all(bound >= largest) and np.all(bound < 2 * largest)
+    np.testing.assert_array_equal(np.log2(bound), np.round(np.log2(bound)))
 
 
 def test_data_is_untouched_without_data_normalization(bcw):

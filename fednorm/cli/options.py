@@ -1,4 +1,4 @@
-"""The protocol options both ``fednorm simulate`` and ``fednorm serve`` take, parsed once.
+"""The protocol options ``fednorm simulate``, ``serve`` and ``experiment`` take, parsed once.
 
 The server of a multi-host run sends its options to the parties in the welcome, so the
 parties check their data against the same V_abs and search with the same ε.
@@ -12,9 +12,12 @@ from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 
 
-def add_fit_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=("test", "paper"), default="paper",
-                        help="CKKS parameters for --privacy mhe")
+def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--preset",
+                    vabs_default: str = "") -> None:
+    """``preset_flag`` names the CKKS preset option (``experiment`` has its own
+    ``--preset``); ``vabs_default`` is added to the V_abs help."""
+    parser.add_argument(preset_flag, dest="ckks_preset", choices=("test", "paper"),
+                        default="paper", help="CKKS parameters for --privacy mhe")
     parser.add_argument("--reveal-counts", action="store_true",
                         help="mhe: decrypt the pooled counts instead of inverting them encrypted")
     parser.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
@@ -22,11 +25,12 @@ def add_fit_options(parser: argparse.ArgumentParser) -> None:
                         help="robust: points probed per quantile and round (default 1, the "
                              "paper's bisection; K reveals K counts a round, needs fewer rounds)")
     parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
-                                       "value or one per feature separated by commas")
+                                       "value or one per feature separated by commas"
+                                       + vabs_default)
 
 
 def fit_options(args: argparse.Namespace) -> FitOptions:
-    return FitOptions(epsilon=args.epsilon, preset=args.preset, rank_probes=args.rank_probes,
+    return FitOptions(epsilon=args.epsilon, preset=args.ckks_preset, rank_probes=args.rank_probes,
                       reveal_counts=args.reveal_counts, vabs=parse_vabs(args.vabs))
 
 

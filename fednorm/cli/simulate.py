@@ -107,7 +107,7 @@ def _human_report(
 
 
 def _privacy_label(args: argparse.Namespace) -> str:
-    return f"mhe, {args.preset} preset" if args.privacy == "mhe" else args.privacy
+    return f"mhe, {args.ckks_preset} preset" if args.privacy == "mhe" else args.privacy
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

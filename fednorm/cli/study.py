@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.engine.errors import InputError
 from fednorm.training.grid import PRESETS, GridRequest, ResultStore, build_grid
 
@@ -40,6 +41,7 @@ def experiment_command(args: argparse.Namespace) -> int:
     )
     cells = build_grid(request)
     _check_positive(args)
+    options = fit_options(args)
     out = args.out or Path("results") / f"{args.preset if not args.datasets else 'experiment'}.csv"
     if args.dry_run:
         return _dry_run(cells, out)
@@ -52,6 +54,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, max_rounds=args.max_rounds, patience=args.patience,
         batch_size=args.batch_size, trainer=args.trainer,
         persist_optimizer=args.persist_optimizer, threads=args.threads, stack=not args.no_stack,
+        fit_options=options,
     )
     # `kill <pid>` then stops the workers too, and leaves the results file complete.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -106,6 +109,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=_integers, help="default 0,1,2")
     p.add_argument("--privacy", default="plain", choices=("plain", "mhe"),
                    help="protocols for federated_<m> (mhe: CKKS, slow)")
+    add_fit_options(p, preset_flag="--ckks-preset",
+                    vabs_default=" (default: per feature, the power of two above the largest "
+                    "|x| any client holds)")
     p.add_argument("--out", type=Path, help="results CSV (default results/<preset>.csv)")
     p.add_argument("--data-dir", help="folder with hcv.csv, parkinsons_updrs.csv, mnist/, "
                    "cifar-10-batches-py/ (default: the repository's ../shared/datasets)")

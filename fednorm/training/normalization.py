@@ -12,12 +12,20 @@
   normalization, the model gets that activation normalization layer instead.
 
 ``m`` is one of zscore, minmax, robust, yeojohnson. Torch-free.
+
+Under ``mhe``, PPF MinMax, robust scaling and Yeo-Johnson need V_abs, a bound on |x|
+the parties agree on in advance (in a real federation from domain knowledge, such as
+a dataset's published ranges). A study run that gives none gets
+:func:`study_bound`: per feature, the power of two at or above the largest |x| any
+client holds. It is a public protocol parameter, not a result: the statistics
+themselves still come from the encrypted protocol.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -32,6 +40,8 @@ Kind = Literal["none", "local", "federated", "pooled", "activation"]
 DATA_KINDS: tuple[Kind, ...] = ("local", "federated", "pooled")
 ACTIVATION_NORMS = ("batch", "layer", "group", "instance")
 PRIVACY_MODES = ("plain", "mhe")
+# PPF protocols that clip or scale by the agreed bound V_abs.
+NEEDS_VABS = ("minmax", "robust", "yeojohnson")
 
 # The paper's 13 (Fig. 2): no normalization, local and federated versions of the four
 # data normalizations, and the four activation normalizations.
@@ -110,6 +120,8 @@ def normalize_clients(
         ]
         return NormalizedFederation(normalized, time.perf_counter() - started)
     if spec.kind == "federated":
+        if privacy == "mhe" and spec.method in NEEDS_VABS:
+            options = with_study_bound(options, clients)
         result = simulate([c.X_train for c in clients], spec.method, privacy, options)
         normalizer, rounds, n_bytes = result.normalizer, result.report.rounds, \
             result.report.bytes_total
@@ -120,3 +132,23 @@ def normalize_clients(
     return NormalizedFederation(
         normalized, time.perf_counter() - started, rounds, n_bytes, normalizer
     )
+
+
+def with_study_bound(options: FitOptions | None, clients: list[ClientData]) -> FitOptions:
+    """``options`` with V_abs set to :func:`study_bound` unless it already has one."""
+    options = options or FitOptions()
+    if options.vabs is not None:
+        return options
+    return replace(options, vabs=study_bound(clients))
+
+
+def study_bound(clients: list[ClientData]) -> tuple[float, ...]:
+    """Per feature, the smallest power of two ≥ the largest |x| of any client's
+    training rows (1 for a feature that is zero everywhere).
+
+    Each client contributes only its own maximum; rounding up to a power of two keeps
+    the bound from pinning the federation's extreme value.
+    """
+    largest = np.max([np.nanmax(np.abs(c.X_train), axis=0, initial=0.0) for c in clients],
+                     axis=0)
+    return tuple(2.0 ** math.ceil(math.log2(v)) if v > 0 else 1.0 for v in largest)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions
 from fednorm.sim.datasets import Dataset, load_dataset
 from fednorm.training.data import ClientData, EvalSet, make_clients, merge_eval
 from fednorm.training.fedavg import (
@@ -70,6 +71,7 @@ class RunSettings:
     persist_optimizer: bool = False
     threads: int = 1
     stack: bool = True  # train a partition's same-architecture runs together
+    fit_options: FitOptions | None = None  # protocol options of federated_<m> (ε, CKKS preset…)
 
     def train_config(self, dataset: str, seed: int) -> TrainConfig:
         defaults = DATASETS.get(dataset)
@@ -128,7 +130,7 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     except InputError as exc:  # e.g. a skew that cannot give every client two rows
         seconds = time.perf_counter() - started
         return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]
-    prepared = [_prepare(cell, dataset, clients) for cell in cells]
+    prepared = [_prepare(cell, dataset, clients, settings.fit_options) for cell in cells]
     spec = model_spec(dataset.name, dataset.image_shape)
     groups: dict[object, list[PreparedRun]] = {}
     for run in prepared:
@@ -150,11 +152,12 @@ def _stacking(settings: RunSettings) -> bool:
     return settings.stack and settings.trainer == "batched"
 
 
-def _prepare(cell: Cell, dataset: Dataset, clients: list[ClientData]) -> PreparedRun:
+def _prepare(cell: Cell, dataset: Dataset, clients: list[ClientData],
+             options: FitOptions | None) -> PreparedRun:
     started = time.perf_counter()
     spec = NormalizationSpec.parse(cell.normalization)
     try:
-        normalized = normalize_clients(clients, spec, cell.privacy)
+        normalized = normalize_clients(clients, spec, cell.privacy, options)
     except InputError as exc:
         return PreparedRun(cell, _error_row(cell, dataset, exc, time.perf_counter() - started),
                            None)

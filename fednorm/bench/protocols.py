@@ -61,12 +61,11 @@ from fednorm.protocols.ppf_robust import (
     pooled_counts,
 )
 from fednorm.protocols.rank import (
-    RankSearch,
     SortedColumns,
-    feature_epsilon,
     kth_party,
     kth_server,
     plan_quantiles,
+    start_search,
 )
 from fednorm.sim.datasets import load_dataset
 from fednorm.sim.federation import SimulationResult, run_federation
@@ -397,7 +396,7 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
         count = await pooled_counts(crypto)
         await rc.broadcast(PooledCounts(count=count))
         plan = plan_quantiles(count, (0.5,), options.quantile_rule)
-        search = RankSearch(plan, count, low, high, feature_epsilon(low, high, options))
+        search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
         started = time.perf_counter()
         values = await kth_server(rc, search, EncryptedCountAggregator(crypto))
         timing.seconds, timing.rounds = time.perf_counter() - started, search.rounds

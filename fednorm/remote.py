@@ -164,7 +164,6 @@ def abort_reason(me: int, exc: BaseException) -> str:
 def options_to_wire(options: FitOptions) -> dict[str, Any]:
     """The server's options as a welcome carries them; unsendable options are bad input."""
     wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)}
-    wire["extra"] = dict(options.extra)
     try:
         msgpack.packb(wire, use_bin_type=True)
     except (TypeError, ValueError) as exc:

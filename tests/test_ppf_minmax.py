@@ -22,8 +22,8 @@ CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast,
 SLOP = 1e-12  # float64 rounding of the affine maps, relative to V_abs
 
 
-def _options(vabs, extra=CHEAP, preset="test") -> FitOptions:
-    return FitOptions(preset=preset, vabs=tuple(np.atleast_1d(vabs).tolist()), extra=extra)
+def _options(vabs, knobs=CHEAP, preset="test") -> FitOptions:
+    return FitOptions(preset=preset, vabs=tuple(np.atleast_1d(vabs).tolist()), **knobs)
 
 
 def _assert_within_bound(parts, options, fitted) -> None:
@@ -150,9 +150,9 @@ def test_bad_or_violated_vabs_is_an_input_error_before_encryption(monkeypatch, v
 def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
     _no_encryption(monkeypatch)
     parts = [np.ones((2, 1)), np.ones((2, 1))]
-    for extra in ({"minmax_bits": 80}, {"minmax_passes": 0}, {"minmax_bits": "many"}):
+    for knobs in ({"minmax_bits": 80}, {"minmax_passes": 0}, {"minmax_bits": "many"}):
         with pytest.raises(InputError):
-            simulate(parts, "minmax", "mhe", _options((2.0,), extra))
+            simulate(parts, "minmax", "mhe", _options((2.0,), knobs))
 
 
 # -- leakage ledger ----------------------------------------------------------------------------

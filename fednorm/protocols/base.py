@@ -9,7 +9,7 @@ the simulator, the TCP runner and the CLI pick protocols by name.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -42,6 +42,9 @@ class FitOptions:
 
     PPF (``mhe``) protocols use ``preset`` (CKKS parameters), ``max_count`` (the largest
     pooled per-feature count the encrypted inverse supports) and ``reveal_counts``.
+    Their comparison precisions default (None) to each protocol's own: ``minmax_bits``
+    and ``minmax_passes`` (PPF MinMax: bits per comparison, passes over narrowing
+    windows), ``yeojohnson_sign_bits`` (PPF Yeo-Johnson: the sign of the derivative).
     """
 
     epsilon: float | None = None
@@ -52,7 +55,9 @@ class FitOptions:
     reveal_counts: bool = False
     max_count: int = 2**20
     preset: str = "paper"
-    extra: Mapping[str, object] = field(default_factory=dict)
+    minmax_bits: float | None = None
+    minmax_passes: int | None = None
+    yeojohnson_sign_bits: float | None = None
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not self.epsilon > 0:

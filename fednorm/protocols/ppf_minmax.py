@@ -106,19 +106,19 @@ class MinMaxExtremes(Message):
 # -- settings, bounds, layout ---------------------------------------------------------------
 @dataclass(frozen=True)
 class MinMaxSettings:
-    """Precision knobs, read from ``FitOptions.extra``: ``minmax_bits`` (per comparison,
-    see :func:`~fednorm.engine.ckks.plan_compare`) and ``minmax_passes``."""
+    """Precision knobs, from ``FitOptions.minmax_bits`` (per comparison, see
+    :func:`~fednorm.engine.ckks.plan_compare`) and ``FitOptions.minmax_passes``."""
 
     bits: float = DEFAULT_BITS
     passes: int = DEFAULT_PASSES
 
     @classmethod
     def from_options(cls, options: FitOptions) -> MinMaxSettings:
-        bits = options.extra.get("minmax_bits", DEFAULT_BITS)
-        passes = options.extra.get("minmax_passes", DEFAULT_PASSES)
-        if not isinstance(passes, int) or not 1 <= passes <= 4:
+        bits = DEFAULT_BITS if options.minmax_bits is None else options.minmax_bits
+        passes = DEFAULT_PASSES if options.minmax_passes is None else options.minmax_passes
+        if not isinstance(passes, int) or isinstance(passes, bool) or not 1 <= passes <= 4:
             raise InputError(f"minmax_passes must be an integer in 1..4, got {passes!r}")
-        if not isinstance(bits, (int, float)):
+        if not isinstance(bits, (int, float)) or isinstance(bits, bool):
             raise InputError(f"minmax_bits must be a number, got {bits!r}")
         return cls(float(bits), passes)
 

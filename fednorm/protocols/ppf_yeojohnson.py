@@ -111,7 +111,6 @@ from fednorm.protocols.collective import (
 )
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
 from fednorm.protocols.ppf_minmax import vabs_vector
-from fednorm.protocols.zscore import deviation_sums
 
 PROBES = 255
 """λ's probed per feature and round (fewer when features × probes exceed a slot block)."""
@@ -131,7 +130,7 @@ MAX_TRANSFORMED = ppf_zscore.MAX_ABS_VALUE
 """|yj(x, λ)| the PPF z-score of the transformed data accepts."""
 
 DEFAULT_SIGN_BITS = 20
-"""Precision of the composite sign (``FitOptions.extra["yeojohnson_sign_bits"]``)."""
+"""Precision of the composite sign (``FitOptions.yeojohnson_sign_bits`` overrides it)."""
 
 CONSTANT_RTOL = 1e-6
 CONSTANT_ATOL = 1e-9
@@ -330,7 +329,8 @@ def search_rounds(widths: np.ndarray, probes: int, tolerance: float = TOLERANCE)
 
 
 def sign_plan(options: FitOptions) -> ComparePlan:
-    bits = options.extra.get("yeojohnson_sign_bits", DEFAULT_SIGN_BITS)
+    bits = options.yeojohnson_sign_bits
+    bits = DEFAULT_SIGN_BITS if bits is None else bits
     if not isinstance(bits, (int, float)) or isinstance(bits, bool):
         raise InputError(f"yeojohnson_sign_bits must be a number, got {bits!r}")
     return ckks.plan_compare(float(bits))
@@ -550,7 +550,7 @@ class _Pooled:
 async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     start = await rc.gather(EncryptedStart)
-    width = ppf_zscore._agreed_width(start)
+    width = ppf_zscore.agreed_width(start)
     flags = await _sign_flags(crypto, start, width)
     await rc.broadcast(Flags(empty=flags.empty.astype(np.float64),
                              negative=flags.negative.astype(np.float64),
@@ -651,19 +651,11 @@ async def _soft_signs(crypto: ServerCrypto, moments: openfhe.Ciphertext, pooled:
 
 async def _zscore_server(crypto: ServerCrypto, pooled: _Pooled, width: int,
                          options: FitOptions) -> tuple[np.ndarray, np.ndarray]:
-    """PPF z-score (both two-pass quotients) of the transformed data on this setup."""
-    rc = crypto.rc
-    inverse = await _refined_inverse(crypto, pooled)
-    sums = await rc.gather(ppf_zscore.EncryptedVector)
+    """PPF z-score of the transformed data on this setup, with the refined inverse."""
+    sums = await crypto.rc.gather(ppf_zscore.EncryptedVector)
     total = await crypto.add_all({p: m.values for p, m in sums.items()})
-    mean = await ppf_zscore._precise_quotient(
-        crypto, total, inverse, width, options)
-    await rc.broadcast(ppf_zscore.PpfMean(mean=mean))
-    squares = await rc.gather(ppf_zscore.EncryptedVector)
-    squared = await crypto.add_all({p: m.values for p, m in squares.items()})
-    var = np.maximum(await ppf_zscore._precise_quotient(
-        crypto, squared, inverse, width, options), 0.0)
-    return mean, var
+    return await ppf_zscore.pooled_moments(crypto, total, await _refined_inverse(crypto, pooled),
+                                           width, options)
 
 
 async def _constant_values(crypto: ServerCrypto, pooled: _Pooled, constant: np.ndarray,
@@ -677,7 +669,7 @@ async def _constant_values(crypto: ServerCrypto, pooled: _Pooled, constant: np.n
     rc = crypto.rc
     sums = await rc.gather(ppf_zscore.EncryptedVector)
     total = await crypto.add_all({p: m.values for p, m in sums.items()})
-    return await ppf_zscore._precise_quotient(crypto, total, await _refined_inverse(crypto, pooled),
+    return await ppf_zscore.precise_quotient(crypto, total, await _refined_inverse(crypto, pooled),
                                              len(constant), options)
 
 
@@ -722,7 +714,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     if constant.any():  # the values of constant features, as the server needs them
         raw = np.where(constant, np.nansum(X, axis=0), 0.0)
         await rc.send(SERVER, ppf_zscore.EncryptedVector(values=await crypto.encrypt(raw)))
-        await ppf_zscore._precise_quotient_party(crypto, raw, width)
+        await ppf_zscore.precise_quotient_party(crypto, raw, width)
         owed = 1
     result = await serve_until(crypto, PpfYeoJohnsonResult, decryptions=owed)
     return YeoJohnsonNormalizer(as_float_vector(result.lambdas, width, "lambdas"),
@@ -759,16 +751,12 @@ def _check_in_range(lambdas: np.ndarray, plan: SearchPlan) -> None:
 
 
 async def _zscore_party(crypto: PartyCrypto, Y: np.ndarray, width: int) -> None:
-    """Party side of the PPF z-score of the transformed data (as :func:`ppf_zscore.party`)."""
+    """Party side of the PPF z-score of the transformed data (:func:`ppf_zscore.party`
+    without the count, which the server already holds)."""
     total = np.nansum(Y, axis=0)
-    await crypto.rc.send(SERVER, ppf_zscore.EncryptedVector(values=await crypto.encrypt(total)))
-    await ppf_zscore._precise_quotient_party(crypto, total, width)
-    mean = as_float_vector((await serve_until(crypto, ppf_zscore.PpfMean, decryptions=1)).mean,
-                           width, "mean from the server")
-    squared, _ = deviation_sums(Y, mean)
-    await crypto.rc.send(SERVER,
-                         ppf_zscore.EncryptedVector(values=await crypto.encrypt(squared)))
-    await ppf_zscore._precise_quotient_party(crypto, squared, width)
+    await crypto.rc.send(SERVER, ppf_zscore.EncryptedVector(
+        values=await crypto.encrypt(total, ppf_zscore.numerator_level(crypto.ckks))))
+    await ppf_zscore.share_moments(crypto, Y, total)
 
 
 register("yeojohnson", "mhe", server, party)

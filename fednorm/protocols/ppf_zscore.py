@@ -36,6 +36,8 @@ fresh numerator.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import openfhe
 
@@ -106,24 +108,34 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     crypto = await setup_server(rc, options.preset, relinearize=not options.reveal_counts)
     sums = await rc.gather(EncryptedSums)
-    width = _agreed_width(sums)
+    width = agreed_width(sums)
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
     count = await crypto.add_all({p: m.count for p, m in sums.items()})
     scaled_inverse = await _count_inverse(crypto, count, width, options)
-
-    mean = await _precise_quotient(crypto, total, scaled_inverse, width, options)
-    await rc.broadcast(PpfMean(mean=mean))
-
-    squares = await rc.gather(EncryptedVector)
-    squared = await crypto.add_all({p: m.values for p, m in squares.items()})
-    var = np.maximum(
-        await _precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
+    mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
 
 
-def _agreed_width(sums: dict[int, EncryptedSums]) -> int:
-    widths = {m.width for m in sums.values()}
+async def pooled_moments(
+    crypto: ServerCrypto, total: openfhe.Ciphertext,
+    scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lines 17–31 given ⟨S_g⟩ and ⟨max_count/n_g⟩: μ (decrypted, broadcast), then the
+    parties' ⟨Σ(x − μ)²⟩ and σ².  PPF Yeo-Johnson runs this on its transformed data."""
+    rc = crypto.rc
+    mean = await precise_quotient(crypto, total, scaled_inverse, width, options)
+    await rc.broadcast(PpfMean(mean=mean))
+    squares = await rc.gather(EncryptedVector)
+    squared = await crypto.add_all({p: m.values for p, m in squares.items()})
+    var = np.maximum(
+        await precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
+    return mean, var
+
+
+def agreed_width(uploads: Mapping[int, Message]) -> int:
+    """The parties' common feature count (every upload carries ``width``)."""
+    widths = {m.width for m in uploads.values()}
     if len(widths) != 1:
         raise InputError(f"parties disagree on the number of features: {sorted(widths)}")
     return widths.pop()
@@ -145,11 +157,12 @@ async def _count_inverse(
                               out_scale=hi, keep_levels=3)
 
 
-async def _precise_quotient(
+async def precise_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext,
     scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
 ) -> np.ndarray:
-    """numerator / n_g per feature, in two passes (coarse, then at per-feature scales)."""
+    """numerator / n_g per feature, in two passes (coarse, then at per-feature scales);
+    the parties' side is :func:`precise_quotient_party`."""
     rc = crypto.rc
     coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
     scales = power_of_two_scales(coarse)
@@ -218,22 +231,29 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
         count=await (crypto.encrypt_for_sum(counts) if options.reveal_counts
                      else crypto.encrypt(counts)), width=width))
-    count_reveals = 1 if options.reveal_counts else 0
-    await _precise_quotient_party(crypto, total, width, extra_decryptions=count_reveals)
-    # The precise pass is decrypted before the result of each phase arrives.
-    mean = as_float_vector((await serve_until(crypto, PpfMean, decryptions=1)).mean,
-                           width, "mean from the server")
-
-    squared, _ = deviation_sums(X, mean)
-    await rc.send(SERVER, EncryptedVector(
-        values=await crypto.encrypt(squared, numerator_level(crypto.ckks))))
-    await _precise_quotient_party(crypto, squared, width)
+    await share_moments(crypto, X, total, extra_decryptions=1 if options.reveal_counts else 0)
     result = await serve_until(crypto, PpfZScoreResult, decryptions=1)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))
 
 
-async def _precise_quotient_party(
+async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
+                        extra_decryptions: int = 0) -> None:
+    """Party side of :func:`pooled_moments`, once ``total`` (Σx) has been sent: the mean's
+    two passes, then ⟨Σ(x − μ)²⟩ and its two passes.  The variance's precise pass is
+    decrypted before the result arrives (``decryptions=1`` when awaiting it)."""
+    width = X.shape[1]
+    await precise_quotient_party(crypto, total, width, extra_decryptions)
+    # The precise pass is decrypted before the mean arrives.
+    mean = as_float_vector((await serve_until(crypto, PpfMean, decryptions=1)).mean,
+                           width, "mean from the server")
+    squared, _ = deviation_sums(X, mean)
+    await crypto.rc.send(SERVER, EncryptedVector(
+        values=await crypto.encrypt(squared, numerator_level(crypto.ckks))))
+    await precise_quotient_party(crypto, squared, width)
+
+
+async def precise_quotient_party(
     crypto: PartyCrypto, local: np.ndarray, width: int, extra_decryptions: int = 0
 ) -> None:
     """Party side of a two-pass quotient: help decrypt the coarse pass, re-encrypt scaled."""

@@ -294,6 +294,8 @@ def test_report_writes_tables_and_figures(tmp_path, capsys):
     means = {(r["metric"], r["normalization"]): r for r in read_rows(out / "method_means.csv")}
     assert means["test_f1", "federated_zscore"]["iid"] == "0.9100"
     assert means["test_f1", "local_robust"]["label"] == "0.8000"
+    assert means["test_r2", "local_minmax"]["feature"] == "0.0000"  # R² -0.2 averages as 0
+    assert means["test_r2", "federated_minmax"]["feature"] == "0.5000"
     for figure in ("fig2_mean_f1.png", "fig2_mean_r2.png", "fig3_high_skew_f1.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
     assert "| Total |" in (out / "table3.md").read_text(encoding="utf-8")

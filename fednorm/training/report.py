@@ -10,6 +10,10 @@ method, ``federated_<m>`` with ``local_<m>``:
 * for regression only pairs whose two R² means are both > 0 count (the paper includes
   only runs with R² > 0: a negative R² is a model worse than the mean, not a score).
 
+The per-method means (and Fig. 2) count, by the same reading, an R² below 0 as 0: one
+diverged run (a local Yeo-Johnson fitted on a handful of rows can send a test row to
+R² ≈ −1e7) would otherwise swamp every other cell's mean.  The CSVs keep raw values.
+
 Torch-free; matplotlib is imported only to draw.
 """
 
@@ -122,15 +126,16 @@ def count_pairs(scores: Scores) -> list[PairCounts]:
 
 def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
     """Mean score per normalization and imbalance type (plus ``all``) over datasets scored
-    by ``metric``, every cell counting once."""
+    by ``metric``, every cell counting once (an R² below 0 as 0)."""
+    floor = 0.0 if metric == "test_r2" else -math.inf
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for cell, by_norm in scores.means.items():
         if scores.metric(cell[0]) != metric:
             continue
         kind = SplitSpec.parse(cell[2]).kind
         for normalization, value in by_norm.items():
-            values[normalization][kind].append(value)
-            values[normalization]["all"].append(value)
+            values[normalization][kind].append(max(value, floor))
+            values[normalization]["all"].append(max(value, floor))
     return {
         norm: {kind: sum(v) / len(v) for kind, v in by_kind.items()}
         for norm, by_kind in sorted(values.items(), key=lambda item: _norm_order(item[0]))

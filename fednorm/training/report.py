@@ -193,7 +193,8 @@ def _plot_means(scores: Scores, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(10, 4))
         names = list(means)
         ax.bar(names, [means[n]["all"] for n in names], color=[_color(n) for n in names])
-        ax.set_ylabel(f"mean {METRIC_LABEL[metric]}")
+        floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
+        ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
         ax.set_title(f"{METRIC_LABEL[metric]} averaged over datasets, clients and skews")
         _finish(ax, names, [means[n]["all"] for n in names])
         path = out_dir / f"fig2_mean_{metric.removeprefix('test_')}.png"

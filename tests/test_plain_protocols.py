@@ -114,6 +114,23 @@ def test_rank_probes_out_of_range_is_an_input_error(probes: int) -> None:
         FitOptions(rank_probes=probes)
 
 
+@pytest.mark.parametrize("probes", [1, 4])
+def test_a_party_answers_no_more_probe_points_per_feature_than_agreed(probes: int) -> None:
+    from fednorm.engine.errors import ProtocolError
+    from fednorm.protocols.rank import RankProbe, SortedColumns, probe_limit
+
+    options = FitOptions(rank_probes=probes)
+    columns = SortedColumns(np.arange(12.0).reshape(6, 2), probe_limit(options, (0.25, 0.75)))
+    agreed = 4 * probes  # two quartiles, at most two ranks each, K points per rank
+    points = np.linspace(0, 10, agreed)
+    answered = columns.count_at_most(RankProbe(features=np.zeros(agreed, dtype=np.int64),
+                                               points=points))
+    np.testing.assert_array_equal(answered, [np.sum(np.arange(0, 12, 2) <= p) for p in points])
+    with pytest.raises(ProtocolError, match="more than"):
+        columns.count_at_most(RankProbe(features=np.zeros(agreed + 1, dtype=np.int64),
+                                        points=np.linspace(0, 10, agreed + 1)))
+
+
 @pytest.mark.parametrize("probes", [1, 3])
 def test_gap_rule_returns_a_value_between_the_middle_order_statistics(probes: int) -> None:
     parts = [np.array([[1.0], [2.0]]), np.array([[10.0], [20.0]])]

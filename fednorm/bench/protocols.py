@@ -65,12 +65,14 @@ from fednorm.protocols.rank import (
     kth_party,
     kth_server,
     plan_quantiles,
+    probe_limit,
     start_search,
 )
 from fednorm.sim.datasets import load_dataset
 from fednorm.sim.federation import SimulationResult, run_federation
 from fednorm.sim.partition import partition
 
+MEDIAN = (0.5,)  # the k-th timing searches the median alone
 METHOD_NAMES = {"zscore": "PPF z-score", "zscore_reveal": "PPF z-score, reveal_counts",
                 "minmax": "PPF MinMax", "robust": "PPF robust",
                 "yeojohnson": "PPF Yeo-Johnson", "kth": "PPF k-th (median)"}
@@ -395,7 +397,7 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
         crypto = await setup_server(rc, options.preset, relinearize=False)
         count = await pooled_counts(crypto)
         await rc.broadcast(PooledCounts(count=count))
-        plan = plan_quantiles(count, (0.5,), options.quantile_rule)
+        plan = plan_quantiles(count, MEDIAN, options.quantile_rule)
         search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
         started = time.perf_counter()
         values = await kth_server(rc, search, EncryptedCountAggregator(crypto))
@@ -408,7 +410,8 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
         await rc.send(SERVER, EncryptedCounts(counts=await crypto.encrypt(feature_counts(X)),
                                               width=X.shape[1]))
         await serve_until(crypto, PooledCounts, decryptions=1)
-        await kth_party(rc, SortedColumns(X), EncryptedCountAggregator(crypto))
+        await kth_party(rc, SortedColumns(X, probe_limit(options, MEDIAN)),
+                        EncryptedCountAggregator(crypto))
         nothing = np.full(X.shape[1], np.nan)
         return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)
 

@@ -144,6 +144,22 @@ def feature_counts(X: np.ndarray) -> np.ndarray:
     return np.sum(~np.isnan(X), axis=0).astype(np.float64)
 
 
+def agreed_width(uploads: Mapping[int, object], expected: int | None = None) -> int:
+    """The feature count every party's upload carries in its ``width`` field (the first
+    party's unless ``expected`` is given); a party that differs is named."""
+    width = expected
+    for party, upload in uploads.items():
+        value = getattr(upload, "width", None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ProtocolError(f"party {party} sent an invalid width {value!r}")
+        width = value if width is None else width
+        if value != width:
+            raise ProtocolError(f"party {party} has {value} features, expected {width}")
+    if width is None:
+        raise ProtocolError("no party replied")
+    return width
+
+
 def gathered_vectors(replies: Mapping[int, object], name: str, width: int | None = None
                      ) -> np.ndarray:
     """Stack field ``name`` of every party's reply into a (parties, width) array.

@@ -54,7 +54,7 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, check_party_data, register
+from fednorm.protocols.base import FitOptions, agreed_width, check_party_data, register
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -322,7 +322,7 @@ async def minmax_server(crypto: ServerCrypto, width: int | None, options: FitOpt
         window = None
         for pass_ in range(settings.passes):
             replies = await rc.gather(EncryptedExtremes)
-            width = _agreed_width(replies, width)
+            width = agreed_width(replies, width)
             layout = Layout(crypto.ckks.slots, width)
             if window is None:
                 window = Window.initial(vabs_vector(options, width))
@@ -339,17 +339,6 @@ async def minmax_server(crypto: ServerCrypto, width: int | None, options: FitOpt
 def _check_party_ids(parties: list[int]) -> None:
     if parties != list(range(1, len(parties) + 1)):
         raise ProtocolError(f"PPF MinMax needs parties numbered 1..P, got {parties}")
-
-
-def _agreed_width(replies: dict[int, EncryptedExtremes], width: int | None) -> int:
-    for party, reply in replies.items():
-        if not isinstance(reply.width, int) or reply.width < 1:
-            raise ProtocolError(f"party {party} sent an invalid width {reply.width!r}")
-        width = reply.width if width is None else width
-        if reply.width != width:
-            raise ProtocolError(f"party {party} has {reply.width} features, expected {width}")
-    assert width is not None
-    return width
 
 
 def _rounds(parties: int) -> int:

@@ -43,6 +43,7 @@ from fednorm.protocols.rank import (
     kth_party,
     kth_server,
     plan_quantiles,
+    probe_limit,
     start_search,
 )
 from fednorm.protocols.robust import QUARTILES, RobustResult
@@ -123,7 +124,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
         counts=await crypto.encrypt_for_sum(feature_counts(X)), width=width))
     await serve_until(crypto, PooledCounts, decryptions=1)
     await ppf_minmax.minmax_party(crypto, X, options)
-    await kth_party(rc, SortedColumns(X), EncryptedCountAggregator(crypto))
+    await kth_party(rc, SortedColumns(X, probe_limit(options, QUARTILES)),
+                    EncryptedCountAggregator(crypto))
     result = await rc.receive(SERVER, RobustResult)
     return RobustNormalizer(q1=as_float_vector(result.q1, width, "q1"),
                             median=as_float_vector(result.median, width, "median"),

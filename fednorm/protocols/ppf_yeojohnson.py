@@ -101,7 +101,13 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import ppf_zscore
-from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
+from fednorm.protocols.base import (
+    FitOptions,
+    agreed_width,
+    check_party_data,
+    feature_counts,
+    register,
+)
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -550,7 +556,7 @@ class _Pooled:
 async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     start = await rc.gather(EncryptedStart)
-    width = ppf_zscore.agreed_width(start)
+    width = agreed_width(start)
     flags = await _sign_flags(crypto, start, width)
     await rc.broadcast(Flags(empty=flags.empty.astype(np.float64),
                              negative=flags.negative.astype(np.float64),

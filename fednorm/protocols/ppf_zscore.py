@@ -36,8 +36,6 @@ fresh numerator.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import openfhe
 
@@ -45,7 +43,13 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
+from fednorm.protocols.base import (
+    FitOptions,
+    agreed_width,
+    check_party_data,
+    feature_counts,
+    register,
+)
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -131,14 +135,6 @@ async def pooled_moments(
     var = np.maximum(
         await precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
     return mean, var
-
-
-def agreed_width(uploads: Mapping[int, Message]) -> int:
-    """The parties' common feature count (every upload carries ``width``)."""
-    widths = {m.width for m in uploads.values()}
-    if len(widths) != 1:
-        raise InputError(f"parties disagree on the number of features: {sorted(widths)}")
-    return widths.pop()
 
 
 async def _count_inverse(

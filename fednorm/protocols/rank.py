@@ -207,30 +207,42 @@ class RankSearch:
         value = np.zeros(len(self.done))
         value[open_] = points[rows, exact.argmax(axis=1)]
         self._finish(accepted, value)
-        # x_(k) lies in the cell before the first probe with at least k values at or below.
+        # x_(k) lies in the cell ending at the first probe with at least k values at or
+        # below it: cell c of [lo, p_1, …, p_K, hi] runs from edge c to edge c + 1.
         reached = counts >= k
-        first = np.where(reached.any(axis=1), reached.argmax(axis=1), self.probes)
-        new_hi = np.where(first < self.probes, points[rows, np.minimum(first, self.probes - 1)],
-                          self.hi[open_])
-        new_lo = np.where(first > 0, points[rows, np.maximum(first - 1, 0)], self.lo[open_])
+        cell = np.where(reached.any(axis=1), reached.argmax(axis=1), self.probes)
+        edges = np.column_stack([self.lo[open_], points, self.hi[open_]])
         keep = ~in_gap
-        self.hi[open_] = np.where(keep, new_hi, self.hi[open_])
-        self.lo[open_] = np.where(keep, new_lo, self.lo[open_])
+        self.lo[open_] = np.where(keep, edges[rows, cell], self.lo[open_])
+        self.hi[open_] = np.where(keep, edges[rows, cell + 1], self.hi[open_])
         self._finish_narrow()
+
+
+def probe_limit(options: FitOptions, quantiles: Sequence[float]) -> int:
+    """The most points a round may probe per feature: ``rank_probes`` per target, and a
+    quantile has at most two targets (the order statistics around it)."""
+    return options.rank_probes * 2 * len(quantiles)
 
 
 class SortedColumns:
     """A party's columns sorted once, so each round's counting is a binary search."""
 
-    def __init__(self, X: np.ndarray) -> None:
+    def __init__(self, X: np.ndarray, points_per_feature: int) -> None:
         self._columns = [np.sort(col[~np.isnan(col)]) for col in X.T]
+        self._limit = points_per_feature
 
     def count_at_most(self, probe: RankProbe) -> np.ndarray:
+        """This party's counts of values ≤ each probe point; a round probing a feature at
+        more points than agreed (:func:`probe_limit`) is refused, since each count it
+        answers is one more value the ledger would not list."""
         features = np.asarray(probe.features, dtype=np.int64)
         if len(features) != len(probe.points) or (
             len(features) and (features.min() < 0 or features.max() >= len(self._columns))
         ):
             raise ProtocolError("rank probe names features this party does not have")
+        if len(features) and np.bincount(features).max() > self._limit:
+            raise ProtocolError(f"rank probe asks for more than {self._limit} points per "
+                                "feature in one round")
         counts = np.empty(len(features), dtype=np.float64)
         for i, (j, point) in enumerate(zip(features, probe.points, strict=True)):
             counts[i] = np.searchsorted(self._columns[j], point, side="right")

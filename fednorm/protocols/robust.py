@@ -27,6 +27,7 @@ from fednorm.protocols.rank import (
     kth_party,
     kth_server,
     plan_quantiles,
+    probe_limit,
     start_search,
 )
 
@@ -70,7 +71,7 @@ async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> RobustN
     X = check_party_data(X)
     low, high = local_extremes(X)
     await ctx.send(SERVER, LocalSummary(count=feature_counts(X), min=low, max=high))
-    await kth_party(ctx, SortedColumns(X))
+    await kth_party(ctx, SortedColumns(X, probe_limit(options, QUARTILES)))
     result = await ctx.receive(SERVER, RobustResult)
     return _normalizer(np.vstack([result.q1, result.median, result.q3]))
 

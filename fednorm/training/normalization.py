@@ -40,8 +40,6 @@ Kind = Literal["none", "local", "federated", "pooled", "activation"]
 DATA_KINDS: tuple[Kind, ...] = ("local", "federated", "pooled")
 ACTIVATION_NORMS = ("batch", "layer", "group", "instance")
 PRIVACY_MODES = ("plain", "mhe")
-# PPF protocols that clip or scale by the agreed bound V_abs.
-NEEDS_VABS = ("minmax", "robust", "yeojohnson")
 
 # The paper's 13 (Fig. 2): no normalization, local and federated versions of the four
 # data normalizations, and the four activation normalizations.
@@ -120,7 +118,7 @@ def normalize_clients(
         ]
         return NormalizedFederation(normalized, time.perf_counter() - started)
     if spec.kind == "federated":
-        if privacy == "mhe" and spec.method in NEEDS_VABS:
+        if privacy == "mhe":  # PPF z-score ignores V_abs; the others need it
             options = with_study_bound(options, clients)
         result = simulate([c.X_train for c in clients], spec.method, privacy, options)
         normalizer, rounds, n_bytes = result.normalizer, result.report.rounds, \

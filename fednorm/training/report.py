@@ -134,8 +134,8 @@ def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
             continue
         kind = SplitSpec.parse(cell[2]).kind
         for normalization, value in by_norm.items():
-            values[normalization][kind].append(max(value, floor))
-            values[normalization]["all"].append(max(value, floor))
+            for group in (kind, "all"):
+                values[normalization][group].append(max(value, floor))
     return {
         norm: {kind: sum(v) / len(v) for kind, v in by_kind.items()}
         for norm, by_kind in sorted(values.items(), key=lambda item: _norm_order(item[0]))

@@ -15,10 +15,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import re
 import secrets
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,27 +32,39 @@ import trio
 
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
-from fednorm.engine.runtime import SERVER, RoleContext, role_name
+from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol, check_party_data
-from fednorm.sim.datasets import load_dataset
+from fednorm.sim.datasets import Dataset, load_dataset
+from fednorm.sim.federation import (
+    VABS_METHODS,
+    check_fit_options,
+    check_no_overflow,
+    check_real,
+    check_within_vabs,
+)
 from fednorm.transport.tcp import (
     DEFAULT_MAX_FRAME,
     NET_VERSION,
     Hello,
     Lobby,
     Refusal,
+    SchemaMismatch,
     Start,
     TcpLink,
     Welcome,
+    Withdraw,
     admit_connection,
     connect_party,
+    decode_handshake,
     send_handshake,
     wait_start,
 )
 from fednorm.transport.tls import party_context, server_context
+from fednorm.transport.trace import TracedLink, Tracer
 
 T = TypeVar("T")
+_DRAIN_SECONDS = 2.0  # how long a failing server lets each party read the cause
 Log = Callable[[str], None]
 NORMALIZED_CSV = "normalized.csv"
 PARAMS_JSON = "params.json"
@@ -95,6 +109,8 @@ class ServerConfig:
     sessions: int | None = 1  # None: serve until cancelled
     out: Path | None = None
     max_frame: int = DEFAULT_MAX_FRAME
+    features: tuple[str, ...] | None = None  # the federation's columns; None: the majority's
+    force: bool = False  # replace files in a non-empty --out
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,7 @@ class SessionOutcome:
     """How one server session ended: a fitted normalizer, or the error that stopped it."""
 
     session: str
+    number: int = 1  # 1-based, in the order the server ran its sessions
     normalizer: Normalizer | None = None
     features: tuple[str, ...] = ()
     error: Exception | None = None
@@ -153,6 +170,34 @@ async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:
         raise
 
 
+def check_server_options(protocol: Protocol, options: FitOptions,
+                         features: Sequence[str] | None) -> None:
+    """What the server can check of its own configuration before anyone connects.
+
+    Without this a server missing V_abs would listen, admit every party and only then
+    fail, blaming the first party whose data it could not check.
+    """
+    if features is not None:
+        check_feature_names(features)
+    check_fit_options(options)
+    if protocol.privacy != "mhe" or protocol.method not in VABS_METHODS:
+        return
+    if options.vabs is None:
+        raise InputError(f"{protocol.name} needs --vabs: a bound on |x| the parties agree "
+                         "on, one value for all features or one per feature")
+    if features is not None and len(options.vabs) not in (1, len(features)):
+        raise InputError(f"--vabs has {len(options.vabs)} bounds for {len(features)} "
+                         f"features ({', '.join(features)})")
+
+
+def check_feature_names(features: Sequence[str]) -> None:
+    if not features or not all(name.strip() for name in features):
+        raise InputError(f"--features needs non-empty names, got {list(features)}")
+    duplicates = sorted({name for name in features if list(features).count(name) > 1})
+    if duplicates:
+        raise InputError(f"--features names {', '.join(duplicates)} more than once")
+
+
 def abort_reason(me: int, exc: BaseException) -> str:
     if isinstance(exc, FednormError):
         return str(exc)
@@ -188,18 +233,23 @@ class Server:
     recorded in :attr:`rejections` and never disturb the session they tried to join.
     """
 
-    def __init__(self, config: ServerConfig, log: Log = _quiet) -> None:
+    def __init__(self, config: ServerConfig, log: Log = _quiet,
+                 tracer: Tracer | None = None,
+                 on_session: Callable[[SessionOutcome], None] = lambda outcome: None) -> None:
         if config.parties < 1:
             raise InputError(f"--parties must be at least 1, got {config.parties}")
         if config.sessions is not None and config.sessions < 1:
             raise InputError(f"--sessions must be at least 1, got {config.sessions}")
-        check_out_dir(config.out)
-        self.config = config
         self.protocol = get_protocol(config.method, config.privacy)
+        check_server_options(self.protocol, config.options, config.features)
+        check_out_dir(config.out, force=config.force)
+        self.config = config
         self.context = server_context(config.certs)
         self.wire_options = options_to_wire(config.options)
         self.outcomes: list[SessionOutcome] = []
         self.rejections: list[Rejection] = []
+        self.tracer = tracer
+        self._on_session = on_session
         self._log = log
 
     async def serve(
@@ -224,10 +274,18 @@ class Server:
                     await listener.aclose()
         return self.outcomes
 
+    def session_dir(self, number: int) -> Path | None:
+        """Where session ``number`` (1-based) writes: --out itself for a single session,
+        else its own ``session-<number>`` directory, so no session replaces another's."""
+        if self.config.out is None or self.config.sessions == 1:
+            return self.config.out
+        return self.config.out / f"session-{number}"
+
     async def run_session(self, listeners: Sequence[trio.SocketListener]) -> SessionOutcome:
         """Admit the parties, run the protocol, write the result; never raise a FednormError."""
-        lobby = Lobby(self._welcome(secrets.token_hex(8)), self.protocol.name)
-        outcome = SessionOutcome(lobby.session)
+        lobby = Lobby(self._welcome(secrets.token_hex(8)), self.protocol.name,
+                      self.config.features)
+        outcome = SessionOutcome(lobby.session, number=len(self.outcomes) + 1)
         try:
             await self._gather(listeners, lobby)
             started = trio.current_time()
@@ -239,9 +297,9 @@ class Server:
             outcome.error = exc
         finally:
             with trio.CancelScope(shield=True):
-                for link in lobby.links.values():
-                    await link.aclose()
+                await close_links(lobby.links.values(), drain=outcome.error is not None)
         self._report(outcome)
+        self._on_session(outcome)
         return outcome
 
     def _welcome(self, session: str) -> Welcome:
@@ -249,20 +307,28 @@ class Server:
                        self.config.parties, self.wire_options)
 
     async def _gather(self, listeners: Sequence[trio.SocketListener], lobby: Lobby) -> None:
-        """Accept connections until all N parties are in; the clock starts with the first."""
+        """Accept connections until all N parties are in and agree on the columns, or the
+        session is doomed; the clock starts with the first party.  Whatever ends the
+        session here, every waiting party is told the cause the server records."""
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(self._accept, listener, lobby, nursery)
             await lobby.first_joined.wait()
             with trio.move_on_after(self.config.timeouts.join):
-                await lobby.full.wait()
+                await lobby.settled.wait()
             nursery.cancel_scope.cancel()
-        missing = lobby.missing()
-        if missing:
-            error = PartyDropped(", ".join(map(role_name, missing)),
-                                 f"did not join within {self.config.timeouts.join:g} s")
+        try:
+            if lobby.failure is not None:
+                raise lobby.failure
+            missing = lobby.missing()
+            if missing:
+                raise PartyDropped(", ".join(map(role_name, missing)),
+                                   f"did not join within {self.config.timeouts.join:g} s")
+            features = lobby.agree()
+            check_server_options(self.protocol, self.config.options, features)
+        except FednormError as error:
             await _refuse_all(lobby, f"session abandoned: {error}")
-            raise error
+            raise
 
     async def _accept(self, listener: trio.SocketListener, lobby: Lobby,
                       nursery: trio.Nursery) -> None:
@@ -281,6 +347,11 @@ class Server:
                 stream, self.context, lobby, timeout=self.config.timeouts.handshake,
                 max_frame=self.config.max_frame,
             )
+        except SchemaMismatch as exc:  # a party of the federation that cannot take part
+            self.rejections.append(Rejection(lobby.session, exc))
+            self._log(f"refused a party: {exc}")
+            lobby.abandon(exc)
+            return
         except Exception as exc:  # an untrusted client must never take the session down
             self.rejections.append(Rejection(lobby.session, exc))
             self._log(f"refused a connection: {type(exc).__name__}: {exc}")
@@ -291,14 +362,17 @@ class Server:
         await self._watch(party, link, lobby)
 
     async def _watch(self, party: int, link: TcpLink, lobby: Lobby) -> None:
-        """Before the start an admitted party says nothing; EOF or any frame frees its slot.
+        """Before the start an admitted party says nothing, or withdraws with a cause.
 
-        This is what lets a party that crashed or was interrupted while waiting rejoin,
-        instead of being refused as a duplicate of its own ghost.
+        A withdrawal dooms the session (the party will not come back by itself); EOF
+        or any other frame frees the slot, which is what lets a party that crashed or
+        was interrupted while waiting rejoin instead of being refused as a duplicate
+        of its own ghost.
         """
         try:
-            await link.receive()
-            reason = "it spoke before the start"
+            withdrawal = decode_handshake(await link.receive(), Withdraw)
+            lobby.abandon(PartyWithdrew(role_name(party), withdrawal.reason))
+            reason = f"it withdrew: {withdrawal.reason}"
         except FednormError as exc:
             reason = str(exc)
         lobby.release(party)
@@ -306,22 +380,30 @@ class Server:
         self._log(f"party {party} left session {lobby.session} before the start: {reason}")
 
     async def _run_protocol(self, lobby: Lobby) -> Normalizer:
-        ctx = RoleContext(SERVER, lobby.links, lobby.session, protocol=self.protocol.name,
+        links = self._traced(lobby.links)
+        ctx = RoleContext(SERVER, links, lobby.session, protocol=self.protocol.name,
                           timeout=self.config.timeouts.protocol)
 
         async def start_and_serve() -> Normalizer:
             for link in lobby.links.values():
                 await send_handshake(link, Start(lobby.session))
-            return await self.protocol.server(ctx, self.config.options)
+            normalizer = await self.protocol.server(ctx, self.config.options)
+            return check_no_overflow(normalizer, self.protocol.method, lobby.features)
 
         return await run_role(ctx, start_and_serve())
 
+    def _traced(self, links: Mapping[int, TcpLink]) -> Mapping[int, Link]:
+        if self.tracer is None:
+            return links
+        return {p: TracedLink(link, self.tracer, role_name(p)) for p, link in links.items()}
+
     def _write(self, outcome: SessionOutcome) -> list[Path]:
-        if self.config.out is None or outcome.normalizer is None:
+        out = self.session_dir(outcome.number)
+        if out is None or outcome.normalizer is None:
             return []
         document = params_document(self.protocol, self.config.parties, outcome.session,
                                    outcome.features, outcome.normalizer)
-        return write_atomically({self.config.out / PARAMS_JSON: document})
+        return write_atomically({out / PARAMS_JSON: document})
 
     def _report(self, outcome: SessionOutcome) -> None:
         if outcome.error is None:
@@ -331,6 +413,33 @@ class Server:
         else:
             self._log(f"session {outcome.session} failed: {type(outcome.error).__name__}: "
                       f"{outcome.error}")
+
+
+class PartyWithdrew(PartyDropped):
+    """A party left before the start because it cannot take part (it said why)."""
+
+    def __init__(self, who: str, reason: str) -> None:
+        super().__init__(who, f"withdrew: {reason}")
+
+
+async def close_links(links: Iterable[TcpLink], *, drain: bool) -> None:
+    """Close every link; after a failure, first let each peer read the cause.
+
+    A party still sending (a large upload) when the server closes gets a reset, and
+    a reset can discard the Abort waiting in its receive buffer: it would report a
+    broken pipe instead of the cause.  So the server reads and drops what the party
+    sends until the party closes, for a short while, and only then closes.
+    """
+    async def close(link: TcpLink) -> None:
+        if drain:
+            with trio.move_on_after(_DRAIN_SECONDS), suppress(FednormError):
+                while True:
+                    await link.receive()
+        await link.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for link in links:
+            nursery.start_soon(close, link)
 
 
 async def _refuse_all(lobby: Lobby, reason: str) -> None:
@@ -345,14 +454,17 @@ async def _refuse_all(lobby: Lobby, reason: str) -> None:
 class Party:
     """One party: connect, be admitted, run the role the server chose."""
 
-    def __init__(self, config: PartyConfig, log: Log = _quiet) -> None:
+    def __init__(self, config: PartyConfig, log: Log = _quiet,
+                 tracer: Tracer | None = None) -> None:
         if config.party < 1:
             raise InputError(f"party ids are 1..N, got {config.party}")
         self.config = config
         self.context = party_context(config.certs, config.party)
+        self.tracer = tracer
         self._log = log
 
     async def run(self, X: np.ndarray, features: Sequence[str]) -> PartyRun:
+        check_real(X)
         X = check_party_data(X)
         config, timeouts = self.config, self.config.timeouts
         hello = Hello(NET_VERSION, WIRE_VERSION, config.party, tuple(features))
@@ -362,15 +474,31 @@ class Party:
         )
         try:
             protocol, options = _agreed_protocol(welcome)
+            await _check_or_withdraw(link, X, features, protocol, options)
             self._log(f"admitted to session {welcome.session} ({protocol.name}, "
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
-            ctx = RoleContext(config.party, {SERVER: link}, welcome.session,
+            server: Link = link if self.tracer is None else TracedLink(link, self.tracer,
+                                                                        "server")
+            ctx = RoleContext(config.party, {SERVER: server}, welcome.session,
                               protocol=protocol.name, timeout=timeouts.protocol)
             normalizer = await run_role(ctx, protocol.party(ctx, X, options))
+            check_no_overflow(normalizer, protocol.method, features)
         finally:
             await link.aclose()
         return PartyRun(welcome, protocol, normalizer)
+
+
+async def _check_or_withdraw(link: TcpLink, X: np.ndarray, features: Sequence[str],
+                             protocol: Protocol, options: FitOptions) -> None:
+    """Check the data against what the welcome announced (V_abs); if it does not fit,
+    tell the server why before leaving, so that every role stops with this cause."""
+    try:
+        check_within_vabs(X, protocol, options, features)
+    except InputError as exc:
+        with trio.move_on_after(1.0), suppress(FednormError):
+            await send_handshake(link, Withdraw(str(exc)))
+        raise
 
 
 def _agreed_protocol(welcome: Welcome) -> tuple[Protocol, FitOptions]:
@@ -398,13 +526,54 @@ class PartyData:
     positions: dict[int, int]
 
 
+_NON_NUMERIC = re.compile(r"holds non-numeric value '(?P<cell>[^']*)'(?P<where> \([^)]*\))?")
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def load_csv(name_or_path: Path | str, target: str | None = None) -> Dataset:
+    """:func:`~fednorm.sim.datasets.load_dataset`, with the causes its errors leave
+    implicit: a number too large for float64 is called that rather than non-numeric,
+    and a file split by ';' or tabs gets a hint that fednorm reads commas."""
+    try:
+        return load_dataset(name_or_path, target)
+    except InputError as exc:
+        message = _NON_NUMERIC.sub(_explain_cell, str(exc), count=1)
+        raise InputError(message + _delimiter_hint(name_or_path)) from None
+
+
+def _explain_cell(match: re.Match[str]) -> str:
+    cell, where = match["cell"], match["where"] or ""
+    try:
+        value = float(cell)
+    except ValueError:
+        return match[0]
+    if math.isinf(value) and "inf" not in cell.lower():
+        return (f"holds value {cell!r}{where}, beyond the range of float64 numbers "
+                f"(about ±{_FLOAT_MAX:.3g})")
+    return f"holds the non-finite value {cell!r}{where}"
+
+
+def _delimiter_hint(name_or_path: Path | str) -> str:
+    path = Path(name_or_path)
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace") as stream:
+            header = stream.readline()
+    except OSError:
+        return ""
+    for delimiter, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
+        if "," not in header and delimiter in header:
+            return (f" (the header line is separated by {name}: fednorm reads comma-"
+                    "separated files; convert it, e.g. re-export it as CSV with commas)")
+    return ""
+
+
 def load_party_data(path: Path | str, target: str | None = None) -> PartyData:
     """Load and validate a party's CSV before anything is sent; problems are InputErrors."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"--data {path} is not a file")
     try:
-        dataset = load_dataset(path, target)
+        dataset = load_csv(path, target)
         with path.open(newline="", encoding="utf-8-sig") as stream:
             table = [row for row in csv.reader(stream) if row]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -418,9 +587,42 @@ def load_party_data(path: Path | str, target: str | None = None) -> PartyData:
     return PartyData(path, list(dataset.feature_names), X, header, rows, positions)
 
 
-def check_out_dir(out: Path | None) -> None:
-    if out is not None and out.exists() and not out.is_dir():
+def check_out_dir(out: Path | None, *, force: bool = False) -> None:
+    """Refuse, before any connection, an output directory the run could not use.
+
+    It must be a directory (or not exist yet), empty unless ``force`` allows replacing
+    what is there, and writable: a probe file is created, written and removed, so a
+    run never does all its work only to fail when writing.
+    """
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and not force and any(out.iterdir()):
+        raise InputError(f"--out {out} is not empty; choose an empty or new directory, "
+                         "or pass --force to replace its files")
+    probe_writable(out)
+
+
+def probe_writable(directory: Path) -> None:
+    """Create, write and remove a file in ``directory``; leave no directory it made."""
+    created = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        for missing in reversed(created):
+            missing.mkdir()
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".fednorm-probe-")
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"--out {directory} is not writable: {exc.strerror or exc}") from None
+    finally:
+        for made in created:
+            with suppress(OSError):
+                made.rmdir()
 
 
 def _cell(value: float) -> str:

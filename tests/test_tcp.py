@@ -28,6 +28,7 @@ from fednorm.transport.tcp import (
     Hello,
     Lobby,
     Refusal,
+    SchemaMismatch,
     Start,
     TcpLink,
     Welcome,
@@ -194,22 +195,56 @@ def test_the_lobby_refuses_what_it_must(claim: Hello, cert_party: int | None,
     assert room.features is None
 
 
-def test_the_lobby_admits_each_party_once_with_one_schema() -> None:
+def fill(room: Lobby, claims: dict[int, tuple[str, ...]]) -> None:
+    for party, features in claims.items():
+        room.reserve(hello(party, features=features), party)
+        room.admit(party, link_and_raw()[0])
+
+
+def test_the_lobby_admits_each_party_once() -> None:
     room = lobby(parties=2)
     room.reserve(hello(2), 2)
     with pytest.raises(HandshakeRefused, match="party 2 is already connected"):
         room.reserve(hello(2), 2)
-    with pytest.raises(HandshakeRefused, match="3 features, the federation has 2"):
-        room.reserve(hello(1, features=("a", "b", "c")), 1)
-    with pytest.raises(HandshakeRefused, match="'x' != 'b'"):
-        room.reserve(hello(1, features=("a", "x")), 1)
-    room.release(2)  # a party that left frees its slot and the schema
-    room.reserve(hello(1, features=("a", "x")), 1)
-    room.reserve(hello(2, features=("a", "x")), 2)
-    room.admit(1, link_and_raw()[0])
-    assert room.missing() == [2] and not room.full.is_set()
+    room.release(2)  # a party that left frees its slot
+    room.reserve(hello(2), 2)
     room.admit(2, link_and_raw()[0])
-    assert room.missing() == [] and room.full.is_set()
+    assert room.missing() == [1] and not room.settled.is_set()
+    room.reserve(hello(1), 1)
+    room.admit(1, link_and_raw()[0])
+    assert room.missing() == [] and room.settled.is_set()
+    assert room.agree() == FEATURES
+
+
+@pytest.mark.parametrize("first", [1, 2, 3])
+def test_the_majority_sets_the_columns_whoever_joins_first(first: int) -> None:
+    claims = {1: FEATURES, 2: ("a", "x", "y"), 3: FEATURES}
+    room = lobby()
+    # Nobody is refused for columns while the house fills, in any order of arrival.
+    fill(room, {first: claims[first]} | claims)
+    with pytest.raises(SchemaMismatch) as refused:
+        room.agree()
+    assert str(refused.value) == ("party 2's columns differ from the federation's: "
+                                  "lacks 'b' and has unexpected 'x', 'y'")
+
+
+def test_without_a_majority_every_party_is_named() -> None:
+    room = lobby(parties=2)
+    fill(room, {1: FEATURES, 2: ("a", "c")})
+    with pytest.raises(SchemaMismatch, match=r"no set has a majority \(party 1: a, b; "
+                                             r"party 2: a, c\); give the server --features"):
+        room.agree()
+
+
+def test_a_configured_schema_refuses_a_differing_party_at_once() -> None:
+    room = Lobby(lobby().welcome, "zscore-plain", schema=FEATURES)
+    with pytest.raises(SchemaMismatch, match="party 1's columns differ from the "
+                                             "federation's: has unexpected 'c'"):
+        room.reserve(hello(1, features=("a", "b", "c")), 1)
+    with pytest.raises(SchemaMismatch, match="another order"):
+        room.reserve(hello(1, features=("b", "a")), 1)
+    room.reserve(hello(1), 1)
+    assert room.features == FEATURES
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -273,7 +308,7 @@ async def test_a_party_is_admitted_and_frames_flow_both_ways(certs: Path) -> Non
     party, server_link = server
     client_link, welcome = client
     assert party == 2 and server_link.peer == "party 2"
-    assert welcome == room.welcome and room.features == FEATURES
+    assert welcome == room.welcome and room.features is None  # agreed once all are in
     await server_link.send(b"ping")
     assert await client_link.receive() == b"ping"
     big = b"p" * (HANDSHAKE_MAX_FRAME * 4)  # protocol frames may exceed handshake ones

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,12 +18,14 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli.options import add_fit_options, fit_options
+from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
 from fednorm.protocols import METHODS
 from fednorm.remote import (
     Party,
     PartyConfig,
     Server,
     ServerConfig,
+    SessionOutcome,
     Timeouts,
     check_out_dir,
     load_party_data,
@@ -37,9 +40,13 @@ T = TypeVar("T")
 INTERRUPTED = 130
 
 
-def _logger(role: str) -> Callable[[str], None]:
+def _logger(role: str, progress: TerminalProgress | None = None) -> Callable[[str], None]:
     def log(message: str) -> None:
-        print(f"fednorm {role}: {message}", file=sys.stderr, flush=True)
+        line = f"fednorm {role}: {message}"
+        if progress is not None:
+            progress.log(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     return log
 
@@ -56,32 +63,64 @@ def _timeouts(args: argparse.Namespace) -> Timeouts:
     return Timeouts(join=args.join_timeout, protocol=args.timeout)
 
 
+def _features(text: str | None) -> tuple[str, ...] | None:
+    """``--features a,b,c``: the federation's columns, in order."""
+    if text is None:
+        return None
+    return tuple(name.strip() for name in text.split(","))
+
+
+# Exit status of `fednorm serve`: every session succeeded, none did, or some did.
+ALL_SESSIONS_DONE, NO_SESSION_DONE, SOME_SESSIONS_FAILED = 0, 1, 3
+
+
+def serve_status(outcomes: Sequence[SessionOutcome]) -> int:
+    failed = sum(outcome.error is not None for outcome in outcomes)
+    if failed == 0:
+        return ALL_SESSIONS_DONE
+    return NO_SESSION_DONE if failed == len(outcomes) else SOME_SESSIONS_FAILED
+
+
+def session_line(outcome: SessionOutcome) -> str:
+    """One stdout line per session, as it ends: its number, id and how it ended."""
+    head = f"session {outcome.number} ({outcome.session}):"
+    if outcome.error is not None:
+        return f"{head} failed: {outcome.error}"
+    wrote = f"; wrote {', '.join(map(str, outcome.written))}" if outcome.written else ""
+    return f"{head} done in {outcome.seconds:.1f} s{wrote}"
+
+
 def serve_command(args: argparse.Namespace) -> int:
     host, port = parse_address(args.bind)
     config = ServerConfig(
         host, port, parties=args.parties, method=args.method, certs=args.certs,
         privacy=args.privacy, options=fit_options(args),
         timeouts=_timeouts(args), sessions=None if args.keep_serving else args.sessions,
-        out=args.out,
+        out=args.out, features=_features(args.features), force=args.force,
     )
-    server = Server(config, log=_logger("serve"))
+    progress = progress_for(args, "fednorm serve")
+    server = Server(config, log=_logger("serve", progress), tracer=progress,
+                    on_session=lambda outcome: print(session_line(outcome), flush=True))
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
             bound_host, bound_port = await nursery.start(server.serve)
             print(f"listening on {bound_host}:{bound_port}", flush=True)
 
-    _run(serve)  # the server logs each session's outcome as it ends
-    return 1 if any(outcome.error is not None for outcome in server.outcomes) else 0
+    with progress or nullcontext():
+        _run(serve)
+    return serve_status(server.outcomes)
 
 
 def party_command(args: argparse.Namespace) -> int:
     host, port = parse_address(args.connect)
-    check_out_dir(args.out)
+    check_out_dir(args.out, force=args.force)
     data = load_party_data(args.data, args.target)
+    progress = progress_for(args, f"fednorm party {args.id}")
     party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args)),
-                  log=_logger(f"party {args.id}"))
-    run = _run(lambda: party.run(data.X, data.features))
+                  log=_logger(f"party {args.id}", progress), tracer=progress)
+    with progress or nullcontext():
+        run = _run(lambda: party.run(data.X, data.features))
     written = write_atomically(party_outputs(args.out, data, run))
     print(f"party {args.id}: {run.protocol.name} session {run.welcome.session} done; "
           f"wrote {', '.join(map(str, written))}")
@@ -125,7 +164,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(serve)
     serve.add_argument("--certs", type=Path, required=True, metavar="DIR")
-    serve.add_argument("--out", type=Path, metavar="DIR", help="write params.json here")
+    serve.add_argument("--features", metavar="A,B,...",
+                       help="the federation's columns, in order: a party holding others is "
+                            "refused, naming them (default: the columns most parties hold, "
+                            "once all have joined); with --vabs checked before listening")
+    serve.add_argument("--out", type=Path, metavar="DIR",
+                       help="write params.json here (with --sessions K > 1 or "
+                            "--keep-serving: session-<k>/params.json); must be empty")
+    serve.add_argument("--force", action="store_true",
+                       help="write into a non-empty --out, replacing its files")
+    add_quiet_option(serve)
     sessions = serve.add_mutually_exclusive_group()
     sessions.add_argument("--sessions", type=int, default=1, metavar="K",
                           help="serve K sessions, then exit (default 1)")
@@ -141,6 +189,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--target", help="target column (kept, not normalized)")
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
-                       help="write normalized.csv and params.json here")
+                       help="write normalized.csv and params.json here; must be empty")
+    party.add_argument("--force", action="store_true",
+                       help="write into a non-empty --out, replacing its files")
+    add_quiet_option(party)
     _add_timeouts(party)
     party.set_defaults(handler=party_command)

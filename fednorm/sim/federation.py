@@ -8,6 +8,7 @@ the first real cause (not the dropouts it triggered) is raised.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -59,10 +60,86 @@ class SimulationResult:
     report: SimulationReport
 
 
+VABS_METHODS = ("minmax", "robust", "yeojohnson")  # their PPF protocols need V_abs
+
+
+def check_real(X: object) -> None:
+    """Refuse complex data: a float conversion would silently drop the imaginary part."""
+    if np.iscomplexobj(X):
+        raise InputError("party data is complex; fednorm normalizes real numbers only")
+
+
+def check_fit_options(options: FitOptions) -> FitOptions:
+    """What :class:`FitOptions` lets through but no run can use.
+
+    An infinite ε ends every rank search at once and returns the midpoints of the
+    ranges; a bound V_abs must be a positive finite number.
+    """
+    if options.epsilon is not None and not math.isfinite(options.epsilon):
+        raise InputError(f"epsilon must be a finite positive number, got {options.epsilon}")
+    if options.vabs is not None:
+        vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
+        if vabs.size == 0 or not np.all(np.isfinite(vabs) & (vabs > 0)):
+            raise InputError(f"vabs values must be positive and finite, got {list(vabs)}")
+    return options
+
+
+def feature_labels(width: int, features: Sequence[str] | None = None) -> list[str]:
+    """Names for messages: the columns' own, else "feature 1".."feature N"."""
+    if features is not None and len(features) == width:
+        return [repr(name) for name in features]
+    return [f"feature {j + 1}" for j in range(width)]
+
+
+def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
+                      features: Sequence[str] | None = None) -> None:
+    """A party's values against the agreed V_abs, before anything is encrypted, with the
+    offending features named (the protocols' own check can only number them)."""
+    if protocol.privacy != "mhe" or protocol.method not in VABS_METHODS:
+        return
+    width = X.shape[1]
+    if options.vabs is None:
+        raise InputError(f"{protocol.name} needs vabs: a bound on |x| the parties agree on")
+    vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
+    if vabs.size not in (1, width):
+        raise InputError(f"vabs has {vabs.size} bounds for {width} features")
+    vabs = np.broadcast_to(vabs, (width,))
+    largest = np.nanmax(np.abs(X), axis=0, initial=0.0)
+    names = feature_labels(width, features)
+    beyond = [f"{names[j]} (|x| up to {largest[j]:.6g}, bound {vabs[j]:.6g})"
+              for j in np.flatnonzero(largest > vabs)]
+    if beyond:
+        raise InputError("values beyond the agreed bound vabs: " + ", ".join(beyond))
+
+
+def overflowed_features(normalizer: Normalizer) -> list[int]:
+    """Features whose fit overflowed float64: a parameter is infinite, or NaN beside a
+    finite one (a feature without any value has every parameter NaN)."""
+    params = np.array(list(normalizer.params().values()), dtype=np.float64)
+    finite = np.isfinite(params)
+    infinite = np.isinf(params).any(axis=0)
+    mixed = finite.any(axis=0) & ~finite.all(axis=0)
+    return np.flatnonzero(infinite | mixed).tolist()
+
+
+def check_no_overflow(normalizer: Normalizer, method: str,
+                      features: Sequence[str] | None = None) -> Normalizer:
+    """Refuse a fit that overflowed instead of reporting its parameters as null."""
+    overflowed = overflowed_features(normalizer)
+    if overflowed:
+        names = feature_labels(normalizer.n_features, features)
+        raise InputError(f"the {method} fit overflows float64 for "
+                         f"{', '.join(names[j] for j in overflowed)}: values this large "
+                         "(beyond about 1e150) cannot be squared or summed; rescale them")
+    return normalizer
+
+
 def check_federation_data(party_data: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Validate all parties' arrays together, before any protocol work starts."""
     if len(party_data) == 0:
         raise InputError("a federation needs at least one party")
+    for X in party_data:
+        check_real(X)
     arrays = [check_party_data(X) for X in party_data]
     widths = {X.shape[1] for X in arrays}
     if len(widths) != 1:
@@ -110,7 +187,7 @@ async def run_federation(
     with what it kept from the previous run and keeps what it holds after this one.
     """
     arrays = check_federation_data(party_data)
-    options = options or FitOptions()
+    options = check_fit_options(options or FitOptions())
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     server_links, party_links = star_links(party_ids)

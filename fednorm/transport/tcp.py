@@ -8,11 +8,13 @@ handshake exchange of small msgpack frames::
     party  -> server   Hello    versions, party id, feature names (+ optional session, protocol)
     server -> party    Welcome  session id, method, privacy, options   (or Refusal)
     server -> party    Start    once all N parties are in; protocol frames follow
+    party  -> server   Withdraw instead of waiting for the start: it cannot take part, and why
 
 The server, not the parties, chooses the protocol and its options, so parties cannot
 disagree on them.  A party's id comes from its client certificate; the handshake must
 claim the same id.  The :class:`Lobby` holds the admission rules of one session:
-exactly parties 1..N, once each, all with the same features.
+exactly parties 1..N, once each, all with the federation's features (the server's
+configured ones, or the majority's once all N are in).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import ssl
 import struct
 import types
 import typing
+from collections import Counter
 from contextlib import suppress
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, TypeVar
@@ -166,9 +169,18 @@ class Refusal:
     reason: str
 
 
-HandshakeMessage = Hello | Welcome | Start | Refusal
+@dataclass(frozen=True)
+class Withdraw:
+    """Party -> server, before the start: this party cannot take part, and why (e.g. its
+    data is beyond the bound V_abs the welcome announced); the session is abandoned."""
+
+    TYPE: ClassVar[str] = "withdraw"
+    reason: str
+
+
+HandshakeMessage = Hello | Welcome | Start | Refusal | Withdraw
 _HANDSHAKE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in typing.get_args(HandshakeMessage)}
-H = TypeVar("H", Hello, Welcome, Start, Refusal)
+H = TypeVar("H", Hello, Welcome, Start, Refusal, Withdraw)
 
 
 def encode_handshake(msg: HandshakeMessage) -> bytes:
@@ -232,21 +244,44 @@ async def receive_handshake(link: TcpLink, expected: type[H]) -> H:
 
 
 # -- admission --------------------------------------------------------------------------
+class SchemaMismatch(HandshakeRefused):
+    """Parties do not hold the federation's columns; the session cannot run."""
+
+
+def column_difference(party: int, have: tuple[str, ...], expected: tuple[str, ...]) -> str:
+    """Which columns a party lacks or adds against ``expected``, by name."""
+    missing = [name for name in expected if name not in have]
+    extra = [name for name in have if name not in expected]
+    if not missing and not extra:
+        return (f"party {party} has the federation's columns in another order "
+                f"({', '.join(have)}; expected {', '.join(expected)})")
+    parts = ([f"lacks {', '.join(map(repr, missing))}"] if missing else []) + (
+        [f"has unexpected {', '.join(map(repr, extra))}"] if extra else [])
+    return f"party {party}'s columns differ from the federation's: " + " and ".join(parts)
+
+
 class Lobby:
     """Who may join one session: parties 1..N, once each, with the same features.
 
     :meth:`reserve` checks and claims a slot without awaiting, so two connections
     claiming the same id cannot both pass; :meth:`admit` fills it once the party has
-    been welcomed.  The first admission and a full house are events the server waits on.
+    been welcomed.  The columns are the configured ``schema`` when there is one (a
+    party that differs is refused at once), otherwise those of the majority once all N
+    are in (:meth:`agree`): never those of whoever came first.  A cause that dooms the
+    session (:meth:`abandon`) ends the wait for everyone at once.
     """
 
-    def __init__(self, welcome: Welcome, protocol: str) -> None:
+    def __init__(self, welcome: Welcome, protocol: str,
+                 schema: tuple[str, ...] | None = None) -> None:
         self.welcome = welcome
         self.protocol = protocol
+        self.schema = schema
         self.links: dict[int, TcpLink] = {}
         self._claims: dict[int, Hello] = {}
-        self.first_joined = trio.Event()
-        self.full = trio.Event()
+        self.agreed: tuple[str, ...] | None = schema
+        self.failure: FednormError | None = None
+        self.first_joined = trio.Event()  # a party is in, or the session is doomed
+        self.settled = trio.Event()  # all parties are in, or the session is doomed
 
     @property
     def session(self) -> str:
@@ -254,8 +289,12 @@ class Lobby:
 
     @property
     def features(self) -> tuple[str, ...] | None:
-        """The federation's columns: those of any party holding a slot."""
-        return next((hello.features for hello in self._claims.values()), None)
+        """The federation's columns: configured, or agreed by :meth:`agree`."""
+        return self.agreed
+
+    @property
+    def full(self) -> bool:
+        return not self.missing()
 
     def missing(self) -> list[int]:
         return [p for p in range(1, self.welcome.parties + 1) if p not in self.links]
@@ -263,6 +302,8 @@ class Lobby:
     def reserve(self, hello: Hello, cert_party: int | None) -> None:
         """Claim ``hello.party``'s slot, or raise :class:`HandshakeRefused` saying why."""
         self._check(hello, cert_party)
+        if self.schema is not None and hello.features != self.schema:
+            raise SchemaMismatch(column_difference(hello.party, hello.features, self.schema))
         self._claims[hello.party] = hello
 
     def release(self, party: int) -> None:
@@ -272,8 +313,34 @@ class Lobby:
     def admit(self, party: int, link: TcpLink) -> None:
         self.links[party] = link
         self.first_joined.set()
-        if not self.missing():
-            self.full.set()
+        if self.full:
+            self.settled.set()
+
+    def abandon(self, cause: FednormError) -> None:
+        """The session cannot run: the first cause is the one everyone is told."""
+        if self.failure is None:
+            self.failure = cause
+        self.first_joined.set()
+        self.settled.set()
+
+    def agree(self) -> tuple[str, ...]:
+        """With every party in: the majority's columns; :class:`SchemaMismatch` naming
+        the columns of each party that differs (everyone, if no schema has a majority)."""
+        if self.agreed is not None:
+            return self.agreed
+        schemas = {p: self._claims[p].features for p in sorted(self.links)}
+        votes = Counter(schemas.values())
+        leader, count = votes.most_common(1)[0]
+        if count * 2 > len(schemas):
+            differ = [column_difference(p, have, leader) for p, have in schemas.items()
+                      if have != leader]
+            if differ:
+                raise SchemaMismatch("; ".join(differ))
+            self.agreed = leader
+            return leader
+        held = "; ".join(f"party {p}: {', '.join(have)}" for p, have in schemas.items())
+        raise SchemaMismatch(f"the parties disagree on the columns and no set has a "
+                             f"majority ({held}); give the server --features")
 
     def _check(self, hello: Hello, cert_party: int | None) -> None:
         party, n = hello.party, self.welcome.parties
@@ -296,19 +363,6 @@ class Lobby:
         for refused, reason in refusals:
             if refused:
                 raise HandshakeRefused(reason)
-        self._check_features(hello)
-
-    def _check_features(self, hello: Hello) -> None:
-        expected = self.features
-        if expected is None or hello.features == expected:
-            return
-        if len(hello.features) != len(expected):
-            raise HandshakeRefused(f"party {hello.party} has {len(hello.features)} features, "
-                                   f"the federation has {len(expected)}")
-        differ = [f"{a!r} != {b!r}" for a, b in zip(hello.features, expected, strict=True)
-                  if a != b]
-        raise HandshakeRefused(f"party {hello.party}'s columns differ from the federation's: "
-                               + ", ".join(differ[:3]))
 
 
 # -- connecting -------------------------------------------------------------------------

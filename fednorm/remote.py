@@ -48,6 +48,8 @@ from fednorm.transport.tcp import (
     NET_VERSION,
     Hello,
     Lobby,
+    PartyWithdrew,
+    Ready,
     Refusal,
     SchemaMismatch,
     Start,
@@ -56,7 +58,6 @@ from fednorm.transport.tcp import (
     Withdraw,
     admit_connection,
     connect_party,
-    decode_handshake,
     send_handshake,
     wait_start,
 )
@@ -316,6 +317,9 @@ class Server:
             await lobby.first_joined.wait()
             with trio.move_on_after(self.config.timeouts.join):
                 await lobby.settled.wait()
+                if lobby.failure is not None:  # tell who waits now, the rest as they come
+                    await _refuse_all(lobby, f"session abandoned: {lobby.failure}")
+                    await lobby.all_told.wait()
             nursery.cancel_scope.cancel()
         try:
             if lobby.failure is not None:
@@ -347,10 +351,10 @@ class Server:
                 stream, self.context, lobby, timeout=self.config.timeouts.handshake,
                 max_frame=self.config.max_frame,
             )
-        except SchemaMismatch as exc:  # a party of the federation that cannot take part
+        except (SchemaMismatch, PartyWithdrew) as exc:  # a party that cannot take part
             self.rejections.append(Rejection(lobby.session, exc))
             self._log(f"refused a party: {exc}")
-            lobby.abandon(exc)
+            lobby.abandon(exc, exc.party)
             return
         except Exception as exc:  # an untrusted client must never take the session down
             self.rejections.append(Rejection(lobby.session, exc))
@@ -362,17 +366,14 @@ class Server:
         await self._watch(party, link, lobby)
 
     async def _watch(self, party: int, link: TcpLink, lobby: Lobby) -> None:
-        """Before the start an admitted party says nothing, or withdraws with a cause.
+        """Before the start an admitted party says nothing; EOF or any frame frees its slot.
 
-        A withdrawal dooms the session (the party will not come back by itself); EOF
-        or any other frame frees the slot, which is what lets a party that crashed or
-        was interrupted while waiting rejoin instead of being refused as a duplicate
-        of its own ghost.
+        This is what lets a party that crashed or was interrupted while waiting rejoin,
+        instead of being refused as a duplicate of its own ghost.
         """
         try:
-            withdrawal = decode_handshake(await link.receive(), Withdraw)
-            lobby.abandon(PartyWithdrew(role_name(party), withdrawal.reason))
-            reason = f"it withdrew: {withdrawal.reason}"
+            await link.receive()
+            reason = "it spoke before the start"
         except FednormError as exc:
             reason = str(exc)
         lobby.release(party)
@@ -415,13 +416,6 @@ class Server:
                       f"{outcome.error}")
 
 
-class PartyWithdrew(PartyDropped):
-    """A party left before the start because it cannot take part (it said why)."""
-
-    def __init__(self, who: str, reason: str) -> None:
-        super().__init__(who, f"withdrew: {reason}")
-
-
 async def close_links(links: Iterable[TcpLink], *, drain: bool) -> None:
     """Close every link; after a failure, first let each peer read the cause.
 
@@ -443,11 +437,13 @@ async def close_links(links: Iterable[TcpLink], *, drain: bool) -> None:
 
 
 async def _refuse_all(lobby: Lobby, reason: str) -> None:
-    """Tell the parties waiting for a start that there will be none."""
+    """Tell the parties waiting for a start, and not told yet, that there will be none."""
     with trio.CancelScope(shield=True):
-        for link in lobby.links.values():
-            with trio.move_on_after(0.5), suppress(FednormError):
-                await send_handshake(link, Refusal(reason))
+        for party, link in list(lobby.links.items()):
+            if party not in lobby.told:
+                lobby.tell(party)
+                with trio.move_on_after(0.5), suppress(FednormError):
+                    await send_handshake(link, Refusal(reason))
 
 
 # -- party ------------------------------------------------------------------------------
@@ -474,7 +470,7 @@ class Party:
         )
         try:
             protocol, options = _agreed_protocol(welcome)
-            await _check_or_withdraw(link, X, features, protocol, options)
+            await _check_or_withdraw(link, welcome.session, X, features, protocol, options)
             self._log(f"admitted to session {welcome.session} ({protocol.name}, "
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
@@ -489,8 +485,9 @@ class Party:
         return PartyRun(welcome, protocol, normalizer)
 
 
-async def _check_or_withdraw(link: TcpLink, X: np.ndarray, features: Sequence[str],
-                             protocol: Protocol, options: FitOptions) -> None:
+async def _check_or_withdraw(link: TcpLink, session: str, X: np.ndarray,
+                             features: Sequence[str], protocol: Protocol,
+                             options: FitOptions) -> None:
     """Check the data against what the welcome announced (V_abs); if it does not fit,
     tell the server why before leaving, so that every role stops with this cause."""
     try:
@@ -499,6 +496,7 @@ async def _check_or_withdraw(link: TcpLink, X: np.ndarray, features: Sequence[st
         with trio.move_on_after(1.0), suppress(FednormError):
             await send_handshake(link, Withdraw(str(exc)))
         raise
+    await send_handshake(link, Ready(session))
 
 
 def _agreed_protocol(welcome: Welcome) -> tuple[Protocol, FitOptions]:

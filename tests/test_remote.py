@@ -43,10 +43,12 @@ from fednorm.transport.tcp import (
     NET_VERSION,
     HandshakeRefused,
     Hello,
+    Ready,
     Refusal,
     connect_party,
     decode_handshake,
     encode_handshake,
+    send_handshake,
     wait_start,
 )
 from fednorm.transport.tls import init_certs, party_context
@@ -195,9 +197,21 @@ def test_a_multi_host_run_fits_what_the_in_memory_simulation_fits(
                                    atol=1e-5 if privacy == "mhe" else 0)
 
 
+def nothing_written(outs: list[Path]) -> bool:
+    return all(not out.exists() or not any(out.iterdir()) for out in outs)
+
+
+def assert_one_cause(results: list[tuple[int, str]], cause: str) -> None:
+    """Every role names the same cause (the server's, verbatim) in what it prints."""
+    for code, err in results:
+        assert code in (1, 2), err
+        assert cause in err, f"{cause!r} not in {err!r}"
+
+
+@pytest.mark.parametrize("victim", ["party 3", "server"])
 @pytest.mark.parametrize("phase", ["plain-round2", "mhe-setup", "mhe-decrypt"])
-def test_a_party_killed_mid_protocol_stops_everyone_and_nothing_is_written(
-    phase: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
+def test_a_role_killed_mid_protocol_stops_everyone_with_one_cause_and_nothing_is_written(
+    phase: str, victim: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
     csvs: list[Path], tmp_path: Path,
 ) -> None:
     outs = [tmp_path / f"out-{role}" for role in range(4)]
@@ -207,23 +221,84 @@ def test_a_party_killed_mid_protocol_stops_everyone_and_nothing_is_written(
                                 "--privacy", privacy, "--preset", "test")
     honest = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p], timeout=60)
               for p in (1, 2)]
-    victim = start_party(spawn, port, 3, csvs[2], certs, outs[3], script=STALL_PARTY,
-                         timeout=60, env={**os.environ, "FEDNORM_STALL_MARKER": str(marker),
-                                          "FEDNORM_STALL_AT": phase})
+    stalled = start_party(spawn, port, 3, csvs[2], certs, outs[3], script=STALL_PARTY,
+                          timeout=60, env={**os.environ, "FEDNORM_STALL_MARKER": str(marker),
+                                           "FEDNORM_STALL_AT": phase})
     deadline = time.monotonic() + 60
     while not marker.exists():
-        assert time.monotonic() < deadline and victim.poll() is None, finish(victim)
+        assert time.monotonic() < deadline and stalled.poll() is None, finish(stalled)
         time.sleep(0.02)
-    victim.kill()  # SIGKILL, inside the chosen phase
+    # SIGKILL, inside the chosen phase: the stalled party, or the server waiting for it.
+    (stalled if victim == "party 3" else server).kill()
 
     killed = time.monotonic()
-    results = [finish(proc, timeout=45) for proc in [server, *honest]]
+    survivors = [server, *honest] if victim == "party 3" else honest
+    results = [finish(proc, timeout=45) for proc in survivors]
     # Well before the 60 s protocol timeout: the dropout is seen, not waited out.
     assert time.monotonic() - killed < 30
-    for code, err in results:
-        assert code == 1, err
-        assert "party 3 dropped" in err, err
-    assert all(not out.exists() or not any(out.iterdir()) for out in outs)
+    assert all(code == 1 for code, _ in results), results
+    # The server names the cause; each party reports that same text (through the
+    # server's Abort), not a broken pipe of its own.  A party that loses the server
+    # says so.
+    cause = (re.search(r"failed: PartyDropped: (party 3 dropped: .*)", results[0][1])[1]
+             if victim == "party 3" else "server dropped: connection")
+    assert_one_cause(results, cause)
+    assert nothing_written(outs)
+
+
+def write_rows(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    path.write_text("\n".join(",".join(map(str, row)) for row in [header, *rows]) + "\n")
+    return path
+
+
+# Each case: the server's extra options, party 3's data, whether party 3 joins first,
+# and the cause every role must print (party 3's own error may be an exit 2).
+COLUMNS = ["a", "label", "b", "c", "d"]
+SCHEMA_CASES = {
+    "misfit joins first": ([], "extra column", True,
+                           "party 3's columns differ from the federation's: has unexpected "
+                           "'d'"),
+    "misfit joins last": ([], "extra column", False,
+                          "party 3's columns differ from the federation's: has unexpected 'd'"),
+    "schema configured": (["--features", "a,b,c"], "extra column", True,
+                          "party 3's columns differ from the federation's: has unexpected "
+                          "'d'"),
+    "V_abs count": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100,100"], "fits",
+                    False, "--vabs has 2 bounds for 3 features (a, b, c)"),
+    "beyond V_abs": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100"],
+                     "beyond", False, "values beyond the agreed bound vabs: 'b' (|x| up to "
+                     "5000, bound 100)"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
+    case: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
+    csvs: list[Path], tmp_path: Path,
+) -> None:
+    extra, data, first, cause = SCHEMA_CASES[case]
+    third = {"extra column": lambda: write_rows(tmp_path / "p3.csv", COLUMNS,
+                                                [[1, "yes", 2, 3, 4], [2, "no", 3, 4, 5]]),
+             "beyond": lambda: write_rows(tmp_path / "p3.csv", HEADER,
+                                          [[1, "yes", 5000, 3], [2, "no", 3, 4]]),
+             "fits": lambda: csvs[2]}[data]()
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--preset", "test", *extra)
+    started = time.monotonic()
+    parties = {}
+    if first:
+        parties[3] = start_party(spawn, port, 3, third, certs, outs[3])
+        time.sleep(1.5)  # party 3 is in (or refused) before the others connect
+    for p in (1, 2):
+        parties[p] = start_party(spawn, port, p, csvs[p - 1], certs, outs[p])
+    if not first:
+        time.sleep(1.5)
+        parties[3] = start_party(spawn, port, 3, third, certs, outs[3])
+    results = [finish(proc) for proc in [server, *parties.values()]]
+    assert time.monotonic() - started < 15  # not the 20 s join timeout
+    assert results[0][0] == 1, results[0]
+    assert_one_cause(results, cause)
+    assert nothing_written(outs)
 
 
 # -- a live server in this process ------------------------------------------------------
@@ -380,6 +455,7 @@ async def misbehave(live: LiveServer, kind: str, value: object, earlier: str) ->
     link, welcome = await connect_party(
         "127.0.0.1", live.port, party_context(live.certs, 1), hello_for(1),
         connect_timeout=5, handshake_timeout=5)
+    await send_handshake(link, Ready(welcome.session))
     await wait_start(link, welcome.session, 5)
     session = {"session": f"{value}~", "replay": earlier}.get(kind, welcome.session)
     header = Header("zscore-plain", session, value if kind == "round" else 0,
@@ -471,8 +547,11 @@ def bad_inputs(tmp_path: Path) -> dict[str, Path]:
     afile = tmp_path / "a-file"
     afile.write_text("")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "nonempty").mkdir()
+    (tmp_path / "nonempty" / "params.json").write_text("{}")
     return {"TEXT": text, "BINARY": binary, "FILE": afile, "EMPTY": tmp_path / "empty",
-            "MISSING": tmp_path / "missing.csv"}
+            "MISSING": tmp_path / "missing.csv", "NONEMPTY": tmp_path / "nonempty",
+            "UNWRITABLE": Path("/proc/fednorm-out")}  # even root cannot create files there
 
 
 PARTY = ["party", "--connect", "127.0.0.1:9", "--id", "1", "--data", "DATA", "--target",
@@ -504,6 +583,17 @@ def edit(base: list[str], **changes: str) -> list[str]:
     (edit(SERVE, join_timeout="0"), "timeout must be positive"),
     (edit(SERVE, method="zscroe"), "invalid choice: 'zscroe'"),
     ([*SERVE, "--sessions", "0"], "at least 1"),
+    (edit(PARTY, out="UNWRITABLE"), "is not writable"),
+    ([*SERVE, "--out", "UNWRITABLE"], "is not writable"),
+    (edit(PARTY, out="NONEMPTY"), "is not empty.*--force"),
+    ([*SERVE, "--out", "NONEMPTY"], "is not empty.*--force"),
+    ([*edit(SERVE, method="minmax"), "--privacy", "mhe"], "minmax-mhe needs --vabs"),
+    ([*edit(SERVE, method="robust"), "--privacy", "mhe"], "robust-mhe needs --vabs"),
+    ([*edit(SERVE, method="minmax"), "--privacy", "mhe", "--features", "a,b",
+      "--vabs", "1,2,3"], r"3 bounds for 2 features \(a, b\)"),
+    ([*SERVE, "--features", "a,,b"], "non-empty names"),
+    ([*SERVE, "--epsilon", "inf"], "epsilon must be a finite"),
+    ([*SERVE, "--vabs", "-1"], "vabs values must be positive"),
 ])
 def test_bad_input_exits_2_before_connecting(
     args: list[str], message: str, certs: Path, csvs: list[Path], tmp_path: Path,

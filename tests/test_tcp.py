@@ -27,6 +27,7 @@ from fednorm.transport.tcp import (
     HandshakeRefused,
     Hello,
     Lobby,
+    Ready,
     Refusal,
     SchemaMismatch,
     Start,
@@ -37,6 +38,7 @@ from fednorm.transport.tcp import (
     decode_handshake,
     encode_handshake,
     parse_address,
+    send_handshake,
 )
 from fednorm.transport.tls import init_certs, party_context, server_context
 
@@ -279,8 +281,10 @@ async def handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext,
 
     async def client_side() -> None:
         try:
-            results["client"] = await connect_party("127.0.0.1", port, client_ctx, claim,
-                                                    connect_timeout=5, handshake_timeout=5)
+            link, welcome = await connect_party("127.0.0.1", port, client_ctx, claim,
+                                                connect_timeout=5, handshake_timeout=5)
+            await send_handshake(link, Ready(welcome.session))
+            results["client"] = link, welcome
         except Exception as exc:
             results["client"] = exc
 

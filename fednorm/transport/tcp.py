@@ -7,8 +7,8 @@ handshake exchange of small msgpack frames::
 
     party  -> server   Hello    versions, party id, feature names (+ optional session, protocol)
     server -> party    Welcome  session id, method, privacy, options   (or Refusal)
+    party  -> server   Ready    its data fits those options  (or Withdraw, saying why not)
     server -> party    Start    once all N parties are in; protocol frames follow
-    party  -> server   Withdraw instead of waiting for the start: it cannot take part, and why
 
 The server, not the parties, chooses the protocol and its options, so parties cannot
 disagree on them.  A party's id comes from its client certificate; the handshake must
@@ -37,7 +37,7 @@ from fednorm.engine.errors import FednormError, InputError, PartyDropped, Protoc
 from fednorm.engine.runtime import role_name
 from fednorm.transport.tls import peer_party
 
-NET_VERSION = 1
+NET_VERSION = 2  # 2: the party answers the welcome with Ready or Withdraw
 DEFAULT_MAX_FRAME = 64 * 2**20  # room for 2^15-ring relinearization-key shares (~25 MB)
 HANDSHAKE_MAX_FRAME = 64 * 2**10
 _PREFIX = struct.Struct(">I")
@@ -170,17 +170,41 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """Party -> server, after the welcome: its data fits the announced options."""
+
+    TYPE: ClassVar[str] = "ready"
+    session: str
+
+
+@dataclass(frozen=True)
 class Withdraw:
-    """Party -> server, before the start: this party cannot take part, and why (e.g. its
-    data is beyond the bound V_abs the welcome announced); the session is abandoned."""
+    """Party -> server, instead of :class:`Ready`: this party cannot take part, and why
+    (e.g. its data is beyond the bound V_abs the welcome announced)."""
 
     TYPE: ClassVar[str] = "withdraw"
     reason: str
 
 
-HandshakeMessage = Hello | Welcome | Start | Refusal | Withdraw
+class Withdrawal(FednormError):
+    """A :class:`Withdraw` arrived where another handshake message was expected."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PartyWithdrew(PartyDropped):
+    """A party of the federation cannot take part (it said why): the session is doomed."""
+
+    def __init__(self, party: int, reason: str) -> None:
+        super().__init__(role_name(party), f"withdrew: {reason}")
+        self.party = party
+
+
+HandshakeMessage = Hello | Welcome | Start | Refusal | Ready | Withdraw
 _HANDSHAKE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in typing.get_args(HandshakeMessage)}
-H = TypeVar("H", Hello, Welcome, Start, Refusal, Withdraw)
+H = TypeVar("H", Hello, Welcome, Start, Refusal, Ready, Withdraw)
 
 
 def encode_handshake(msg: HandshakeMessage) -> bytes:
@@ -200,6 +224,8 @@ def decode_handshake(data: bytes, expected: type[H]) -> H:
     if kind == Refusal.TYPE and expected is not Refusal:
         reason = _build(Refusal, body).reason
         raise HandshakeRefused(f"server refused: {reason}")
+    if kind == Withdraw.TYPE and expected is not Withdraw:
+        raise Withdrawal(_build(Withdraw, body).reason)
     if kind != expected.TYPE:
         raise ProtocolError(f"expected a {expected.TYPE!r} handshake frame, got {kind!r}")
     return _build(expected, body)
@@ -245,7 +271,13 @@ async def receive_handshake(link: TcpLink, expected: type[H]) -> H:
 
 # -- admission --------------------------------------------------------------------------
 class SchemaMismatch(HandshakeRefused):
-    """Parties do not hold the federation's columns; the session cannot run."""
+    """Parties do not hold the federation's columns; the session cannot run.
+
+    ``party`` is the one refused for it at admission (None: found once all were in)."""
+
+    def __init__(self, message: str, party: int | None = None) -> None:
+        super().__init__(message)
+        self.party = party
 
 
 def column_difference(party: int, have: tuple[str, ...], expected: tuple[str, ...]) -> str:
@@ -280,8 +312,10 @@ class Lobby:
         self._claims: dict[int, Hello] = {}
         self.agreed: tuple[str, ...] | None = schema
         self.failure: FednormError | None = None
+        self.told: set[int] = set()  # parties told why a doomed session will not run
         self.first_joined = trio.Event()  # a party is in, or the session is doomed
         self.settled = trio.Event()  # all parties are in, or the session is doomed
+        self.all_told = trio.Event()  # every party of a doomed session knows the cause
 
     @property
     def session(self) -> str:
@@ -300,10 +334,18 @@ class Lobby:
         return [p for p in range(1, self.welcome.parties + 1) if p not in self.links]
 
     def reserve(self, hello: Hello, cert_party: int | None) -> None:
-        """Claim ``hello.party``'s slot, or raise :class:`HandshakeRefused` saying why."""
+        """Claim ``hello.party``'s slot, or raise :class:`HandshakeRefused` saying why.
+
+        Once the session is doomed, a party of the federation that arrives late is
+        refused with the cause everyone else was given.
+        """
         self._check(hello, cert_party)
+        if self.failure is not None:
+            self.tell(hello.party)
+            raise HandshakeRefused(f"session abandoned: {self.failure}")
         if self.schema is not None and hello.features != self.schema:
-            raise SchemaMismatch(column_difference(hello.party, hello.features, self.schema))
+            raise SchemaMismatch(column_difference(hello.party, hello.features, self.schema),
+                                 hello.party)
         self._claims[hello.party] = hello
 
     def release(self, party: int) -> None:
@@ -316,12 +358,21 @@ class Lobby:
         if self.full:
             self.settled.set()
 
-    def abandon(self, cause: FednormError) -> None:
-        """The session cannot run: the first cause is the one everyone is told."""
+    def abandon(self, cause: FednormError, party: int | None = None) -> None:
+        """The session cannot run: the first cause is the one everyone is told
+        (``party``, whose fault it is, already knows)."""
         if self.failure is None:
             self.failure = cause
+        if party is not None:
+            self.tell(party)
         self.first_joined.set()
         self.settled.set()
+
+    def tell(self, party: int) -> None:
+        """Note that ``party`` knows the cause of the session's failure."""
+        self.told.add(party)
+        if len(self.told) >= self.welcome.parties:
+            self.all_told.set()
 
     def agree(self) -> tuple[str, ...]:
         """With every party in: the majority's columns; :class:`SchemaMismatch` naming
@@ -422,6 +473,10 @@ async def admit_connection(
             lobby.reserve(hello, peer_party(tls.getpeercert()))
             party = hello.party
             await send_handshake(link, lobby.welcome)
+            try:
+                await receive_handshake(link, Ready)
+            except Withdrawal as withdrawal:
+                raise PartyWithdrew(party, withdrawal.reason) from None
     except BaseException as exc:
         if party is not None:
             lobby.release(party)

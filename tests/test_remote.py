@@ -132,11 +132,11 @@ def start_server(spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, met
 
 
 def start_party(spawn: Callable[..., subprocess.Popen[bytes]], port: int, party: int,
-                data: Path, certs: Path, out: Path, *, timeout: float = 10, **kwargs: object
-                ) -> subprocess.Popen[bytes]:
+                data: Path, certs: Path, out: Path, *extra: object, timeout: float = 10,
+                **kwargs: object) -> subprocess.Popen[bytes]:
     return spawn("party", "--connect", f"127.0.0.1:{port}", "--id", party, "--data", data,
                  "--target", "label", "--certs", certs, "--out", out, "--timeout", timeout,
-                 "--join-timeout", 20, **kwargs)
+                 "--join-timeout", 20, *extra, **kwargs)
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
@@ -299,6 +299,37 @@ def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
     assert results[0][0] == 1, results[0]
     assert_one_cause(results, cause)
     assert nothing_written(outs)
+
+
+def test_each_session_writes_its_own_directory_and_the_exit_status_tells_which_failed(
+    spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, csvs: list[Path],
+    tmp_path: Path,
+) -> None:
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--sessions", 2)
+    first = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 2, 3)]
+    assert all(finish(proc)[0] == 0 for proc in first)
+    written = {p: (outs[p] / "params.json").read_bytes() for p in (1, 2, 3)}
+    # The parties' --out now holds a result: a second run refuses it without --force.
+    refused = start_party(spawn, port, 1, csvs[0], certs, outs[1])
+    code, err = finish(refused)
+    assert code == 2 and "is not empty" in err, err
+    other = write_rows(tmp_path / "p3.csv", COLUMNS, [[1, "yes", 2, 3, 4]])
+    second = [start_party(spawn, port, p, csvs[p - 1] if p < 3 else other, certs, outs[p],
+                          "--force") for p in (1, 2, 3)]
+    assert all(finish(proc)[0] == 1 for proc in second)
+    stdout, stderr = server.communicate(timeout=30)
+
+    assert server.returncode == 3, stderr  # one session done, one failed
+    lines = stdout.decode().splitlines()  # start_server read "listening on ..."
+    assert re.fullmatch(r"session 1 \(\w+\): done in [\d.]+ s; wrote .*session-1/params.json",
+                        lines[0]), lines
+    assert re.fullmatch(r"session 2 \(\w+\): failed: party 3's columns differ .*'d'",
+                        lines[1]), lines
+    assert read_params(outs[0] / "session-1").keys() == {"mean", "var"}
+    assert not (outs[0] / "session-2").exists()
+    # The failed session wrote nothing: the first run's files are as they were.
+    assert all((outs[p] / "params.json").read_bytes() == written[p] for p in (1, 2, 3))
 
 
 # -- a live server in this process ------------------------------------------------------

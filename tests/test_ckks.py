@@ -206,11 +206,11 @@ def test_level_budget_is_tracked(fed: Fed) -> None:
     ctx = fed.ctx
     at_budget = fed.consume(fed.encrypt(np.ones(4)), ctx.level_budget)
     assert ctx.levels_left(at_budget) == 0
-    start_bootstrap(ctx, fed.joint, at_budget)  # still allowed
+    start_bootstrap(ctx, fed.joint, at_budget, 0)  # still allowed
     past = fed.ctx.mul(at_budget, 1.0)
     assert ctx.levels_left(past) == -1
     with pytest.raises(LevelBudgetError, match="collective bootstrap"):
-        start_bootstrap(ctx, fed.joint, past)
+        start_bootstrap(ctx, fed.joint, past, 1)
     deepest = fed.consume(past, ctx.depth - ctx.consumed(past))
     np.testing.assert_allclose(fed.decrypt(deepest, 4), 1.0, atol=1e-3)  # decryptable...
     with pytest.raises(LevelBudgetError, match="depth"):
@@ -265,7 +265,7 @@ def _sk(fed: Fed, i: int) -> openfhe.PrivateKey:
 
 def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
-    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)))
+    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)), 2)
     good = [p.boot_share(rnd.c1, rnd.a) for p in parties]
     outsider = PartyKeys.generate(ctx, parties[0].public_key_share)  # not in the federation
     with pytest.raises(ProtocolError, match="bootstrap share #2 has key tag"):
@@ -327,7 +327,7 @@ def test_serialization_round_trips(fed: Fed) -> None:
     np.testing.assert_allclose(fed.decrypt(ct, 10), values, atol=FRESH_ABS_TOL)
     share = parties[1].decrypt_share(ct)
     assert len(ctx.to_bytes(share)) * 4 < len(ctx.to_bytes(ct))  # shares are compressed
-    rnd = start_bootstrap(ctx, fed.joint, ct)
+    rnd = start_bootstrap(ctx, fed.joint, ct, 3)
     h0, h1 = (ctx.from_bytes("ciphertext", ctx.to_bytes(h))
               for h in parties[0].boot_share(rnd.c1, rnd.a))
     assert h0.GetKeyTag() == h1.GetKeyTag() == parties[0].tag
@@ -448,3 +448,17 @@ async def test_paper_preset_whole_chain() -> None:
     got = decrypt_locally(ctx, joint, parties, mean_sq, 256)
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     assert refresh.calls == plan_inverse(7).bootstraps
+
+
+def test_malformed_shares_are_protocol_errors(fed: Fed) -> None:
+    ctx, joint, parties = fed.ctx, fed.joint, fed.parties
+    one_element = fed.encrypt(np.ones(4))
+    one_element.RemoveElement(1)
+    with pytest.raises(ProtocolError, match="1 elements, expected 2"):
+        parties[0].decrypt_share(one_element)
+    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)), 4)
+    good = [p.boot_share(rnd.c1, rnd.a) for p in parties]
+    h0, h1 = good[1]
+    short = ctx.raw.Compress(h1, 3)  # right tag and element count, too few towers
+    with pytest.raises(ProtocolError, match="bootstrap share #1 has a part with 3 towers"):
+        aggregate_boot_shares(ctx, joint, rnd, [good[0], (h0, short), good[2]])

@@ -16,6 +16,7 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_minmax as ppf
+from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.sim.federation import simulate
 
 CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
@@ -156,12 +157,7 @@ def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
 
 
 # -- leakage ledger ----------------------------------------------------------------------------
-LEDGER = {
-    "ppf_minmax.encrypted_extremes": {"width"},
-    "ppf_minmax.window": {"low", "high"},
-    "ppf_minmax.result": {"min", "max"},
-    "ckks.joint_round1": {"party_tags"},
-}
+LEDGER = PLAINTEXT["minmax", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 
 

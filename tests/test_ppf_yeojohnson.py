@@ -23,6 +23,7 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_yeojohnson as ppf
+from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.protocols.normalizers import yeo_johnson
 from fednorm.sim.federation import simulate
 
@@ -206,17 +207,7 @@ def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
 
 
 # -- leakage ledger -------------------------------------------------------------------------
-LEDGER = {
-    "ppf_yeojohnson.start": {"width"},
-    "ppf_yeojohnson.flags": {"empty", "negative", "positive"},
-    "ppf_yeojohnson.probes": {"lambdas"},
-    "ppf_yeojohnson.lambdas": {"lambdas"},
-    "ppf_yeojohnson.result": {"lambdas", "mean", "var"},
-    "ppf_zscore.scales": {"scales"},
-    "ppf_zscore.mean": {"mean"},
-    "ppf_zscore.result": {"mean", "var"},
-    "ckks.joint_round1": {"party_tags"},
-}
+LEDGER = PLAINTEXT["yeojohnson", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 
 

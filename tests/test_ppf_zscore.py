@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import openfhe
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording import install, spy_secret_keys
@@ -21,6 +22,7 @@ from fednorm.protocols.collective import (
     setup_party,
     shared_context,
 )
+from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")
@@ -107,13 +109,7 @@ def test_keys_are_reused_only_when_they_cover_the_request() -> None:
 
 # -- leakage ledger ---------------------------------------------------------------------
 # Every plaintext (non-ciphertext) field that may cross the wire, per message kind.
-LEDGER = {
-    "ppf_zscore.encrypted_sums": {"width"},
-    "ppf_zscore.scales": {"scales"},
-    "ppf_zscore.mean": {"mean"},
-    "ppf_zscore.result": {"mean", "var"},
-    "ckks.joint_round1": {"party_tags"},
-}
+LEDGER = PLAINTEXT["zscore", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 
 
@@ -183,3 +179,41 @@ def test_values_beyond_the_supported_range_are_rejected_before_encryption() -> N
     with pytest.raises(InputError, match="max_count"):
         simulate([np.ones((9, 1))] * 2, "zscore", "mhe",
                  FitOptions(preset="test", max_count=8))
+
+
+# -- no silent wrong answers ------------------------------------------------------------
+def test_a_pooled_count_beyond_max_count_is_refused_before_any_decryption() -> None:
+    """Each party holds 5 ≤ max_count = 8 values, but the pooled 10 would leave the
+    inverse's range (it returned mean −24020 for 2.65): P·n_p ≤ max_count is enforced."""
+    parts = [np.arange(5.0).reshape(5, 1) + i for i in range(2)]
+    with pytest.raises(InputError, match="pooled count could exceed max_count=8"):
+        simulate(parts, "zscore", "mhe", FitOptions(preset="test", max_count=8))
+    fitted = simulate(parts, "zscore", "mhe", FitOptions(preset="test", max_count=10))
+    np.testing.assert_allclose(fitted.normalizer.mean, np.vstack(parts).mean(axis=0), rtol=1e-5)
+
+
+def test_standardized_data_split_by_label_is_fitted() -> None:
+    """Pooled mean exactly ~0 while each party's sum is large (label skew): the coarse
+    pass is noise and must not lift the parties' sums past what CKKS encodes."""
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(20_000, 3))
+    X[:, 1] *= 1e-3
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    order = np.argsort(X[:, 0])  # "label" = the sign of feature 0
+    parts = [X[order[:10_000]], X[order[10_000:]]]
+    fitted = simulate(parts, "zscore", "mhe", TEST).normalizer
+    np.testing.assert_allclose(fitted.mean, 0.0, atol=1e-6)
+    np.testing.assert_allclose(fitted.var, 1.0, rtol=1e-5)
+
+
+def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
+    async def scaling_server(rc, options):
+        await ppf.setup_server(rc, options.preset)
+        await rc.gather(ppf.EncryptedSums)
+        await rc.broadcast(ppf.Scales(scales=np.full(2, 2.0**60)))
+        await rc.gather(ppf.EncryptedVector)
+
+    protocol = get_protocol("zscore", "mhe")
+    cheat = type(protocol)(protocol.name, "zscore", "mhe", scaling_server, protocol.party)
+    with pytest.raises(ProtocolError, match="past what CKKS encodes"):
+        trio.run(run_federation, cheat, [np.full((4, 2), 3.0)] * 3, TEST)

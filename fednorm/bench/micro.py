@@ -7,6 +7,7 @@ over all parties plus the server, as the paper's figures are.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -102,7 +103,7 @@ def _decrypt(ctx, joint, keys, ct, ops: dict[str, OpSamples]) -> None:
 
 
 def _bootstrap(ctx, joint, keys, ct, ops: dict[str, OpSamples]) -> None:
-    rnd, start = measure(lambda: col.start_bootstrap(ctx, joint, ct))
+    rnd, start = measure(lambda: col.start_bootstrap(ctx, joint, ct, next(_BOOTSTRAP_INDEX)))
     shares, times = [], []
     for party in keys:
         share, s = measure(lambda p=party: p.boot_share(rnd.c1, rnd.a))
@@ -170,6 +171,7 @@ def primitives_at(ctx: ckks.CkksContext, n: int, repeats: int, fast: int,
 
 
 _PARTY_INDEPENDENT = {"skgen", "encrypt", "mul", "sum"}
+_BOOTSTRAP_INDEX = itertools.count()  # a fresh common random element per bootstrap
 
 
 def table_iv(parties: tuple[int, ...] = (10, 20, 30, 50), repeats: int = 3, fast: int = 9,
@@ -275,7 +277,7 @@ def wire_sizes(preset: str = "paper", parties: int = 3, command: str = "") -> Se
     deep = ct
     while ctx.consumed(deep) < ctx.level_budget:
         deep = ctx.mul(deep, 1.0)
-    rnd = col.start_bootstrap(ctx, joint, deep)
+    rnd = col.start_bootstrap(ctx, joint, deep, next(_BOOTSTRAP_INDEX))
     h0, h1 = keys[1].boot_share(rnd.c1, rnd.a)
     lead_relin = keys[0].relin_share()
     items = {

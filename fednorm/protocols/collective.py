@@ -33,7 +33,7 @@ import openfhe
 
 from fednorm.engine import ckks
 from fednorm.engine.codec import register_ext_type
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 
@@ -102,8 +102,12 @@ class DecryptShare(Message):
 
 @message("ckks.boot_request")
 class BootRequest(Message):
+    """Bootstrap ``c1``; the common random element is the joint key's ``index``-th, which
+    every party derives itself (:func:`fednorm.engine.ckks.common_element`): a server
+    cannot pick it, and a party refuses an index it did not expect."""
+
     c1: openfhe.Ciphertext
-    a: openfhe.Ciphertext
+    index: int
 
 
 @message("ckks.boot_share")
@@ -124,6 +128,7 @@ class ServerCrypto:
     decryptions: int = 0
     relinearized: bool = True
     rotations: tuple[int, ...] = ()
+    boot_index: int = 0  # bootstraps under these keys so far: the next common element
 
     def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
         return self.ckks.encrypt(self.joint.public_key, values)
@@ -153,9 +158,10 @@ class ServerCrypto:
     async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed."""
         self.bootstraps += 1
-        round_ = await self.rc.run_sync(ckks.start_bootstrap, self.ckks, self.joint, ct)
+        index, self.boot_index = self.boot_index, self.boot_index + 1
+        round_ = await self.rc.run_sync(ckks.start_bootstrap, self.ckks, self.joint, ct, index)
         with self.rc.subprotocol("bootstrap"):
-            await self.rc.broadcast(BootRequest(c1=round_.c1, a=round_.a))
+            await self.rc.broadcast(BootRequest(c1=round_.c1, index=index))
             replies = await self.rc.gather(BootShare)
         shares = [(replies[p].h0, replies[p].h1) for p in self.rc.parties]
         return await self.rc.run_sync(_finish_bootstrap, self.ckks, self.joint, round_, shares)
@@ -185,6 +191,22 @@ class PartyCrypto:
     public_key: openfhe.PublicKey
     relinearized: bool = True
     rotations: tuple[int, ...] = ()
+    boot_index: int = 0  # bootstraps answered under these keys: the next expected index
+    n_parties: int = 1  # P, public: the joint key's number of shares
+
+    def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
+        """InputError unless P × this party's largest count fits ``max_count``.
+
+        An encrypted inverse is only right on [1, max_count]; no single party sees the
+        pooled count, but if every party holds at most max_count / P values the pooled
+        count cannot leave the range (beyond it the inverse diverges silently).
+        """
+        largest = float(np.max(counts, initial=0.0))
+        if largest * self.n_parties > max_count:
+            raise InputError(
+                f"this party holds {largest:.0f} values of a feature; with {self.n_parties} "
+                f"parties the pooled count could exceed max_count={max_count} (each party "
+                f"may hold at most {max_count // self.n_parties}): raise max_count")
 
     async def encrypt(self, values: np.ndarray, level: int = 0) -> openfhe.Ciphertext:
         """Encrypt under the joint key; ``level`` > 0 for a ciphertext the server only
@@ -291,7 +313,7 @@ async def setup_party(
             await rc.send(SERVER, RelinRound2(share=share))
         await rc.receive(SERVER, SetupDone)
     rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
-                            rotations=tuple(rotations))
+                            rotations=tuple(rotations), n_parties=len(joint.party_tags))
     return rc.crypto
 
 
@@ -331,13 +353,16 @@ async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M
 
 # -- the party's service loop -------------------------------------------------------------
 async def serve_until(
-    crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int
+    crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
+    bootstraps: int | None = None,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
 
-    At most ``decryptions`` decryption requests are honoured in this phase: the ledger
-    fixes what each protocol step may reveal, and a server asking for more is refused.
+    At most ``decryptions`` decryption requests (and, if given, ``bootstraps`` bootstrap
+    requests) are honoured in this phase: the ledger fixes what each protocol step may
+    reveal and compute, and a server asking for more is refused.  A bootstrap request
+    must name the next common random element of these keys (never one used before).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
@@ -346,9 +371,12 @@ async def serve_until(
         if isinstance(msg, kinds):
             return msg  # type: ignore[return-value]
         if isinstance(msg, BootRequest):
-            h0, h1 = await rc.run_sync(crypto.keys.boot_share, msg.c1, msg.a)
-            with rc.subprotocol("bootstrap"):
-                await rc.send(SERVER, BootShare(h0=h0, h1=h1))
+            if bootstraps is not None:
+                if bootstraps <= 0:
+                    raise ProtocolError("the server asked for more bootstraps than the "
+                                        "protocol runs")
+                bootstraps -= 1
+            await _answer_bootstrap(crypto, msg)
         else:
             if decryptions <= 0:
                 raise ProtocolError("the server asked for more decryptions than the "
@@ -357,6 +385,23 @@ async def serve_until(
             share = await rc.run_sync(crypto.keys.decrypt_share, msg.ciphertext)
             with rc.subprotocol("decrypt"):
                 await rc.send(SERVER, DecryptShare(share=share))
+
+
+async def _answer_bootstrap(crypto: PartyCrypto, request: BootRequest) -> None:
+    """One bootstrap share, on the common element this party derives itself."""
+    if request.index != crypto.boot_index:
+        raise ProtocolError(f"bootstrap request for common element #{request.index}, "
+                            f"expected #{crypto.boot_index} (reused or skipped)")
+    crypto.boot_index += 1
+    rc = crypto.rc
+
+    def share() -> tuple[openfhe.Ciphertext, openfhe.Ciphertext]:
+        a = ckks.common_element(crypto.ckks, crypto.public_key, request.index)
+        return crypto.keys.boot_share(request.c1, a)
+
+    h0, h1 = await rc.run_sync(share)
+    with rc.subprotocol("bootstrap"):
+        await rc.send(SERVER, BootShare(h0=h0, h1=h1))
 
 
 async def _next_request_or(rc: RoleContext, kinds: tuple[type[Message], ...]) -> Message:

@@ -688,6 +688,7 @@ async def _refined_inverse(crypto: ServerCrypto, pooled: _Pooled) -> openfhe.Cip
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
     X = check_ppf_yeojohnson_input(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options))
+    crypto.require_pooled_count_within(feature_counts(X), options.max_count)
     width = X.shape[1]
     mine = SignFlags.local(X)
     layout = Layout(crypto.ckks.slots, width, probe_count(width, crypto.ckks.slots))

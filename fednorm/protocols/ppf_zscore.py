@@ -40,7 +40,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import InputError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
@@ -64,6 +64,8 @@ MAX_ABS_VALUE = 2.0**40
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
 COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
 COARSE_DECRYPTIONS = 2  # so a party helps decrypt a coarse pass at most twice
+COARSE_NOISE_FLOOR = 2.0**-20  # |coarse quotient| below this is noise: treated as zero
+MAX_SCALED_VALUE = 2.0**50  # a party refuses scales pushing its |value · scale| beyond
 
 
 @message("ppf_zscore.encrypted_sums")
@@ -175,10 +177,14 @@ def power_of_two_scales(coarse: np.ndarray) -> np.ndarray:
     Measured: the product with the encrypted inverse carries a small absolute error, so
     quotients of order 2^10 and above keep the inverse's own relative precision (~1e-7)
     while quotients of order one lose digits.  Values at the noise floor of the largest
-    are lifted only as far as that floor (what lies below it was never resolved).
+    are lifted only as far as that floor (what lies below it was never resolved), and a
+    value below the coarse pass's absolute noise (:data:`COARSE_NOISE_FLOOR`) counts as
+    zero: lifting noise by 2^49 would push the parties' own scaled sums (which may be
+    large while their pooled sum cancels, e.g. standardized data split by label) past
+    what CKKS encodes.
     """
     magnitude = np.abs(coarse)
-    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, 2.0**-80)
+    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, COARSE_NOISE_FLOOR)
     exponents = np.round(np.log2(np.maximum(magnitude, floor)))
     return np.ldexp(1.0, (QUOTIENT_EXPONENT - exponents).astype(np.int64))
 
@@ -222,6 +228,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
+    if not options.reveal_counts:
+        crypto.require_pooled_count_within(counts, options.max_count)
     await rc.send(SERVER, EncryptedSums(
         total=await crypto.encrypt(total, numerator_level(crypto.ckks)),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
@@ -257,7 +265,10 @@ async def precise_quotient_party(
                                decryptions=COARSE_DECRYPTIONS + extra_decryptions)
     factors = as_float_vector(scales.scales, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
-        raise InputError("the server sent invalid scales")
+        raise ProtocolError("the server sent invalid scales")
+    if np.nanmax(np.abs(local * factors), initial=0.0) > MAX_SCALED_VALUE:
+        raise ProtocolError("the server's scales would push this party's values past what "
+                            "CKKS encodes (2^50): refused")
     await crypto.rc.send(SERVER, EncryptedVector(
         values=await crypto.encrypt(local * factors, numerator_level(crypto.ckks))))
 

@@ -52,6 +52,7 @@ from fednorm.engine.ckks.compare import (
     tree_maximum,
 )
 from fednorm.engine.ckks.context import CkksContext, sum_rotation_indices
+from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import DECRYPT_SHARE_TOWERS, JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.ckks.levels import (
@@ -96,6 +97,8 @@ __all__ = [
     "aggregate_relin_round2",
     "aggregate_rotation_shares",
     "bootstrap_locally",
+    "bootstrap_seed",
+    "common_element",
     "comparison_error",
     "consumed_levels",
     "decrypt_locally",

@@ -37,6 +37,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.crs import common_element
 from fednorm.engine.ckks.keys import JointKeys, decrypt_share_towers, joint_tag_for
 from fednorm.engine.ckks.levels import require_consumed_at_most
 from fednorm.engine.errors import ProtocolError
@@ -193,14 +194,16 @@ class BootRound:
     adjusted: openfhe.Ciphertext
     c1: openfhe.Ciphertext
     a: openfhe.Ciphertext
+    index: int
 
 
-def start_bootstrap(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext) -> BootRound:
-    """Compress ``ct`` (``IntMPBootAdjustScale``) and draw the common random element.
+def start_bootstrap(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext,
+                    index: int) -> BootRound:
+    """Compress ``ct`` (``IntMPBootAdjustScale``) and expand the common random element.
 
     ``ct`` must not be past the level budget: OpenFHE would fail or return garbage.
-    The random element is made with the *joint* public key so the result carries the
-    joint key tag.
+    The random element is the ``index``-th of this joint key (:mod:`.crs`): every party
+    derives the same one from the index, so the server cannot choose it.
     """
     ctx.check_same_context(ct, "ciphertext to bootstrap")
     if ct.GetKeyTag() != joint.tag or ct.NumberCiphertextElements() != 2:
@@ -210,7 +213,7 @@ def start_bootstrap(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext) 
     c1 = adjusted.Clone()
     c1.RemoveElement(0)
     return BootRound(adjusted=adjusted, c1=c1,
-                     a=ctx.raw.IntMPBootRandomElementGen(joint.public_key))
+                     a=common_element(ctx, joint.public_key, index), index=index)
 
 
 def aggregate_boot_shares(ctx: CkksContext, joint: JointKeys, rnd: BootRound,
@@ -223,17 +226,30 @@ def aggregate_boot_shares(ctx: CkksContext, joint: JointKeys, rnd: BootRound,
     share made with keys outside this federation (or out of order) is caught.
     """
     _require_count(shares, joint, "bootstrap shares")
+    expected = (_poly_towers(ctx, rnd.c1), _poly_towers(ctx, rnd.a))  # h0 as c1, h1 as a
     for i, pair in enumerate(shares):
         what = f"bootstrap share #{i}"
         if len(pair) != 2:
             raise ProtocolError(f"{what} has {len(pair)} parts, expected 2")
-        for part in pair:
+        for part, towers in zip(pair, expected, strict=True):
             ctx.check_same_context(part, what)
             if part.NumberCiphertextElements() != 1:
                 raise ProtocolError(f"{what} has a part with "
                                     f"{part.NumberCiphertextElements()} elements")
             _require_tag(part, joint.party_tags[i], what)
+            if _poly_towers(ctx, part) != towers:
+                raise ProtocolError(f"{what} has a part with {_poly_towers(ctx, part)} "
+                                    f"towers, expected {towers}")
     return ctx.raw.IntMPBootAdd([list(pair) for pair in shares])
+
+
+def _poly_towers(ctx: CkksContext, ct: openfhe.Ciphertext) -> int:
+    """RNS towers a one-element ciphertext's polynomial really holds.
+
+    OpenFHE leaves the level of bootstrap shares at its default, so it does not tell;
+    the serialized size does (N 64-bit coefficients per tower, plus a small header).
+    """
+    return len(openfhe.Serialize(ct, openfhe.BINARY)) // (8 * ctx.preset.ring_dim)
 
 
 def finish_bootstrap(ctx: CkksContext, joint: JointKeys, rnd: BootRound,

@@ -165,10 +165,11 @@ class PartyKeys:
                       lead: bool | None = None) -> openfhe.Ciphertext:
         """Partial decryption of a joint ciphertext, compressed for sending.
 
-        Exactly one party per decryption must be ``lead`` (default: the key lead). The
-        share carries OpenFHE's fixed smudging noise (see :mod:`.collective`).
+        Exactly one party per decryption must be ``lead`` (default: the key lead).
+        OpenFHE adds a fixed Gaussian (σ = 2^20) to each share; it is *not* noise
+        flooding (docs/LEAKAGE.md, "Decryption noise").
         """
-        self._check_joint_ciphertext(ct, "ciphertext to decrypt")
+        self._check_joint_ciphertext(ct, "ciphertext to decrypt", elements=2)
         is_lead = self._lead if lead is None else lead
         make = self._ctx.raw.MultipartyDecryptLead if is_lead else \
             self._ctx.raw.MultipartyDecryptMain

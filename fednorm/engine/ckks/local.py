@@ -7,6 +7,7 @@ protocol would call, just without messages in between.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +17,8 @@ from fednorm.engine.ckks import collective as col
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys, PartyKeys
 from fednorm.engine.errors import InputError
+
+_BOOTSTRAP_INDEX = itertools.count()
 
 
 def setup_locally(ctx: CkksContext, n_parties: int,
@@ -50,8 +53,9 @@ def decrypt_locally(ctx: CkksContext, joint: JointKeys, parties: Sequence[PartyK
 
 def bootstrap_locally(ctx: CkksContext, joint: JointKeys, parties: Sequence[PartyKeys],
                       ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
-    """Collective bootstrap of ``ct``: same values, full level budget."""
-    rnd = col.start_bootstrap(ctx, joint, ct)
+    """Collective bootstrap of ``ct``: same values, full level budget (each call takes the
+    next common random element of this process, so none is used twice)."""
+    rnd = col.start_bootstrap(ctx, joint, ct, next(_BOOTSTRAP_INDEX))
     shares = [p.boot_share(rnd.c1, rnd.a) for p in parties]
     return col.finish_bootstrap(ctx, joint, rnd, col.aggregate_boot_shares(ctx, joint, rnd,
                                                                           shares))

@@ -1,0 +1,112 @@
+"""The declared ledger (fednorm.protocols.ledger) against what really crosses the wire,
+and a deviating server refused by every party.
+
+PPF z-score, MinMax and Yeo-Johnson check their ledger in their own test files (with
+their decryption counts); here the plaintext protocols and PPF robust."""
+
+from __future__ import annotations
+
+import numpy as np
+import openfhe
+import pytest
+from recording import install, spy_secret_keys
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols import ppf_zscore as ppf
+from fednorm.protocols.collective import BootRequest, serve_until
+from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.sim.federation import run_federation, simulate
+
+CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
+TEST = FitOptions(preset="test")
+
+
+def _plaintext_fields(msg) -> set[str]:
+    def crypto(value: object) -> bool:
+        if isinstance(value, list) and value:
+            return all(isinstance(v, openfhe.Ciphertext) for v in value)
+        return isinstance(value, CRYPTO_TYPES)
+    return {name for name, value in msg.fields().items()
+            if value is not None and not crypto(value)}
+
+
+@pytest.mark.parametrize(("method", "privacy"), [
+    ("zscore", "plain"), ("minmax", "plain"), ("robust", "plain"), ("yeojohnson", "plain"),
+    ("robust", "mhe"),
+])
+def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, method, privacy) -> None:
+    secrets = spy_secret_keys(monkeypatch)
+    recorder = install(monkeypatch)
+    rng = np.random.default_rng(3)
+    parts = [rng.normal(1, 2, size=(n, 2)) for n in (7, 5, 9)]
+    options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-2, minmax_bits=4,
+                         minmax_passes=2)
+    simulate(parts, method, privacy, options)
+    kinds = set()
+    for header, msg in recorder.decoded():
+        kinds.add(header.kind)
+        extra = undeclared(method, privacy, header.kind, _plaintext_fields(msg))
+        assert not extra, (header.kind, extra)
+    stale = set(PLAINTEXT[method, privacy]) - kinds - {"ckks.boot_request"}
+    assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
+    assert len(secrets) == (3 if privacy == "mhe" else 0)
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
+
+
+# -- a deviating server ---------------------------------------------------------------------
+async def _run_server(server_role, parts=None):
+    protocol = get_protocol("zscore", "mhe")
+    cheat = type(protocol)(protocol.name, "zscore", "mhe", server_role, protocol.party)
+    parts = parts or [np.ones((4, 2)) * i for i in range(1, 4)]
+    await run_federation(cheat, parts, TEST, timeout=60)
+
+
+async def test_parties_refuse_a_bootstrap_on_a_reused_common_element() -> None:
+    """A server that asks twice for the same common random element (so that it could
+    cancel the masks of two answers) is refused: the index must advance."""
+    async def server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset)
+        sums = await rc.gather(ppf.EncryptedSums)
+        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        await crypto.bootstrap(count)
+        crypto.boot_index -= 1  # replay element #0
+        await crypto.bootstrap(count)
+
+    with pytest.raises(ProtocolError, match="common element #0, expected #1"):
+        await _run_server(server)
+
+
+async def test_parties_refuse_a_bootstrap_with_a_chosen_element() -> None:
+    """The request carries no element; one that names a far-off index (to reach an
+    element the server searched for) is refused like any skip."""
+    async def server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset)
+        await rc.gather(ppf.EncryptedSums)
+        c1 = crypto.encrypt(np.ones(2))
+        c1.RemoveElement(0)
+        with rc.subprotocol("bootstrap"):
+            await rc.broadcast(BootRequest(c1=c1, index=12345))
+        await rc.gather(ppf.EncryptedVector)
+
+    with pytest.raises(ProtocolError, match="expected #0"):
+        await _run_server(server)
+
+
+async def test_parties_refuse_more_bootstraps_than_the_phase_declares() -> None:
+    async def server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset)
+        sums = await rc.gather(ppf.EncryptedSums)
+        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        await crypto.bootstrap(count)
+
+    async def party(rc, X, options):
+        crypto = await ppf.setup_party(rc, options.preset)
+        await rc.send(0, ppf.EncryptedSums(total=await crypto.encrypt(np.ones(2)),
+                                           count=await crypto.encrypt(np.ones(2)), width=2))
+        await serve_until(crypto, ppf.PpfZScoreResult, decryptions=9, bootstraps=0)
+
+    protocol = get_protocol("zscore", "mhe")
+    cheat = type(protocol)(protocol.name, "zscore", "mhe", server, party)
+    with pytest.raises(ProtocolError, match="more bootstraps"):
+        await run_federation(cheat, [np.ones((4, 2))] * 3, TEST, timeout=60)

@@ -1,4 +1,86 @@
+import ctypes
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+_PR_SET_PDEATHSIG = 1
+_LIVE: dict[int, tuple[subprocess.Popen[bytes], bool]] = {}  # pid -> (process, own group)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: the kernel kills it when the test process dies, even by
+    SIGKILL (Linux only; elsewhere the SIGTERM handler below is what remains)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def track(proc: subprocess.Popen[Any], *, group: bool = False) -> subprocess.Popen[Any]:
+    """Stop ``proc`` (and its process group, if it leads one) when pytest is terminated."""
+    _LIVE[proc.pid] = (proc, group)
+    return proc
+
+
+def stop(proc: subprocess.Popen[Any], group: bool) -> None:
+    """Kill a process, or every process of its group (what it started, e.g. Flower's
+    SuperExec children, which no parent-death signal reaches)."""
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    _LIVE.pop(proc.pid, None)
+
+
+def _stop_everything_then_die(signum: int, frame: object) -> None:
+    for proc, group in list(_LIVE.values()):
+        stop(proc, group)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A CI time limit sends SIGTERM: Python would die at once, skipping every fixture's
+    # teardown, and leave the servers, parties and Flower processes running.
+    signal.signal(signal.SIGTERM, _stop_everything_then_die)
+
+
+class ChildProcesses:
+    """Processes one test starts; they end with the test, or with pytest."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[subprocess.Popen[bytes], bool]] = []
+
+    def start(self, command: Sequence[str], *, group: bool = False,
+              **popen: Any) -> subprocess.Popen[bytes]:
+        popen.setdefault("stdout", subprocess.PIPE)
+        popen.setdefault("stderr", subprocess.PIPE)
+        proc = subprocess.Popen(list(command), start_new_session=group,
+                                preexec_fn=die_with_parent, **popen)
+        self.started.append((proc, group))
+        return track(proc, group=group)
+
+    def stop_all(self) -> None:
+        for proc, group in self.started:
+            stop(proc, group)
+            with_pipes = [proc.stdout, proc.stderr]
+            proc.wait()
+            for pipe in with_pipes:
+                if pipe is not None:
+                    pipe.close()
+
+
+@pytest.fixture
+def child_processes() -> Iterator[ChildProcesses]:
+    processes = ChildProcesses()
+    yield processes
+    processes.stop_all()

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from conftest import track
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -314,9 +315,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         for name, command in commands.items():
             with logs[name].open("wb") as log:
                 # Own process group each: teardown stops every process Flower started.
-                processes.append(subprocess.Popen(
+                processes.append(track(subprocess.Popen(
                     [str(BIN / command[0]), *command[1:]], env=env, cwd=home,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
+                    group=True))
         node_partitions = {node_id_from_log(logs[f"supernode-{pid}"]): pid
                            for pid in range(NODES)}
         yield Deployment(home, pipe_dir, env, logs, node_partitions)

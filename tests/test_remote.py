@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+from conftest import die_with_parent, track
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -106,8 +107,9 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         entry = [str(script)] if script else ["-m", "fednorm"]
         proc = subprocess.Popen([sys.executable, *entry, *map(str, args)], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-        started.append(proc)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                preexec_fn=die_with_parent)
+        started.append(track(proc))
         return proc
 
     yield run

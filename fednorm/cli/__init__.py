@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fednorm.cli import bench, net, simulate, study
+from fednorm.cli import bench, demo, net, simulate, study
 from fednorm.engine.errors import FednormError, InputError
 
-SUBCOMMAND_MODULES = [simulate, net, study, bench]
+SUBCOMMAND_MODULES = [simulate, demo, net, study, bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ import argparse
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
+from fednorm.sim.federation import check_fit_options
 
 
 def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--preset",
@@ -30,8 +31,10 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
 
 
 def fit_options(args: argparse.Namespace) -> FitOptions:
-    return FitOptions(epsilon=args.epsilon, preset=args.ckks_preset, rank_probes=args.rank_probes,
-                      reveal_counts=args.reveal_counts, vabs=parse_vabs(args.vabs))
+    options = FitOptions(epsilon=args.epsilon, preset=args.ckks_preset,
+                         rank_probes=args.rank_probes, reveal_counts=args.reveal_counts,
+                         vabs=parse_vabs(args.vabs))
+    return check_fit_options(options)
 
 
 def parse_vabs(text: str | None) -> tuple[float, ...] | None:

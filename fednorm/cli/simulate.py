@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from fednorm.cli.options import add_fit_options, fit_options
+from fednorm.cli.progress import add_quiet_option, progress_for
 from fednorm.protocols import METHODS, Normalizer, fit_local
-from fednorm.sim.datasets import load_dataset
+from fednorm.remote import load_csv
 from fednorm.sim.federation import SimulationResult, simulate
 from fednorm.sim.partition import SplitSpec, partition
 
@@ -49,17 +51,28 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    features, result, comparison = run_simulation(args)
+    if args.json:
+        print(json.dumps(_json_report(args, features, result, comparison)))
+    else:
+        print(human_report(args, features, result, comparison))
+    return 0
+
+
+def run_simulation(args: argparse.Namespace
+                   ) -> tuple[list[str], SimulationResult, Comparison]:
+    """One ``simulate`` run from its options: the features, the result, the comparison."""
     split = SplitSpec.parse(args.split)
     options = fit_options(args)
-    dataset = load_dataset(args.dataset, args.target)
+    dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
-    result = simulate([p.X for p in parts], args.method, args.privacy, options)
-    comparison = compare(result.normalizer, fit_local(args.method, dataset.X, options))
-    if args.json:
-        print(json.dumps(_json_report(args, dataset.feature_names, result, comparison)))
-    else:
-        print(_human_report(args, dataset.feature_names, result, comparison))
-    return 0
+    progress = progress_for(args, f"fednorm simulate {args.method}-{args.privacy}")
+    # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
+    with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
+        result = simulate([p.X for p in parts], args.method, args.privacy, options,
+                          features=dataset.feature_names, tracer=progress)
+        pooled = fit_local(args.method, dataset.X, options)
+    return dataset.feature_names, result, compare(result.normalizer, pooled)
 
 
 def _json_report(
@@ -81,7 +94,7 @@ def _json_report(
     }
 
 
-def _human_report(
+def human_report(
     args: argparse.Namespace, features: list[str], result: SimulationResult, cmp: Comparison
 ) -> str:
     names = list(cmp.federated)
@@ -121,4 +134,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_quiet_option(p)
     p.set_defaults(handler=simulate_command)

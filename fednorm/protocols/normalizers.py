@@ -91,6 +91,7 @@ class MinMaxNormalizer(Normalizer):
     PARAMS: ClassVar[tuple[str, ...]] = ("min", "max")
     min: np.ndarray
     max: np.ndarray
+    rows: int | None = None  # pooled rows, when the protocol counted them
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return (X - self.min) / _safe_scale(self.max - self.min)
@@ -106,7 +107,9 @@ class MinMaxNormalizer(Normalizer):
         scaler.data_max_ = np.asarray(self.max, dtype=np.float64)
         scaler.data_range_ = data_range
         scaler.n_features_in_ = self.n_features
-        scaler.n_samples_seen_ = 0
+        # The pooled row count when known.  Unknown is None, not 0: a later partial_fit
+        # then fails loudly instead of carrying on from a count that is wrong.
+        scaler.n_samples_seen_ = self.rows
         return scaler
 
 

@@ -20,10 +20,11 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.errors import InputError, PartyDropped
-from fednorm.engine.runtime import SERVER, RoleContext, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol, check_party_data
 from fednorm.transport.memory import star_links
+from fednorm.transport.trace import TracedLink, Tracer
 
 
 @dataclass
@@ -180,14 +181,20 @@ async def run_federation(
     timeout: float | None = 120.0,
     session: str | None = None,
     keys: FederationKeys | None = None,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
 ) -> SimulationResult:
     """Run ``protocol`` with one party per array, all in this trio run.
 
     With ``keys`` (shared by several runs over the same party arrays) every role starts
     with what it kept from the previous run and keeps what it holds after this one.
+    ``features`` names the columns in error messages; ``tracer`` sees every frame the
+    server sends or receives (which is every frame of the run).
     """
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
+    for X in arrays:
+        check_within_vabs(X, protocol, options, features)
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     server_links, party_links = star_links(party_ids)
@@ -198,7 +205,9 @@ async def run_federation(
                            worker_limiter=limiter,
                            crypto=keys.by_role.get(me) if keys is not None else None)
 
-    server_ctx = context(SERVER, server_links)
+    traced: dict[int, Link] = dict(server_links) if tracer is None else {
+        p: TracedLink(link, tracer, role_name(p)) for p, link in server_links.items()}
+    server_ctx = context(SERVER, traced)
     party_ctxs = {p: context(p, {SERVER: party_links[p]}) for p in party_ids}
     results: dict[int, Normalizer] = {}
 
@@ -224,6 +233,7 @@ async def run_federation(
     traffic = {role_name(SERVER): server_ctx.stats}
     traffic.update({role_name(p): party_ctxs[p].stats for p in party_ids})
     report = SimulationReport(server_ctx.stats.rounds, seconds, traffic)
+    check_no_overflow(results[SERVER], protocol.method, features)
     return SimulationResult(results[SERVER], {p: results[p] for p in party_ids}, report)
 
 
@@ -234,11 +244,15 @@ def simulate(
     options: FitOptions | None = None,
     *,
     timeout: float | None = 120.0,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
 ) -> SimulationResult:
-    """Synchronous entry point: fit ``method`` federatedly over the given party arrays."""
+    """Synchronous entry point: fit ``method`` federatedly over the given party arrays
+    (``features`` names the columns in errors; ``tracer`` sees every frame)."""
     protocol = get_protocol(method, privacy)
     check_federation_data(party_data)
-    return trio.run(lambda: run_federation(protocol, party_data, options, timeout=timeout))
+    return trio.run(lambda: run_federation(protocol, party_data, options, timeout=timeout,
+                                           features=features, tracer=tracer))
 
 
 def simulate_session(

@@ -1,0 +1,268 @@
+"""The edges a new user meets: hostile numbers and files, progress on a terminal, the
+demo's summary, and processes that end with the test run."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fednorm.cli import main
+from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions, MinMaxNormalizer
+from fednorm.remote import load_party_data
+from fednorm.sim.federation import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def csv_file(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# -- hostile numbers and files ----------------------------------------------------------
+def test_an_infinite_epsilon_is_refused_on_the_command_line_and_in_the_library(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_cli(["simulate", "--method", "robust", "--epsilon", "inf"], capsys)
+    assert code == 2 and "epsilon must be a finite positive number, got inf" in err
+    parts = [np.arange(6.0).reshape(3, 2), np.arange(6.0, 12.0).reshape(3, 2)]
+    with pytest.raises(InputError, match="epsilon must be a finite"):
+        simulate(parts, "robust", options=FitOptions(epsilon=float("inf")))
+
+
+@pytest.mark.parametrize("method", ["zscore", "yeojohnson"])
+def test_values_that_overflow_the_fit_are_an_error_not_null(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = "\n".join(f"{v},{w}" for v, w in zip([1e300, -2e300, 3e300, 5e299, 1e299, -1e300],
+                                                [1, 2, 3, 4, 5, 6], strict=True))
+    data = csv_file(tmp_path / "huge.csv", f"big,small\n{rows}\n")
+    with _no_runtime_warnings():
+        code, out, err = run_cli(["simulate", "--dataset", data, "--parties", "2",
+                                  "--method", method, "--json"], capsys)
+    assert code == 2, out
+    assert f"the {method} fit overflows float64 for 'big'" in err
+    assert "'small'" not in err and out == ""
+
+
+class _no_runtime_warnings:
+    """The overflow is reported once, as the error, not as numpy warnings besides."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catcher = warnings.catch_warnings(record=True)
+        self._seen = self._catcher.__enter__()
+        warnings.simplefilter("always")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._catcher.__exit__(*exc_info)
+        runtime = [w for w in self._seen if issubclass(w.category, RuntimeWarning)]
+        assert not runtime, [str(w.message) for w in runtime]
+
+
+def test_a_number_beyond_float64_is_called_that_not_non_numeric(tmp_path: Path) -> None:
+    data = csv_file(tmp_path / "big.csv", "a,label\n1,yes\n1e309,no\n")
+    with pytest.raises(InputError) as refused:
+        load_party_data(data, "label")
+    message = str(refused.value)
+    assert "value '1e309' (data row 2, line 3), beyond the range of float64" in message
+    assert "non-numeric" not in message
+
+
+@pytest.mark.parametrize("delimiter, name", [(";", "semicolons"), ("\t", "tabs")])
+def test_a_file_split_by_another_delimiter_gets_a_hint(
+    delimiter: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = [["a", "b", "label"], ["1,5", "2", "x"], ["3", "4", "y"]]  # decimal commas
+    data = csv_file(tmp_path / "semi.csv", "\n".join(delimiter.join(r) for r in lines) + "\n")
+    code, _, err = run_cli(["simulate", "--dataset", data, "--target", "label"], capsys)
+    assert code == 2
+    assert f"separated by {name}: fednorm reads comma-separated files" in err
+
+
+def test_values_beyond_vabs_are_named_by_feature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = "\n".join(f"{i},{i * 100},{i % 2}" for i in range(1, 9))
+    data = csv_file(tmp_path / "d.csv", f"age,income,label\n{rows}\n")
+    code, _, err = run_cli(["simulate", "--dataset", data, "--target", "label", "--parties",
+                            "2", "--method", "minmax", "--privacy", "mhe", "--preset", "test",
+                            "--vabs", "10,500"], capsys)
+    assert code == 2
+    assert re.search(r"values beyond the agreed bound vabs: 'income' \(\|x\| up to [5-8]00, "
+                     r"bound 500\)$", err.strip()), err
+    assert "'age'" not in err
+
+
+def test_complex_data_is_refused_not_truncated_to_its_real_part() -> None:
+    parts = [np.array([[1 + 2j, 3], [4, 5]]), np.array([[6.0, 7.0], [8.0, 9.0]])]
+    with pytest.raises(InputError, match="complex"):
+        simulate(parts, "zscore")
+
+
+def test_a_minmax_scaler_reports_the_rows_it_saw() -> None:
+    fitted = MinMaxNormalizer(np.array([0.0, 1.0]), np.array([2.0, 5.0]), rows=37)
+    assert fitted.to_sklearn().n_samples_seen_ == 37
+    # Unknown is not claimed to be zero: a partial_fit fails instead of miscounting.
+    unknown = MinMaxNormalizer(np.array([0.0]), np.array([2.0])).to_sklearn()
+    assert unknown.n_samples_seen_ is None
+    with pytest.raises(TypeError):
+        unknown.partial_fit(np.array([[1.0]]))
+
+
+# -- progress on a terminal -------------------------------------------------------------
+def run_on_terminal(args: list[str], timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``fednorm ...`` with stderr on a pseudo-terminal; (exit code, stdout, stderr)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fednorm", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the process is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(leader)
+    out, _ = proc.communicate(timeout=10)
+    return proc.returncode, out.decode(), seen.decode(errors="replace")
+
+
+PPF = ["simulate", "--parties", "3", "--method", "zscore", "--privacy", "mhe",
+       "--preset", "test"]
+
+
+def test_a_long_run_shows_its_phase_and_bytes_on_a_terminal() -> None:
+    code, out, err = run_on_terminal(PPF)
+    assert code == 0, err
+    assert "key setup" in err and "decryption" in err
+    sizes = [float(size) for size in re.findall(r"([\d.]+) MB sent", err)]
+    assert sizes and sizes == sorted(sizes) and sizes[-1] > 1  # bytes so far, growing
+    assert "max abs error" in out  # the report itself stays on stdout
+
+
+@pytest.mark.parametrize("flag", ["--json", "--quiet"])
+def test_no_progress_with_json_or_quiet(flag: str) -> None:
+    code, _, err = run_on_terminal([*PPF, flag])
+    assert code == 0 and "key setup" not in err and " sent" not in err, err
+
+
+def test_no_progress_when_stderr_is_not_a_terminal() -> None:
+    done = subprocess.run([sys.executable, "-m", "fednorm", *PPF], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+# -- processes end with the test run ----------------------------------------------------
+PROBE_ENV = "FEDNORM_SIGTERM_PROBE"
+
+
+@pytest.mark.skipif(PROBE_ENV not in os.environ, reason="run by the SIGTERM test only")
+def test_sigterm_probe(child_processes: object) -> None:
+    """Starts a server process and a process group with a grandchild, records their
+    pids, then waits to be terminated with pytest."""
+    from conftest import ChildProcesses
+
+    assert isinstance(child_processes, ChildProcesses)
+    server = child_processes.start([sys.executable, "-m", "fednorm", "serve", "--bind",
+                                    "127.0.0.1:0", "--parties", "2", "--method", "zscore",
+                                    "--certs", os.environ[PROBE_ENV] + "/certs"])
+    group = child_processes.start(["sh", "-c", "sleep 300 & echo $!; wait"], group=True)
+    assert group.stdout is not None
+    grandchild = int(group.stdout.readline())
+    Path(os.environ[PROBE_ENV], "pids").write_text(f"{server.pid} {group.pid} {grandchild}")
+    time.sleep(300)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status is left
+
+
+def test_processes_a_test_starts_die_when_pytest_is_terminated(tmp_path: Path) -> None:
+    from fednorm.transport.tls import init_certs
+
+    init_certs(tmp_path / "certs", parties=2)
+    pytest_run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "sigterm_probe"], cwd=ROOT, env={**os.environ, PROBE_ENV: str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pids_file = tmp_path / "pids"
+    deadline = time.monotonic() + 60
+    while not pids_file.exists():
+        assert time.monotonic() < deadline and pytest_run.poll() is None, (
+            pytest_run.communicate()[0].decode())
+        time.sleep(0.1)
+    time.sleep(0.2)  # the file is written in one call, but let it be complete
+    pids = [int(pid) for pid in pids_file.read_text().split()]
+    assert all(alive(pid) for pid in pids)
+
+    pytest_run.send_signal(signal.SIGTERM)  # as a CI time limit does
+    pytest_run.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            for pid in pids:  # clean up before failing
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"still running after pytest was terminated: {pids}")
+        time.sleep(0.1)
+
+
+# -- make demo's summary ------------------------------------------------------------------
+def makefile_bcw_vabs() -> str:
+    """The per-feature bounds ``make demo`` passes for BCW."""
+    return re.search(r"^BCW_VABS := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
+
+
+def test_the_demo_ends_with_a_summary_per_method_and_privacy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(["demo", "--methods", "zscore,minmax", "--preset", "test",
+                            "--parties", "3", "--vabs", makefile_bcw_vabs()], capsys)
+    assert code == 0
+    summary = out[out.index("Summary"):].splitlines()
+    assert len(summary) <= 24  # one screen
+    rows = {tuple(line.split()[:2]): line.split() for line in summary[2:] if line.strip()}
+    assert set(rows) == {("zscore", "plain"), ("minmax", "plain"), ("zscore", "mhe"),
+                         ("minmax", "mhe")}
+    for (_, privacy), cells in rows.items():
+        relative, rounds, size, seconds = (float(cells[3]), int(cells[4]), float(cells[5]),
+                                           float(cells[7]))
+        # The documented precision: exact in plain, PPF within 1e-6 relative (z-score)
+        # and a small multiple of 1e-13 V_abs (MinMax, on BCW's bounds).
+        assert relative < (1e-12 if privacy == "plain" else 1e-5)
+        assert rounds >= 1 and size > 0
+        assert seconds > 0 if privacy == "mhe" else seconds < 1

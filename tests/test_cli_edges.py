@@ -266,3 +266,20 @@ def test_the_demo_ends_with_a_summary_per_method_and_privacy(
         assert relative < (1e-12 if privacy == "plain" else 1e-5)
         assert rounds >= 1 and size > 0
         assert seconds > 0 if privacy == "mhe" else seconds < 1
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--bind", "127.0.0.1:0", "--parties", "2", "--method", "zscore", "--certs", "c"],
+    ["party", "--connect", "127.0.0.1:9", "--id", "1", "--data", "d.csv", "--certs", "c",
+     "--out", "o"],
+    ["simulate"],
+])
+def test_quiet_turns_the_progress_line_off_on_a_terminal(command: list[str]) -> None:
+    from fednorm.cli import build_parser
+    from fednorm.cli.progress import wants_progress
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as terminal:
+        assert wants_progress(build_parser().parse_args(command), terminal)
+        assert not wants_progress(build_parser().parse_args([*command, "--quiet"]), terminal)
+    os.close(leader)

@@ -157,7 +157,8 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
     pipe_dir: Path,
 ) -> None:
     grid = loopback(partition_of)
-    fitted = normalize(grid, NODE_IDS, "robust", "plain")
+    progress: list[str] = []
+    fitted = normalize(grid, NODE_IDS, "robust", "plain", progress=progress.append)
 
     expected = expected_normalizer([0, 1, 2], "robust", "plain", FitOptions())
     assert fitted.normalizer.params() == expected  # plaintext runs are bit-for-bit
@@ -167,6 +168,13 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
     for context in grid.contexts.values():
         assert fitted_normalizer(context).params() == expected
     wait_until_gone(pipe_dir)
+    # The server's log tells the phase, round and bytes so far as the run goes.
+    assert progress[0].startswith("fednorm robust-plain: upload · round 1 · ")
+    assert any("rank search round 5 · " in line for line in progress)
+    assert progress[-1].startswith(f"fednorm robust-plain: result · round "
+                                   f"{fitted.protocol_rounds} · ")
+    sent = [float(n) for n in re.findall(r"· ([\d.]+) kB sent", "\n".join(progress))]
+    assert sent == sorted(sent) and len(sent) >= fitted.protocol_rounds // 2
 
 
 def test_a_node_with_bad_data_stops_the_session_and_every_worker(pipe_dir: Path) -> None:
@@ -346,7 +354,8 @@ class _suppress_lookup:
 
 
 def run_example(deployment: Deployment, tmp_path: Path, method: str, privacy: str,
-                options: FitOptions, timeout: float, **config: object) -> dict:
+                options: FitOptions, timeout: float, **config: object) -> tuple[dict, str]:
+    """The app's result.json, and what ``flwr run --stream`` showed of the ServerApp."""
     out = tmp_path / "out"
     settings = {"method": method, "privacy": privacy, "preset": options.preset,
                 "relative-epsilon": options.relative_epsilon, "out-dir": str(out),
@@ -360,7 +369,7 @@ def run_example(deployment: Deployment, tmp_path: Path, method: str, privacy: st
     result = out / "result.json"
     assert finished.returncode == 0 and result.exists(), (
         f"{finished.stdout[-4000:]}\n{finished.stderr[-2000:]}\n{deployment.log_tail()}")
-    return json.loads(result.read_text())
+    return json.loads(result.read_text()), finished.stdout + finished.stderr
 
 
 def check_against_simulation(deployment: Deployment, document: dict, method: str,
@@ -381,12 +390,16 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
     # few seconds on a SuperNode) small; the simulation runs with the same options.
     options = FitOptions(relative_epsilon=1e-2)
     started = time.monotonic()
-    document = run_example(deployment, tmp_path, "robust", "plain", options, timeout=240)
+    document, log = run_example(deployment, tmp_path, "robust", "plain", options,
+                                timeout=240)
     seconds = time.monotonic() - started
 
     check_against_simulation(deployment, document, "robust", "plain", options, rtol=1e-12)
     check_quartiles_against_numpy(document["params"], options.relative_epsilon)
     assert document["flower_rounds"] == document["protocol_rounds"] + 1  # + the result
+    # The ServerApp's log shows the run's progress: phase, round, bytes so far.
+    assert re.search(r"fednorm robust-plain: rank search round \d+ · round \d+ · "
+                     r"[\d.]+ kB sent", log), log[-3000:]
     # Step 2 ran: FedAvg on the normalized data learned the task.
     final = document["evaluate"][str(max(map(int, document["evaluate"])))]
     assert final["eval-acc"] > 0.9, document["evaluate"]
@@ -402,7 +415,7 @@ def test_the_example_app_runs_a_ppf_protocol_in_flower(
     # PPF z-score: 14 protocol rounds with the test preset.  PPF robust scaling runs the
     # same way but needs about 50 rounds, each a Flower round of several seconds.
     options = FitOptions(preset="test")
-    document = run_example(deployment, tmp_path, "zscore", "mhe", options, timeout=900)
+    document, _ = run_example(deployment, tmp_path, "zscore", "mhe", options, timeout=900)
     # CKKS noise differs run to run, within the PPF tolerance (see test_ppf_zscore.py).
     check_against_simulation(deployment, document, "zscore", "mhe", options, rtol=2e-6)
     pooled = pooled_training_rows()

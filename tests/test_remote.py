@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pty
 import re
 import select
 import struct
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from fednorm.cli import main
 from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.protocols import FitOptions
 from fednorm.protocols.base import feature_counts
 from fednorm.protocols.zscore import LocalSums
@@ -35,6 +36,7 @@ from fednorm.remote import (
     Server,
     ServerConfig,
     Timeouts,
+    check_out_dir,
     load_party_data,
     write_atomically,
 )
@@ -103,11 +105,11 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``fednorm ...`` (or a helper script) processes; kill leftovers at the end."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def run(*args: object, script: Path | None = None,
-            env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def run(*args: object, script: Path | None = None, env: dict[str, str] | None = None,
+            stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
         entry = [str(script)] if script else ["-m", "fednorm"]
         proc = subprocess.Popen([sys.executable, *entry, *map(str, args)], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                stdout=subprocess.PIPE, stderr=stderr, bufsize=0,
                                 preexec_fn=die_with_parent)
         started.append(track(proc))
         return proc
@@ -120,10 +122,11 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
 
 def start_server(spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, method: str,
-                 out: Path, *extra: object) -> tuple[subprocess.Popen[bytes], int]:
+                 out: Path, *extra: object, **kwargs: object
+                 ) -> tuple[subprocess.Popen[bytes], int]:
     proc = spawn("serve", "--bind", "127.0.0.1:0", "--parties", 3, "--method", method,
                  "--certs", certs, "--out", out, "--timeout", 60, "--join-timeout", 20,
-                 *extra)
+                 *extra, **kwargs)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
     line = proc.stdout.readline().decode() if ready else ""  # type: ignore[union-attr]
     match = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line)
@@ -148,7 +151,7 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str
         proc.kill()
         err = proc.communicate()[1]
         raise AssertionError(f"still running after {timeout} s: {err!r}") from None
-    return proc.returncode, err.decode()
+    return proc.returncode, (err or b"").decode()  # None: stderr went elsewhere
 
 
 def read_params(out: Path) -> dict[str, np.ndarray]:
@@ -197,6 +200,55 @@ def test_a_multi_host_run_fits_what_the_in_memory_simulation_fits(
         assert labels == [row[1] for row in data[p - 1].rows]
         np.testing.assert_allclose(values, expected.transform(data[p - 1].X), rtol=1e-4,
                                    atol=1e-5 if privacy == "mhe" else 0)
+
+
+class TerminalCapture:
+    """A pseudo-terminal for a child's stderr, read by a thread into :attr:`data`."""
+
+    def __init__(self) -> None:
+        self.leader, self.follower = pty.openpty()
+        self.data = bytearray()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.leader, 65536)
+            except OSError:  # every writer has closed the terminal
+                return
+            if not chunk:
+                return
+            self.data += chunk
+
+    def text(self) -> str:
+        """Everything written, once the child has exited."""
+        os.close(self.follower)
+        self._thread.join(10)
+        os.close(self.leader)
+        return self.data.decode(errors="replace")
+
+
+def test_serve_and_party_show_their_progress_on_a_terminal(
+    spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, csvs: list[Path],
+    tmp_path: Path,
+) -> None:
+    terminals = {"server": TerminalCapture(), 1: TerminalCapture()}
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--privacy", "mhe",
+                                "--preset", "test", stderr=terminals["server"].follower)
+    parties = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p], timeout=60,
+                           stderr=terminals[1].follower if p == 1 else subprocess.PIPE)
+               for p in (1, 2, 3)]
+    errors = [finish(proc, timeout=120) for proc in [server, *parties]]
+    assert all(code == 0 for code, _ in errors), errors
+    shown = {role: terminal.text() for role, terminal in terminals.items()}
+    for role, label in (("server", "fednorm serve"), (1, "fednorm party 1")):
+        assert re.search(rf"{label}: key setup · round \d+ · [\d.]+ [kM]B sent", shown[role])
+        assert "decryption" in shown[role]
+    assert "fednorm serve: party 1 joined" in shown["server"]  # the log, above the line
+    # A party whose stderr is no terminal shows no progress line.
+    assert " sent, " not in errors[2][1] and "party 2: admitted" in errors[2][1]
 
 
 def nothing_written(outs: list[Path]) -> bool:
@@ -643,6 +695,18 @@ def test_bad_input_exits_2_before_connecting(
     assert re.search(message, capsys.readouterr().err)
     assert time.monotonic() - started < 5  # it did not try to connect
     assert not (tmp_path / "out").exists()
+
+
+def test_a_party_refuses_complex_data_before_connecting(certs: Path) -> None:
+    party = Party(PartyConfig("127.0.0.1", 9, 1, certs, FAST))
+    X = np.array([[1 + 1j, 2, 3], [4, 5, 6]])
+    with pytest.raises(InputError, match="complex"):
+        trio.run(party.run, X, FEATURES)
+
+
+def test_an_output_probe_leaves_no_directory_behind(tmp_path: Path) -> None:
+    check_out_dir(tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_outputs_are_all_or_nothing(tmp_path: Path) -> None:

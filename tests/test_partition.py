@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fednorm.engine.errors import InputError
-from fednorm.sim.partition import Partition, SplitSpec, describe, partition
+from fednorm.sim.partition import (
+    Partition,
+    SplitSpec,
+    describe,
+    feature_spread,
+    partition,
+)
 
 ALL_SPLITS = ["iid", "label:0.5", "quantity:0.5", "feature:1"]
 
@@ -48,17 +54,17 @@ def coefficient_of_variation(parts: list[Partition]) -> float:
 @settings(max_examples=60, deadline=None)
 @given(
     parties=st.integers(1, 8),
-    min_samples=st.integers(1, 3),
+    min_samples=st.integers(1, 12),
     spare_rows=st.integers(0, 150),
     kind=st.sampled_from(["iid", "label", "quantity", "feature"]),
-    param=st.floats(1.0, 10.0),
+    param=st.floats(0.01, 10.0),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_every_row_goes_to_exactly_one_party_with_at_least_min_samples(
     parties, min_samples, spare_rows, kind, param, seed
 ):
-    # Four times the minimum keeps Dirichlet splits (β ≥ 1) feasible within the retry bound.
-    n_rows = 4 * parties * min_samples + spare_rows
+    # Any β, however skewed: short parties are topped up, so parties · min rows suffice.
+    n_rows = parties * min_samples + spare_rows
     X, y = make_data(n_rows)
     split = SplitSpec("iid") if kind == "iid" else SplitSpec(kind, param)
     parts = partition(X, y, parties, split, seed=seed, min_samples=min_samples)
@@ -260,11 +266,45 @@ def test_bad_arguments_are_input_errors(kwargs, message):
         partition(**arguments)
 
 
-@pytest.mark.parametrize("split", ["label:0.001", "quantity:0.001"])
-def test_dirichlet_split_that_never_fits_is_rejected_with_advice(split):
-    X, y = make_data(40, n_classes=2)
-    with pytest.raises(InputError, match="larger β"):
-        partition(X, y, 15, split, min_samples=2)
+@pytest.mark.parametrize("split", ["label:0.05", "quantity:0.05"])
+def test_short_parties_are_topped_up_and_the_rest_keeps_its_skew(split):
+    """NIID-Bench would redraw forever here (40 rows, 15 parties, ≥ 2 rows each, β
+    tiny): short parties get rows of the largest instead, and the split stays skewed."""
+    X, y = make_data(400, n_classes=4)
+    parts = partition(X, y, 15, split, seed=3, min_samples=10)
+    sizes = sorted(len(p.indices) for p in parts)
+    assert sizes[0] == 10 and sorted(all_indices(parts).tolist()) == list(range(400))
+    if split.startswith("quantity"):
+        assert sizes[-1] > 3 * 400 / 15  # one party still holds far more than its share
+    else:
+        assert mean_label_skew(parts, y, 4) > 0.3
+
+
+def test_feature_noise_takes_a_unit_per_feature_and_spares_zero_unit_features():
+    X, y = make_data(20_000, n_features=3)
+    X[:, 1] = np.arange(20_000) % 2  # a categorical column
+    X[:, 2] *= 1e-4
+    spread = feature_spread(X, categorical=[1])
+    np.testing.assert_allclose(spread, [X[:, 0].std(), 0.0, X[:, 2].std()])
+    parts = partition(X, y, 2, "feature:0.5", seed=1, noise_scale=spread)
+    for number, part in enumerate(parts, start=1):
+        noise = part.X - X[part.indices]
+        np.testing.assert_array_equal(noise[:, 1], 0.0)
+        np.testing.assert_allclose(noise[:, [0, 2]].std(axis=0),
+                                   spread[[0, 2]] * 0.5 * number / 2, rtol=0.05)
+
+
+@pytest.mark.parametrize("scale", [np.ones(2), np.array([1.0, -1.0, 1.0]),
+                                   np.array([1.0, np.nan, 0.0])])
+def test_a_bad_noise_scale_is_an_input_error(scale):
+    X, y = make_data(30)
+    with pytest.raises(InputError, match="noise_scale"):
+        partition(X, y, 3, "feature:1", noise_scale=scale)
+
+
+def test_feature_spread_skips_missing_values_and_gives_constant_columns_zero():
+    X = np.array([[1.0, 5.0, np.nan], [3.0, 5.0, np.nan], [np.nan, 5.0, np.nan]])
+    np.testing.assert_array_equal(feature_spread(X), [1.0, 0.0, 0.0])
 
 
 # --- SplitSpec ---------------------------------------------------------------------------

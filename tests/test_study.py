@@ -22,7 +22,7 @@ from fednorm.training.grid import (
     ResultStore,
     build_grid,
 )
-from fednorm.training.report import count_pairs, mean_scores, read_results
+from fednorm.training.report import count_pairs, mean_scores, read_results, training_health
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "3",
@@ -43,9 +43,15 @@ def keys(rows: list[dict[str, str]]) -> list[tuple[str, ...]]:
 
 def test_presets_are_the_papers_grid():
     tabular = build_grid(GridRequest(preset="tabular"))
-    assert len(tabular) == 3 * 7 * 3 * 13 * 3  # datasets × skews × clients × norms × seeds
+    # datasets × skews × clients × (12 normalizations + 2 references) × seeds
+    assert len(tabular) == 3 * 7 * 3 * 14 * 3
+    assert "instance_norm" not in {c.normalization for c in tabular}  # = layer norm on MLPs
+    assert {"central_model", "central_linear"} <= {c.normalization for c in tabular}
     digits = build_grid(GridRequest(preset="digits"))
-    assert len(digits) == 7 * 3 * 11 * 3  # no Yeo-Johnson on images
+    assert len(digits) == 7 * 3 * 13 * 3  # no Yeo-Johnson on images, instance norm kept
+    assert "instance_norm" in {c.normalization for c in digits}
+    mnist = build_grid(GridRequest(preset="mnist"))
+    assert {c.dataset for c in mnist} == {"mnist"} and {c.clients for c in mnist} == {10, 20, 50}
     assert {c.skew for c in digits} >= {"feature:0.01", "feature:0.1", "quantity:0.7"}
     assert {c.clients for c in digits} == {10, 20, 50}
     assert {c.skew for c in tabular} >= {"feature:0.3", "feature:0.7", "label:0.5", "label:5"}
@@ -189,10 +195,10 @@ def test_a_killed_experiment_continues_where_it_stopped(tmp_path):
 def test_a_cell_the_data_cannot_support_is_recorded_as_failed(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "results.csv"
-    assert main(["experiment", "--datasets", "bcw", "--skews", "iid", "--clients", "400",
+    assert main(["experiment", "--datasets", "bcw", "--skews", "iid", "--clients", "40",
                  "--normalizations", "none", "--seeds", "0", "--out", str(out)]) == 0
     (row,) = read_rows(out)
-    assert row["status"] == "error" and "400 parties" in row["error"]
+    assert row["status"] == "error" and "40 clients cannot each keep 10 training" in row["error"]
 
 
 @pytest.mark.parametrize("flags", [
@@ -220,7 +226,7 @@ def test_a_missing_data_file_fails_before_training(tmp_path, capsys):
 def test_dry_run_counts_without_running(tmp_path, capsys):
     out = tmp_path / "results.csv"
     assert main(["experiment", "--preset", "tabular", "--dry-run", "--out", str(out)]) == 0
-    assert "2457 runs in the grid" in capsys.readouterr().out and not out.exists()
+    assert "2646 runs in the grid" in capsys.readouterr().out and not out.exists()
 
 
 def test_simulate_report_and_dry_run_work_without_torch(tmp_path):
@@ -247,7 +253,8 @@ def results_with_known_answer(path: Path) -> None:
          minmax 0.800 vs 0.803 -> tie; robust 0.70 vs 0.80 -> local wins;
          yeojohnson has no local run -> no pair.
     reg: zscore 0.5 vs 0.3 -> fed wins by 0.2; minmax 0.5 vs -0.2 -> left out (R² ≤ 0);
-         robust 0.400 vs 0.401 -> tie. A failed row and a NaN score are ignored.
+         robust 0.400 vs 0.401 -> tie; yeojohnson -0.1 vs -0.3 -> left out (both ≤ 0).
+         A failed row and a NaN score are ignored.
     """
     rows = []
     for norm, seed, f1 in [("federated_zscore", 0, 0.90), ("federated_zscore", 1, 0.92),
@@ -260,7 +267,8 @@ def results_with_known_answer(path: Path) -> None:
     rows.append(row_for(Cell("cls", "label:0.5", 10, "local_robust", 1), test_f1="nan"))
     for norm, r2 in [("federated_zscore", 0.5), ("local_zscore", 0.3),
                      ("federated_minmax", 0.5), ("local_minmax", -0.2),
-                     ("federated_robust", 0.400), ("local_robust", 0.401)]:
+                     ("federated_robust", 0.400), ("local_robust", 0.401),
+                     ("federated_yeojohnson", -0.1), ("local_yeojohnson", -0.3)]:
         rows.append(row_for(Cell("reg", "feature:0.3", 20, norm, 0), test_r2=r2,
                             task="regression"))
     failed = row_for(Cell("reg", "feature:0.3", 20, "local_zscore", 1), test_r2=-5.0,
@@ -280,6 +288,30 @@ def test_report_counts_match_a_hand_made_results_file(tmp_path):
     assert cls.mean_improvement == pytest.approx(0.01)
     assert (reg.metric, reg.federated, reg.local, reg.ties) == ("test_r2", 1, 0, 1)
     assert reg.mean_improvement == pytest.approx(0.2)
+    # All pairs, R² floored at 0: minmax 0.5 vs -0.2 counts as a federated win by 0.5,
+    # and yeojohnson -0.1 vs -0.3 (both fail) as a tie; classification is unchanged.
+    every = {c.dataset: c for c in count_pairs(mean_scores(read_results([path])), "all_pairs")}
+    assert (every["reg"].federated, every["reg"].local, every["reg"].ties) == (2, 0, 2)
+    assert every["reg"].mean_improvement == pytest.approx(0.35)
+    assert (every["cls"].federated, every["cls"].local, every["cls"].ties) == (1, 1, 1)
+    with pytest.raises(InputError, match="unknown reading"):
+        count_pairs(mean_scores(read_results([path])), "some")
+
+
+def test_training_health_counts_capped_and_single_class_runs_and_the_references(tmp_path):
+    path = tmp_path / "results.csv"
+    runs = [("federated_zscore", 0, "500", "1", 0.8), ("federated_zscore", 1, "120", "3", 0.9),
+            ("local_zscore", 0, "80", "1", 0.7), ("none", 0, "500", "2", 0.75),
+            ("central_model", 0, "500", "1", 0.95), ("central_linear", 0, "", "3", 0.97)]
+    with ResultStore(path) as store:
+        for norm, seed, rounds, classes, f1 in runs:
+            store.append(row_for(Cell("cls", "iid", 10, norm, seed), test_f1=f1, rounds=rounds,
+                                 max_rounds="500" if rounds else "",
+                                 test_predicted_classes=classes))
+    (health,) = training_health(read_results([path]))
+    assert (health.trained_runs, health.at_cap) == (4, 2)  # references left out
+    assert (health.classified_runs, health.one_class) == (4, 2)
+    assert health.scores["federated"] == [0.8, 0.9] and health.scores["central_linear"] == [0.97]
 
 
 def test_report_writes_tables_and_figures(tmp_path, capsys):
@@ -289,14 +321,18 @@ def test_report_writes_tables_and_figures(tmp_path, capsys):
     assert main(["report", str(path), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     table = read_rows(out / "table3.csv")
-    assert table[-1] == {"dataset": "Total", "metric": "", "federated": "2", "local": "1",
-                         "ties": "2", "mean_fed_improvement": ""}
+    assert table[2] == {"reading": "paper", "dataset": "Total", "metric": "", "federated": "2",
+                        "local": "1", "ties": "2", "mean_fed_improvement": ""}
+    assert table[-1] == {"reading": "all_pairs", "dataset": "Total", "metric": "",
+                         "federated": "3", "local": "1", "ties": "3", "mean_fed_improvement": ""}
     means = {(r["metric"], r["normalization"]): r for r in read_rows(out / "method_means.csv")}
     assert means["test_f1", "federated_zscore"]["iid"] == "0.9100"
     assert means["test_f1", "local_robust"]["label"] == "0.8000"
     assert means["test_r2", "local_minmax"]["feature"] == "0.0000"  # R² -0.2 averages as 0
     assert means["test_r2", "federated_minmax"]["feature"] == "0.5000"
-    for figure in ("fig2_mean_f1.png", "fig2_mean_r2.png", "fig3_high_skew_f1.png"):
+    assert read_rows(out / "training_health.csv")[0]["dataset"] == "cls"
+    for figure in ("fig2_mean_f1.png", "fig2_mean_r2.png", "fig3_high_skew_f1.png",
+                   "fig4_per_skew.png", "fig5_per_clients.png", "fig_feature_skew_r2.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
     assert "| Total |" in (out / "table3.md").read_text(encoding="utf-8")
 

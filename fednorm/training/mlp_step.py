@@ -19,6 +19,7 @@ The results equal autograd's within float rounding (``tests/test_training.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fednorm.engine.errors import InputError
+
+if TYPE_CHECKING:  # fedavg imports this module
+    from fednorm.training.fedavg import TrainConfig
 from fednorm.training.models import (
     ChannelNorm,
     Dense,
@@ -163,13 +167,14 @@ class MLPStep:
         targets: Tensor,
         task: str,
         runs: list[int],
+        config: TrainConfig,
     ) -> tuple[Tensor, tuple, Tensor]:
         """Each slot's per-row losses (masked), the batch-norm statistics, and the flat
         gradient rows of Σ_slots (mean masked loss) with respect to ``params`` (given and
         returned in the stored layout: Dense weights (slots, in, out)). ``runs`` are the
         stacked runs, client-major (slot ``c · len(runs) + i`` is run ``runs[i]``)."""
         saved, stats, output = self._forward(params, x, mask, runs)
-        losses, delta = loss_and_gradient(output, targets, mask, task)
+        losses, delta = loss_and_gradient(output, targets, mask, task, config)
         grads = self._backward(saved, params, delta)
         slots = len(x)
         # One concatenation: bmm into strided views of the flat rows copies anyway.
@@ -304,23 +309,36 @@ class MLPStep:
         return grads
 
 
-def loss_and_gradient(output: Tensor, targets: Tensor, mask: Tensor, task: str
-                      ) -> tuple[Tensor, Tensor]:
+def row_weights(target: Tensor, config: TrainConfig) -> Tensor | float:
+    """Each row's class weight (1 without class weights)."""
+    if config.class_weights is None:
+        return 1.0
+    return torch.tensor(config.class_weights, dtype=torch.float32)[target]
+
+
+def loss_and_gradient(output: Tensor, targets: Tensor, mask: Tensor, task: str,
+                      config: TrainConfig) -> tuple[Tensor, Tensor]:
     """Masked per-row losses and d(Σ_slots mean masked loss)/d``output``.
 
-    Cross-entropy's gradient is softmax minus one-hot; absolute error's is the sign of
-    the error (0 where it is 0, as torch's ``abs`` backward gives).
+    Cross-entropy's gradient is softmax minus one-hot (times the row's class weight);
+    absolute error's is the sign of the error (0 where it is 0, as torch's ``abs``
+    backward gives), squared error's twice the error.
     """
     rows = mask.sum(1, keepdim=True)
     if task == "classification":
         log_probs = F.log_softmax(output, dim=-1)
-        losses = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+        weights = row_weights(targets, config)
+        losses = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * weights * mask
         delta = log_probs.exp()
         delta.scatter_add_(-1, targets.unsqueeze(-1),
                            torch.full_like(delta[..., :1], -1.0))
+        if isinstance(weights, Tensor):
+            delta = delta * weights.unsqueeze(-1)
     else:
         error = output.squeeze(-1) - targets
-        losses = error.abs() * mask
-        delta = torch.sign(error).unsqueeze(-1)
+        if config.regression_loss == "mae":
+            losses, delta = error.abs() * mask, torch.sign(error).unsqueeze(-1)
+        else:
+            losses, delta = error**2 * mask, 2 * error.unsqueeze(-1)
     delta = delta * (mask / rows).unsqueeze(-1)
     return losses, delta

@@ -84,6 +84,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "cifar10": CNNSpec(blocks=((32,), (64,), (128, 128)), kernel=3, padding=1,
                        groups=(8, 8, 8), dense=(256,)),
 }
+MODEL_SPECS["mnist_idx"] = MODEL_SPECS["mnist"]
 DEFAULT_TABULAR = MLPSpec(hidden=(32, 16))
 DEFAULT_IMAGE = MODEL_SPECS["mnist"]
 

@@ -9,7 +9,13 @@
 * ``pooled_<m>``: the oracle, ``m`` fitted with numpy on the union of the training rows
   (what federated must equal; used to test it, not part of the paper grid);
 * ``batch_norm``, ``layer_norm``, ``group_norm``, ``instance_norm``: no data
-  normalization, the model gets that activation normalization layer instead.
+  normalization, the model gets that activation normalization layer instead;
+* ``central_model``, ``central_linear``: **references, not federated results**: the
+  clients' rows pooled into one training set (z-scored with the pooled fit), on which
+  the same network is trained (one client, one epoch per round, the same early
+  stopping) or a logistic / ridge regression is fitted. They are scored on the same
+  validation and test rows as the federated runs of the partition, so they show what
+  "learning" means on that split.
 
 ``m`` is one of zscore, minmax, robust, yeojohnson. Torch-free.
 
@@ -36,9 +42,11 @@ from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
 from fednorm.sim.federation import simulate
 from fednorm.training.data import ClientData
 
-Kind = Literal["none", "local", "federated", "pooled", "activation"]
+Kind = Literal["none", "local", "federated", "pooled", "activation", "central"]
 DATA_KINDS: tuple[Kind, ...] = ("local", "federated", "pooled")
 ACTIVATION_NORMS = ("batch", "layer", "group", "instance")
+CENTRAL_REFERENCES = ("model", "linear")
+REFERENCE_NORMALIZATIONS = tuple(f"central_{r}" for r in CENTRAL_REFERENCES)
 PRIVACY_MODES = ("plain", "mhe")
 
 # The paper's 13 (Fig. 2): no normalization, local and federated versions of the four
@@ -51,6 +59,10 @@ PAPER_NORMALIZATIONS = (
 )
 # Yeo-Johnson was run on tabular data only.
 IMAGE_NORMALIZATIONS = tuple(n for n in PAPER_NORMALIZATIONS if not n.endswith("yeojohnson"))
+# On an MLP, instance norm has no spatial positions to normalize over; what the paper's
+# scripts ran is GroupNorm with one group, i.e. layer norm (identical results), so the
+# tabular grid leaves it out.
+TABULAR_NORMALIZATIONS = tuple(n for n in PAPER_NORMALIZATIONS if n != "instance_norm")
 
 
 @dataclass(frozen=True)
@@ -71,9 +83,12 @@ class NormalizationSpec:
             return cls(prefix, rest)
         if rest == "norm" and prefix in ACTIVATION_NORMS:
             return cls("activation", prefix)
+        if prefix == "central" and rest in CENTRAL_REFERENCES:
+            return cls("central", rest)
         raise InputError(
             f"unknown normalization {text!r}; use none, local_<m>, federated_<m>, pooled_<m> "
-            f"(m: {', '.join(METHODS)}) or {', '.join(a + '_norm' for a in ACTIVATION_NORMS)}"
+            f"(m: {', '.join(METHODS)}), {', '.join(a + '_norm' for a in ACTIVATION_NORMS)} "
+            f"or a reference ({', '.join(REFERENCE_NORMALIZATIONS)})"
         )
 
     def __str__(self) -> str:
@@ -82,6 +97,11 @@ class NormalizationSpec:
         if self.kind == "activation":
             return f"{self.method}_norm"
         return f"{self.kind}_{self.method}"
+
+    @property
+    def is_reference(self) -> bool:
+        """A centralized reference (pooled data), not a federated run."""
+        return self.kind == "central"
 
     @property
     def activation(self) -> str:
@@ -110,6 +130,11 @@ def normalize_clients(
     started = time.perf_counter()
     if spec.kind in ("none", "activation"):
         return NormalizedFederation(clients)
+    if spec.kind == "central":
+        pooled = pool_clients(clients)
+        normalizer = fit_local("zscore", pooled.X_train, options)
+        return NormalizedFederation([pooled.with_features(normalizer.transform)],
+                                    time.perf_counter() - started, normalizer=normalizer)
     assert spec.method is not None
     if spec.kind == "local":
         normalized = [
@@ -130,6 +155,13 @@ def normalize_clients(
     return NormalizedFederation(
         normalized, time.perf_counter() - started, rounds, n_bytes, normalizer
     )
+
+
+def pool_clients(clients: list[ClientData]) -> ClientData:
+    """All clients' rows as one client's (the centralized references' data)."""
+    parts = ("X_train", "y_train", "X_val", "y_val", "X_test", "y_test")
+    return ClientData(*(np.concatenate([getattr(c, part) for c in clients])
+                        for part in parts))
 
 
 def with_study_bound(options: FitOptions | None, clients: list[ClientData]) -> FitOptions:

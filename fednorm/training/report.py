@@ -7,12 +7,22 @@ method, ``federated_<m>`` with ``local_<m>``:
 
 * a pair is a tie when |fed − local| < 0.005, else a win for the higher one;
 * "mean fed. improvement" is the mean of fed − local over the pairs federated wins;
-* for regression only pairs whose two R² means are both > 0 count (the paper includes
-  only runs with R² > 0: a negative R² is a model worse than the mean, not a score).
+* two readings for regression: the **paper's rule** counts only pairs whose two R²
+  means are both > 0 (a negative R² is a model worse than the mean, not a score);
+  **all pairs** counts every pair with each R² floored at 0, so a pair where local
+  normalization fails (R² ≤ 0) and federated does not is a federated win, and a pair
+  where both fail is a tie. Classification pairs are the same in both readings.
 
-The per-method means (and Fig. 2) count, by the same reading, an R² below 0 as 0: one
-diverged run (a local Yeo-Johnson fitted on a handful of rows can send a test row to
-R² ≈ −1e7) would otherwise swamp every other cell's mean.  The CSVs keep raw values.
+The per-method means (and the figures) count, as the all-pairs reading does, an R²
+below 0 as 0: one diverged run (a local Yeo-Johnson fitted on a handful of rows can
+send a test row to R² ≈ −1e7) would otherwise swamp every other cell's mean. The CSVs
+keep raw values.
+
+``training_health.csv`` checks that the numbers measure normalization, not training
+defects: per dataset, the share of runs that ended at the round cap, the share of
+classification runs that predict a single class on the whole test set, and the
+centralized references (``central_model``, ``central_linear``) beside the mean of
+the federated and local runs.
 
 Torch-free; matplotlib is imported only to draw.
 """
@@ -31,12 +41,17 @@ from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS
 from fednorm.sim.partition import SplitSpec
 from fednorm.training.grid import COLUMNS
-from fednorm.training.normalization import PAPER_NORMALIZATIONS
+from fednorm.training.normalization import (
+    PAPER_NORMALIZATIONS,
+    REFERENCE_NORMALIZATIONS,
+    NormalizationSpec,
+)
 
 TIE_MARGIN = 0.005
 IMBALANCE_TYPES = ("iid", "quantity", "label", "feature")
 METRIC = {"classification": "test_f1", "regression": "test_r2"}
 METRIC_LABEL = {"test_f1": "test F1", "test_r2": "test R²"}
+READINGS = ("paper", "all_pairs")  # see the module doc
 
 CellKey = tuple[str, str, str, str]  # dataset, clients, skew, privacy
 
@@ -58,6 +73,7 @@ class PairCounts:
 
     dataset: str
     metric: str
+    reading: str = "paper"
     federated: int = 0
     local: int = 0
     ties: int = 0
@@ -101,18 +117,24 @@ def mean_scores(rows: Iterable[dict[str, str]]) -> Scores:
     return scores
 
 
-def count_pairs(scores: Scores) -> list[PairCounts]:
-    """Table III: per dataset, how often federated beats local, loses, or ties."""
+def count_pairs(scores: Scores, reading: str = "paper") -> list[PairCounts]:
+    """Table III: per dataset, how often federated beats local, loses, or ties, by the
+    paper's rule or over all pairs (see the module doc)."""
+    if reading not in READINGS:
+        raise InputError(f"unknown reading {reading!r}; use {', '.join(READINGS)}")
     table: dict[str, PairCounts] = {}
     for cell, by_norm in sorted(scores.means.items()):
         dataset = cell[0]
-        counts = table.setdefault(dataset, PairCounts(dataset, scores.metric(dataset)))
+        counts = table.setdefault(dataset, PairCounts(dataset, scores.metric(dataset),
+                                                      reading))
         for method in METHODS:
             fed, local = by_norm.get(f"federated_{method}"), by_norm.get(f"local_{method}")
             if fed is None or local is None:
                 continue
-            if counts.metric == "test_r2" and not (fed > 0 and local > 0):
-                continue
+            if counts.metric == "test_r2":
+                if reading == "paper" and not (fed > 0 and local > 0):
+                    continue
+                fed, local = max(fed, 0.0), max(local, 0.0)
             diff = fed - local
             if abs(diff) < TIE_MARGIN:
                 counts.ties += 1
@@ -144,31 +166,100 @@ def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
 
 def write_report(paths: Sequence[Path], out_dir: Path) -> list[Path]:
     """Write Table III, the per-method means and the figures; returns the files written."""
-    scores = mean_scores(read_results(paths))
+    rows = read_results(paths)
+    scores = mean_scores(rows)
     if not scores.means:
         raise InputError("the results hold no finished runs to report on")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [*_write_table3(count_pairs(scores), out_dir),
-               *_write_means(scores, out_dir)]
+    written = [*_write_table3({r: count_pairs(scores, r) for r in READINGS}, out_dir),
+               *_write_means(scores, out_dir), _write_health(training_health(rows), out_dir)]
     written += _plot_means(scores, out_dir)
     written += _plot_high_skew(scores, out_dir)
+    written += _plot_families(scores, out_dir, "skew")
+    written += _plot_families(scores, out_dir, "clients")
+    written += _plot_sorted_r2(scores, out_dir)
     return written
 
 
-def _write_table3(table: list[PairCounts], out_dir: Path) -> list[Path]:
-    header = ["dataset", "metric", "federated", "local", "ties", "mean_fed_improvement"]
-    rows = [[c.dataset, c.metric, c.federated, c.local, c.ties, _fmt(c.mean_improvement)]
-            for c in table]
-    total = ["Total", "", *(sum(c[i] for c in rows) for i in (2, 3, 4)), ""]
-    _write_csv(out_dir / "table3.csv", header, [*rows, total])
-    lines = ["| Dataset | Metric | Federated | Local | Ties | Mean Fed. Impr. |",
-             "|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {' | '.join(str(v) for v in row)} |" for row in [*rows, total]]
-    (out_dir / "table3.md").write_text(
-        "Federated vs local normalization, one pair per dataset × clients × skew × method "
-        f"(mean over seeds); tie when |diff| < {TIE_MARGIN}; R² pairs only when both > 0.\n\n"
-        + "\n".join(lines) + "\n", encoding="utf-8")
+READING_NOTE = {
+    "paper": "the paper's rule: R² pairs only when both means > 0",
+    "all_pairs": "all pairs, R² floored at 0",
+}
+
+
+def _write_table3(tables: dict[str, list[PairCounts]], out_dir: Path) -> list[Path]:
+    header = ["reading", "dataset", "metric", "federated", "local", "ties",
+              "mean_fed_improvement"]
+    csv_rows: list[list] = []
+    text = ("Federated vs local normalization, one pair per dataset × clients × skew × "
+            f"method (mean over seeds); tie when |diff| < {TIE_MARGIN}.\n")
+    for reading, table in tables.items():
+        rows = [[c.dataset, c.metric, c.federated, c.local, c.ties,
+                 _fmt(c.mean_improvement)] for c in table]
+        total = ["Total", "", *(sum(c[i] for c in rows) for i in (2, 3, 4)), ""]
+        csv_rows += [[reading, *row] for row in [*rows, total]]
+        lines = ["| Dataset | Metric | Federated | Local | Ties | Mean Fed. Impr. |",
+                 "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {' | '.join(str(v) for v in row)} |" for row in [*rows, total]]
+        text += f"\n{READING_NOTE[reading]}:\n\n" + "\n".join(lines) + "\n"
+    _write_csv(out_dir / "table3.csv", header, csv_rows)
+    (out_dir / "table3.md").write_text(text, encoding="utf-8")
     return [out_dir / "table3.csv", out_dir / "table3.md"]
+
+
+@dataclass
+class Health:
+    """One dataset's training check (see the module doc)."""
+
+    dataset: str
+    trained_runs: int = 0
+    at_cap: int = 0
+    classified_runs: int = 0
+    one_class: int = 0
+    scores: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def share(self, part: int, whole: int) -> float:
+        return part / whole if whole else math.nan
+
+
+HEALTH_GROUPS = ("federated", "local", *REFERENCE_NORMALIZATIONS)
+
+
+def training_health(rows: Iterable[dict[str, str]]) -> list[Health]:
+    """Per dataset: cap and single-class shares over the federated runs (references
+    excluded), and mean scores of federated, local and reference runs (R² ≥ 0)."""
+    table: dict[str, Health] = {}
+    for row in rows:
+        health = table.setdefault(row["dataset"], Health(row["dataset"]))
+        spec = NormalizationSpec.parse(row["normalization"])
+        group = str(spec) if spec.is_reference else spec.kind
+        value = _number(row.get(METRIC.get(row["task"], ""), ""))
+        if value is not None and group in HEALTH_GROUPS:
+            health.scores[group].append(max(value, 0.0) if row["task"] == "regression"
+                                        else value)
+        if spec.is_reference:
+            continue
+        rounds, cap = _number(row.get("rounds", "")), _number(row.get("max_rounds", ""))
+        if rounds is not None and cap is not None:
+            health.trained_runs += 1
+            health.at_cap += rounds >= cap
+        classes = _number(row.get("test_predicted_classes", ""))
+        if row["task"] == "classification" and classes is not None:
+            health.classified_runs += 1
+            health.one_class += classes <= 1
+    return [table[name] for name in sorted(table)]
+
+
+def _write_health(table: list[Health], out_dir: Path) -> Path:
+    header = ["dataset", "runs", "share_at_round_cap", "share_single_class",
+              *(f"mean_{g}" for g in HEALTH_GROUPS)]
+    rows = [[h.dataset, h.trained_runs, _fmt(h.share(h.at_cap, h.trained_runs)),
+             _fmt(h.share(h.one_class, h.classified_runs)),
+             *(_fmt(sum(v) / len(v)) if (v := h.scores.get(g)) else "" for g in HEALTH_GROUPS)]
+            for h in table]
+    path = out_dir / "training_health.csv"
+    _write_csv(path, header, rows)
+    return path
 
 
 def _write_means(scores: Scores, out_dir: Path) -> list[Path]:
@@ -237,6 +328,96 @@ def _plot_high_skew(scores: Scores, out_dir: Path) -> list[Path]:
     return [path]
 
 
+FAMILIES = ("none", "local", "federated", "activation", "central_model")
+
+
+def _family(normalization: str) -> str | None:
+    spec = NormalizationSpec.parse(normalization)
+    if spec.kind in ("none", "local", "federated", "activation"):
+        return spec.kind
+    return normalization if normalization == "central_model" else None
+
+
+def family_means(scores: Scores, dataset: str, axis: str) -> dict[str, dict[str, float]]:
+    """Per family (none, local, federated, activation norms, central model) the mean
+    score (R² floored at 0) per skew or per client count of ``dataset``."""
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    floor = 0.0 if scores.metric(dataset) == "test_r2" else -math.inf
+    for cell, by_norm in scores.means.items():
+        if cell[0] != dataset:
+            continue
+        position = cell[2] if axis == "skew" else cell[1]
+        for normalization, value in by_norm.items():
+            family = _family(normalization)
+            if family is not None:
+                values[family][position].append(max(value, floor))
+    return {family: {k: sum(v) / len(v) for k, v in by_position.items()}
+            for family, by_position in values.items()}
+
+
+def _plot_families(scores: Scores, out_dir: Path, axis: str) -> list[Path]:
+    """Fig. 4 (per skew, averaged over client counts) and Fig. 5 (per client count,
+    averaged over skews): one panel per dataset, bars per normalization family."""
+    datasets = sorted(scores.tasks)
+    if not datasets:
+        return []
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(11, 2.8 * len(datasets)),
+                             squeeze=False)
+    width = 0.8 / len(FAMILIES)
+    for ax, dataset in zip(axes[:, 0], datasets, strict=True):
+        means = family_means(scores, dataset, axis)
+        positions = sorted({p for by in means.values() for p in by},
+                           key=_skew_order if axis == "skew" else int)
+        for i, family in enumerate(FAMILIES):
+            xs = [j + i * width for j in range(len(positions))]
+            ys = [means.get(family, {}).get(p, math.nan) for p in positions]
+            ax.bar(xs, ys, width, color=_color(family if family != "activation"
+                                                else "batch_norm"), label=family)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(positions))], positions)
+        ax.set_ylabel(METRIC_LABEL[scores.metric(dataset)])
+        ax.set_title(dataset)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, ncol=len(FAMILIES), fontsize=8, loc="lower center")
+    over = "skew (over client counts)" if axis == "skew" else "client count (over skews)"
+    fig.suptitle(f"mean score per {over}; families averaged over their methods; "
+                 "R² < 0 counted as 0")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    path = out_dir / ("fig4_per_skew.png" if axis == "skew" else "fig5_per_clients.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _plot_sorted_r2(scores: Scores, out_dir: Path) -> list[Path]:
+    """The paper's Parkinson's figure: R² per normalization under feature skew, averaged
+    over client counts and σ, sorted."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for cell, by_norm in scores.means.items():
+        if scores.metric(cell[0]) == "test_r2" and SplitSpec.parse(cell[2]).kind == "feature":
+            for normalization, value in by_norm.items():
+                values[normalization].append(max(value, 0.0))
+    if not values:
+        return []
+    means = sorted(((sum(v) / len(v), n) for n, v in values.items()), reverse=True)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    names = [n for _, n in means]
+    ax.bar(names, [m for m, _ in means], color=[_color(n) for n in names])
+    ax.set_ylabel("mean test R² (R² < 0 counted as 0)")
+    ax.set_title("regression under feature skew, sorted")
+    _finish(ax, names, [m for m, _ in means])
+    path = out_dir / "fig_feature_skew_r2.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return [path]
+
+
+def _skew_order(skew: str) -> tuple[int, float]:
+    spec = SplitSpec.parse(skew)
+    return IMBALANCE_TYPES.index(spec.kind), spec.param or 0.0
+
+
 def _strongest_cells(scores: Scores, dataset: str) -> dict[str, CellKey]:
     """Per imbalance type, the cell with the most clients and the strongest skew
     (smallest β for label and quantity skew, largest σ for feature skew)."""
@@ -281,6 +462,8 @@ def _color(normalization: str) -> tuple[float, ...]:
 
     if normalization == "none":
         return (0.0, 0.0, 0.0, 1.0)
+    if normalization in REFERENCE_NORMALIZATIONS:
+        return (0.9, 0.6, 0.0, 1.0) if normalization == "central_model" else (0.6, 0.4, 0.0, 1.0)
     family, _, method = normalization.partition("_")
     maps = {"local": "Reds", "federated": "Blues", "pooled": "Greens"}
     members = list(METHODS) if family in maps else ["batch", "layer", "group", "instance"]
@@ -290,7 +473,7 @@ def _color(normalization: str) -> tuple[float, ...]:
 
 
 def _norm_order(name: str) -> tuple[int, str]:
-    order = list(PAPER_NORMALIZATIONS)
+    order = [*PAPER_NORMALIZATIONS, *REFERENCE_NORMALIZATIONS]
     return (order.index(name), name) if name in order else (len(order), name)
 
 

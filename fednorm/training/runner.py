@@ -1,5 +1,20 @@
 """Running the grid: each cell goes data → normalization → FedAvg → test metrics → CSV row.
 
+Two choices made here keep the networks' numbers meaningful:
+
+* **Regression targets are standardized with federated statistics**: the plain z-score
+  protocol (:func:`fednorm.sim.federation.simulate`) fits the mean and standard
+  deviation of the clients' training targets, every client scales its targets with
+  them, and the model's predictions are mapped back, so test MAE and R² are in the
+  target's own units (losses stay in standardized units). Parkinson's total_UPDRS
+  (mean 29, sd 10.7) otherwise asks an MLP to move its output by ~30 with sign-only
+  MAE gradients, and it stopped at the round cap far from converged.
+* **Class weights** (per dataset, :class:`fednorm.training.grid.DatasetDefaults`): the
+  cross-entropy weighs a row of class k by n / (K · n_k), from the federation's class
+  counts (the sum of the clients' per-class training row counts, the same kind of
+  aggregate FedAvg's sample weights already reveal). Early stopping then watches the
+  weighted validation loss, which a majority-class predictor cannot minimize.
+
 Cells are independent, so ``jobs > 1`` runs them in worker processes (spawned, one
 torch thread each: the models are small, and two processes keep two cores busier than
 two threads inside tiny matrix products). Only the parent writes the results file.
@@ -22,6 +37,7 @@ import torch
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.sim.datasets import Dataset, load_dataset
+from fednorm.sim.federation import simulate
 from fednorm.training.data import ClientData, EvalSet, make_clients, merge_eval
 from fednorm.training.fedavg import (
     BatchedRound,
@@ -35,7 +51,14 @@ from fednorm.training.fedavg import (
     train_federated,
     train_stacked,
 )
-from fednorm.training.grid import COLUMNS, DATASETS, Cell, ResultStore
+from fednorm.training.grid import (
+    COLUMNS,
+    DATASETS,
+    Cell,
+    RegressionLoss,
+    ResultStore,
+    Selection,
+)
 from fednorm.training.metrics import classification_metrics, regression_metrics
 from fednorm.training.models import (
     FedNet,
@@ -67,21 +90,71 @@ class RunSettings:
     max_rounds: int | None = None
     patience: int | None = None
     batch_size: int | None = None
+    lr: float | None = None
     trainer: Trainer = "batched"
     persist_optimizer: bool = False
     threads: int = 1
     stack: bool = True  # train a partition's same-architecture runs together
     fit_options: FitOptions | None = None  # protocol options of federated_<m> (ε, CKKS preset…)
+    class_weighted: bool | None = None  # None: the dataset's default
+    regression_loss: RegressionLoss | None = None
+    select: Selection | None = None
 
-    def train_config(self, dataset: str, seed: int) -> TrainConfig:
-        defaults = DATASETS.get(dataset)
+    def train_config(self, dataset: Dataset, seed: int,
+                     clients: list[ClientData] | None = None) -> TrainConfig:
+        """The dataset's training settings with this run's overrides; class weights
+        (when on) from ``clients``' training rows."""
+        defaults = DATASETS.get(dataset.name)
         base = TrainConfig() if defaults is None else TrainConfig(
             batch_size=defaults.batch_size, max_rounds=defaults.max_rounds,
-            patience=defaults.patience)
+            patience=defaults.patience, lr=defaults.lr, select=defaults.select,
+            regression_loss=defaults.regression_loss)
         overrides = {"batch_size": self.batch_size, "max_rounds": self.max_rounds,
-                     "patience": self.patience}
-        return replace(base, seed=seed, persist_optimizer=self.persist_optimizer,
-                       **{k: v for k, v in overrides.items() if v is not None})
+                     "patience": self.patience, "lr": self.lr, "select": self.select,
+                     "regression_loss": self.regression_loss}
+        config = replace(base, seed=seed, persist_optimizer=self.persist_optimizer,
+                         **{k: v for k, v in overrides.items() if v is not None})
+        weighted = self.class_weighted
+        if weighted is None:
+            weighted = defaults is not None and defaults.class_weighted
+        if weighted and clients is not None and dataset.task == "classification":
+            config = replace(config, class_weights=class_weights(clients, n_outputs(dataset)))
+        return config
+
+
+def class_weights(clients: list[ClientData], n_classes: int) -> tuple[float, ...]:
+    """n / (K · n_k) per class k from the clients' summed training class counts (1 for
+    a class no client trains on)."""
+    counts = np.sum([np.bincount(c.y_train, minlength=n_classes) for c in clients], axis=0)
+    present = counts > 0
+    weights = np.ones(n_classes)
+    weights[present] = counts.sum() / (present.sum() * counts[present])
+    return tuple(float(w) for w in weights)
+
+
+@dataclass(frozen=True)
+class TargetScale:
+    """The federation's training-target mean and standard deviation."""
+
+    mean: float
+    sd: float
+
+    def apply(self, y: np.ndarray) -> np.ndarray:
+        return (y - self.mean) / self.sd
+
+    def invert(self, y: np.ndarray) -> np.ndarray:
+        return y * self.sd + self.mean
+
+
+def standardize_targets(clients: list[ClientData]) -> tuple[list[ClientData], TargetScale]:
+    """Scale every client's targets by the federated z-score of the training targets
+    (the plain protocol over each client's ``y_train``; nothing is pooled)."""
+    fitted = simulate([c.y_train.reshape(-1, 1) for c in clients], "zscore").normalizer
+    mean, var = float(fitted.mean[0]), float(fitted.var[0])
+    scale = TargetScale(mean, math.sqrt(var) if var > 0 else 1.0)
+    scaled = [replace(c, y_train=scale.apply(c.y_train), y_val=scale.apply(c.y_val),
+                      y_test=scale.apply(c.y_test)) for c in clients]
+    return scaled, scale
 
 
 @dataclass
@@ -104,6 +177,7 @@ class PreparedRun:
     row: dict[str, object]
     normalized: NormalizedFederation | None
     activation: str = "none"
+    linear: bool = False  # the central_linear reference: fitted, not trained
 
 
 def run_cell(cell: Cell, settings: RunSettings) -> dict[str, object]:
@@ -127,18 +201,27 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     started = time.perf_counter()
     try:
         clients = make_clients(dataset, first.clients, first.skew, first.seed)
-    except InputError as exc:  # e.g. a skew that cannot give every client two rows
+    except InputError as exc:  # e.g. more clients than the rows allow
         seconds = time.perf_counter() - started
         return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]
+    scale = None
+    if dataset.task == "regression":
+        clients, scale = standardize_targets(clients)
+    config = settings.train_config(dataset, first.seed, clients)
     prepared = [_prepare(cell, dataset, clients, settings.fit_options) for cell in cells]
     spec = model_spec(dataset.name, dataset.image_shape)
     groups: dict[object, list[PreparedRun]] = {}
     for run in prepared:
-        if run.normalized is not None:
-            key = _stack_key(spec, run.activation) if _stacking(settings) else id(run)
-            groups.setdefault(key, []).append(run)
+        if run.normalized is None:
+            continue
+        if run.linear:
+            _fit_linear(dataset, run, scale)
+            continue
+        stackable = _stacking(settings) and len(run.normalized.clients) == len(clients)
+        key = _stack_key(spec, run.activation) if stackable else id(run)
+        groups.setdefault(key, []).append(run)
     for group in groups.values():
-        _train_group(dataset, group, settings)
+        _train_group(dataset, group, settings, config, scale)
     return [(run.cell, run.row) for run in prepared]
 
 
@@ -163,7 +246,8 @@ def _prepare(cell: Cell, dataset: Dataset, clients: list[ClientData],
                            None)
     row = _base_row(cell, dataset)
     row.update(norm_seconds=round(normalized.seconds, 3), norm_bytes=normalized.bytes)
-    return PreparedRun(cell, row, normalized, spec.activation)
+    return PreparedRun(cell, row, normalized, spec.activation,
+                       linear=spec.is_reference and spec.method == "linear")
 
 
 def _base_row(cell: Cell, dataset: Dataset) -> dict[str, object]:
@@ -181,25 +265,48 @@ def _error_row(cell: Cell, dataset: Dataset, exc: InputError, seconds: float
     return row
 
 
-def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettings) -> None:
+def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettings,
+                 config: TrainConfig, scale: TargetScale | None) -> None:
     """Train one stack of identical networks (or a single run) and fill in the rows."""
     started = time.perf_counter()
-    config = settings.train_config(dataset.name, group[0].cell.seed)
     federations = [run.normalized.clients for run in group if run.normalized is not None]
     if len(group) == 1:
         results = [train_and_test(dataset, federations[0], group[0].activation, config,
-                                  settings.trainer)]
+                                  settings.trainer, scale)]
     else:
         results = train_and_test_stacked(dataset, federations,
-                                         [run.activation for run in group], config)
+                                         [run.activation for run in group], config, scale)
     share = (time.perf_counter() - started) / len(group)
     for run, (outcome, metrics) in zip(group, results, strict=True):
         run.row.update(metrics)
         run.row.update(
             status="ok", best_val_loss=outcome.best_val_loss, rounds=outcome.rounds,
-            best_round=outcome.best_round,
+            best_round=outcome.best_round, max_rounds=config.max_rounds,
             seconds=round(float(run.row["norm_seconds"]) + share, 3),
         )
+
+
+def _fit_linear(dataset: Dataset, run: PreparedRun, scale: TargetScale | None) -> None:
+    """The ``central_linear`` reference: logistic regression (classification) or ridge
+    regression on the pooled, z-scored training rows, scored like a trained model."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    started = time.perf_counter()
+    assert run.normalized is not None
+    (pooled,) = run.normalized.clients
+    X_train = _finite(pooled.X_train)
+    if dataset.task == "classification":
+        model = LogisticRegression(max_iter=2000).fit(X_train, pooled.y_train)
+        scores = np.full((len(pooled.y_test), n_outputs(dataset)), -1.0)  # absent classes
+        scores[:, model.classes_] = model.predict_proba(_finite(pooled.X_test))
+        metrics = classification_metrics(pooled.y_test, scores)
+    else:
+        model = Ridge(alpha=1.0).fit(X_train, pooled.y_train)
+        metrics = _regression_scores(pooled.y_test, model.predict(_finite(pooled.X_test)),
+                                     scale)
+    run.row.update(metrics)
+    run.row.update(status="ok", seconds=round(float(run.row["norm_seconds"])
+                                             + time.perf_counter() - started, 3))
 
 
 def train_and_test(
@@ -208,6 +315,7 @@ def train_and_test(
     activation: str,
     config: TrainConfig,
     trainer: Trainer = "batched",
+    scale: TargetScale | None = None,
 ) -> tuple[TrainOutcome, dict[str, float]]:
     """Train the dataset's model with FedAvg and score the best-validation weights."""
     assert dataset.task is not None and dataset.y is not None
@@ -218,7 +326,7 @@ def train_and_test(
     round_type = BatchedRound if trainer == "batched" else SequentialRound
     outcome = train_federated(model, round_type(model, data, task, config),
                               eval_tensors(val, task), task, config)
-    return outcome, score_on_test(model, outcome, test, task)
+    return outcome, score_on_test(model, outcome, test, task, config, scale)
 
 
 def train_and_test_stacked(
@@ -226,6 +334,7 @@ def train_and_test_stacked(
     federations: list[list[ClientData]],
     activations: list[str],
     config: TrainConfig,
+    scale: TargetScale | None = None,
 ) -> list[tuple[TrainOutcome, dict[str, float]]]:
     """:func:`train_and_test` for several federations of one partition (same rows and
     targets, different features), each with its activation norm, trained stacked; each
@@ -243,7 +352,7 @@ def train_and_test_stacked(
         models, StackedRound(models, data, task, config),
         [model.state_dict() for model in models],
         [eval_tensors(val, task) for val, _ in evals], task, config)
-    return [(outcome, score_on_test(model, outcome, test, task))
+    return [(outcome, score_on_test(model, outcome, test, task, config, scale))
             for model, outcome, (_, test) in zip(models, outcomes, evals, strict=True)]
 
 
@@ -254,18 +363,26 @@ def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: i
                        n_outputs(dataset), activation, dataset.image_shape)
 
 
-def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str
-                 ) -> dict[str, float]:
-    """Test loss and scores of the best-validation weights."""
+def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str,
+                  config: TrainConfig, scale: TargetScale | None = None) -> dict[str, float]:
+    """Test loss and scores of the best-validation weights (regression scores in the
+    target's own units when its targets were standardized by ``scale``)."""
     test_X, test_y = eval_tensors(test, task)
     test_output = predict(model, outcome.state, test_X)
-    metrics = {"test_loss": mean_loss(test_output, test_y, task)}
+    metrics = {"test_loss": mean_loss(test_output, test_y, task, config)}
     scores = test_output.numpy().astype(np.float64)
     if task == "classification":
         metrics.update(classification_metrics(test.y, scores))
     else:
-        metrics.update(regression_metrics(test.y, scores))
+        metrics.update(_regression_scores(test.y, scores, scale))
     return metrics
+
+
+def _regression_scores(y: np.ndarray, predictions: np.ndarray, scale: TargetScale | None
+                       ) -> dict[str, float]:
+    if scale is None:
+        return regression_metrics(y, predictions)
+    return regression_metrics(scale.invert(y), scale.invert(predictions))
 
 
 def n_outputs(dataset: Dataset) -> int:
@@ -290,8 +407,11 @@ def eval_tensors(rows: EvalSet, task: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _features(X: np.ndarray) -> torch.Tensor:
-    finite = np.clip(np.nan_to_num(X, nan=0.0), -FEATURE_LIMIT, FEATURE_LIMIT)
-    return torch.from_numpy(finite.astype(np.float32))
+    return torch.from_numpy(_finite(X).astype(np.float32))
+
+
+def _finite(X: np.ndarray) -> np.ndarray:
+    return np.clip(np.nan_to_num(X, nan=0.0), -FEATURE_LIMIT, FEATURE_LIMIT)
 
 
 def _targets(y: np.ndarray, task: str) -> torch.Tensor:

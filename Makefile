@@ -22,9 +22,9 @@ $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
 	touch $@
 
 # The study's tests train models (train extra: torch) and the Flower tests run a local
-# Flower deployment (flower extra), on top of dev.
+# Flower deployment (flower extra), on top of dev; mnist adds the study's MNIST subset.
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
-	$(PY) -m pip install -q -e '.[dev,train,flower]'
+	$(PY) -m pip install -q -e '.[dev,train,flower,mnist]'
 	touch $@
 
 # PPF MinMax, robust scaling and Yeo-Johnson need a bound V_abs on |x| that the parties agree

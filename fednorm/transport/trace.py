@@ -102,7 +102,7 @@ def phase_of(protocol: str, kind: str) -> str:
         return "result"
     if "encrypted" in kind:
         return "encrypted upload"
-    if kind:
+    if "local_" in kind:
         return "upload"
     return "exchange"
 

@@ -110,3 +110,12 @@ async def test_parties_refuse_more_bootstraps_than_the_phase_declares() -> None:
     cheat = type(protocol)(protocol.name, "zscore", "mhe", server, party)
     with pytest.raises(ProtocolError, match="more bootstraps"):
         await run_federation(cheat, [np.ones((4, 2))] * 3, TEST, timeout=60)
+
+
+def test_the_leakage_document_carries_the_declared_ledger() -> None:
+    from pathlib import Path
+
+    from fednorm.protocols.ledger import markdown
+
+    text = (Path(__file__).parent.parent / "docs" / "LEAKAGE.md").read_text()
+    assert markdown() in text, "docs/LEAKAGE.md is out of date: paste ledger.markdown()"

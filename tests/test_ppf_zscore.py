@@ -110,6 +110,7 @@ def test_keys_are_reused_only_when_they_cover_the_request() -> None:
 # -- leakage ledger ---------------------------------------------------------------------
 # Every plaintext (non-ciphertext) field that may cross the wire, per message kind.
 LEDGER = PLAINTEXT["zscore", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
+DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 
 
@@ -127,7 +128,7 @@ def test_only_the_ledger_crosses_the_wire(monkeypatch, reveal_counts) -> None:
         plaintext = {name for name, value in msg.fields().items()
                      if value is not None and not isinstance(value, CRYPTO_TYPES)}
         assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
-        decrypt_requests += header.kind == "ckks.decrypt_request" and header.sender == SERVER
+        decrypt_requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
     # μ and σ², each a coarse and a precise pass, to 3 parties; plus n_g if revealed.
     assert decrypt_requests == 3 * (4 + reveal_counts)
     assert len(secrets) == 3

@@ -407,9 +407,9 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
 
     async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
         crypto = await setup_party(rc, options.preset, relinearize=False)
-        await rc.send(SERVER, EncryptedCounts(counts=await crypto.encrypt(feature_counts(X)),
-                                              width=X.shape[1]))
-        await serve_until(crypto, PooledCounts, decryptions=1)
+        await rc.send(SERVER, EncryptedCounts(
+            counts=await crypto.encrypt_for_sum(feature_counts(X)), width=X.shape[1]))
+        await serve_until(crypto, PooledCounts, decryptions=0, sums=1)
         await kth_party(rc, SortedColumns(X, probe_limit(options, MEDIAN)),
                         EncryptedCountAggregator(crypto))
         nothing = np.full(X.shape[1], np.nan)

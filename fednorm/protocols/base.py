@@ -14,6 +14,7 @@ from typing import Literal
 
 import numpy as np
 
+from fednorm.engine.ckks.flooding import DEFAULT_SECURITY_BITS, check_security_bits
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import RoleContext
@@ -45,6 +46,9 @@ class FitOptions:
     Their comparison precisions default (None) to each protocol's own: ``minmax_bits``
     and ``minmax_passes`` (PPF MinMax: bits per comparison, passes over narrowing
     windows), ``yeojohnson_sign_bits`` (PPF Yeo-Johnson: the sign of the derivative).
+    ``flooding_bits`` is the statistical security s of flooded decryptions (at least 20):
+    each party's share of a decrypted sum carries noise 2^s·√N above the sum's noise
+    bound (docs/LEAKAGE.md, "Decryption noise").
     """
 
     epsilon: float | None = None
@@ -58,6 +62,7 @@ class FitOptions:
     minmax_bits: float | None = None
     minmax_passes: int | None = None
     yeojohnson_sign_bits: float | None = None
+    flooding_bits: int = DEFAULT_SECURITY_BITS
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not self.epsilon > 0:
@@ -68,6 +73,7 @@ class FitOptions:
             raise InputError(
                 f"rank_probes must be in [1, {MAX_RANK_PROBES}], got {self.rank_probes}"
             )
+        check_security_bits(self.flooding_bits)
         if not 1 <= self.max_count <= 2**40:
             raise InputError(f"max_count must be in [1, 2^40], got {self.max_count}")
         if self.quantile_rule not in ("interpolate", "gap"):

@@ -73,7 +73,8 @@ PLAINTEXT: Mapping[tuple[str, str], Mapping[str, frozenset[str]]] = {
     },
     ("yeojohnson", "mhe"): {
         **COLLECTIVE,
-        **_PPF_ZSCORE,
+        **{kind: _PPF_ZSCORE[kind] for kind in
+           ("ppf_zscore.scales", "ppf_zscore.mean", "ppf_zscore.result")},
         "ppf_yeojohnson.start": frozenset({"width"}),
         "ppf_yeojohnson.flags": frozenset({"empty", "negative", "positive"}),
         "ppf_yeojohnson.probes": frozenset({"lambdas"}),
@@ -91,3 +92,13 @@ def undeclared(method: str, privacy: str, kind: str, fields: set[str]) -> set[st
     if kind == ABORT_KIND:
         return fields - {"reason"}
     return fields - PLAINTEXT[method, privacy].get(kind, frozenset())
+
+
+def markdown() -> str:
+    """The declarations as the table ``docs/LEAKAGE.md`` carries (a test keeps them equal)."""
+    lines = ["| protocol | message kind | plaintext fields |", "| --- | --- | --- |"]
+    for (method, privacy), kinds in PLAINTEXT.items():
+        for kind, fields in sorted(kinds.items()):
+            names = ", ".join(sorted(fields)) or "–"
+            lines.append(f"| {method}-{privacy} | `{kind}` | {names} |")
+    return "\n".join(lines) + "\n"

@@ -75,7 +75,7 @@ async def pooled_counts(crypto: ServerCrypto, width: int | None = None) -> np.nd
         if reply.width != width:
             raise ProtocolError(f"party {party} sent {reply.width} counts, expected {width}")
     total = await crypto.add_all({p: r.counts for p, r in replies.items()})
-    return np.rint(await crypto.decrypt(total, width))
+    return np.rint(await crypto.decrypt_sum(total, width))
 
 
 class EncryptedCountAggregator:
@@ -98,7 +98,8 @@ class EncryptedCountAggregator:
     async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
         assert isinstance(self._crypto, PartyCrypto)
         owed, self._decryptions_owed = self._decryptions_owed, 0
-        return await serve_until(self._crypto, (RankProbe, RankDone), decryptions=owed)
+        return await serve_until(self._crypto, (RankProbe, RankDone), decryptions=0,
+                                 sums=owed)
 
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
@@ -118,11 +119,12 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
     X = ppf_minmax.check_minmax_input(check_party_data(X), options)
-    crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options))
+    crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options),
+                               flooding_bits=options.flooding_bits)
     width = X.shape[1]
     await rc.send(SERVER, EncryptedCounts(
         counts=await crypto.encrypt_for_sum(feature_counts(X)), width=width))
-    await serve_until(crypto, PooledCounts, decryptions=1)
+    await serve_until(crypto, PooledCounts, decryptions=0, sums=1)
     await ppf_minmax.minmax_party(crypto, X, options)
     await kth_party(rc, SortedColumns(X, probe_limit(options, QUARTILES)),
                     EncryptedCountAggregator(crypto))

@@ -36,6 +36,9 @@ fresh numerator.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypeVar
+
 import numpy as np
 import openfhe
 
@@ -60,6 +63,7 @@ from fednorm.protocols.collective import (
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.zscore import deviation_sums
 
+M = TypeVar("M", bound=Message)
 MAX_ABS_VALUE = 2.0**40
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
 COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
@@ -145,7 +149,7 @@ async def _count_inverse(
     """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed."""
     hi = float(options.max_count)
     if options.reveal_counts:
-        pooled = np.rint(await crypto.decrypt(count, width))
+        pooled = np.rint(await crypto.decrypt_sum(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width))
     # Unused slots hold count 0, outside the inverse's range: pad them with 1 so they do
     # not blow up to ~8·max_count and cost precision in the slots that matter.
@@ -200,6 +204,8 @@ async def _coarse_quotient(
     Shifting the numerator *before* the product keeps the product's noise small; the
     shifted pass resolves quotients of ~2^14 … 2^54 (measured), enough for the scales.
     """
+    if isinstance(scaled_inverse, np.ndarray):  # a flooded sum: it always decodes
+        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     try:
         return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     except ckks.DecodeOverflow:
@@ -212,7 +218,11 @@ async def _decrypt_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext,
     scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
 ) -> np.ndarray:
-    """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩."""
+    """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩; with
+    revealed counts, the numerator (a sum upload) is decrypted and divided in the clear."""
+    if isinstance(scaled_inverse, np.ndarray):
+        total = await crypto.decrypt_sum(numerator, width)
+        return total * (scaled_inverse[:width] / options.max_count)
     context = crypto.ckks
     # 1/max_count is applied after the product: before it, the numerator would be tiny
     # and the product's absolute noise would swamp small-valued features.
@@ -224,45 +234,74 @@ async def _decrypt_quotient(
 # -- party --------------------------------------------------------------------------------
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
     X = check_ppf_values(X, options)
-    crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts)
+    crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts,
+                               flooding_bits=options.flooding_bits)
+    passes = Passes(revealed=options.reveal_counts)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
     if not options.reveal_counts:
         crypto.require_pooled_count_within(counts, options.max_count)
     await rc.send(SERVER, EncryptedSums(
-        total=await crypto.encrypt(total, numerator_level(crypto.ckks)),
+        total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
         count=await (crypto.encrypt_for_sum(counts) if options.reveal_counts
                      else crypto.encrypt(counts)), width=width))
-    await share_moments(crypto, X, total, extra_decryptions=1 if options.reveal_counts else 0)
-    result = await serve_until(crypto, PpfZScoreResult, decryptions=1)
+    await share_moments(crypto, X, total, passes, extra_decryptions=int(passes.revealed))
+    result = await passes.serve(crypto, PpfZScoreResult, 1)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))
 
 
+@dataclass(frozen=True)
+class Passes:
+    """How a party's side of the quotient passes travels.
+
+    With revealed counts every value is a sum upload whose decryption the party floods
+    (:meth:`ServerCrypto.decrypt_sum`); with the encrypted inverse it is a numerator the
+    server multiplies by ⟨max_count/n_g⟩ before a (not flooded, see docs/LEAKAGE.md)
+    decryption, which may be retried once at a smaller scale in a coarse pass.
+    """
+
+    revealed: bool = False
+
+    @property
+    def coarse_decryptions(self) -> int:
+        return 1 if self.revealed else COARSE_DECRYPTIONS
+
+    async def upload(self, crypto: PartyCrypto, values: np.ndarray) -> openfhe.Ciphertext:
+        if self.revealed:
+            return await crypto.encrypt_for_sum(values)
+        return await crypto.encrypt(values, numerator_level(crypto.ckks))
+
+    async def serve(self, crypto: PartyCrypto, expected: type[M], decryptions: int) -> M:
+        """Answer ``decryptions`` requests of this run's kind until ``expected`` arrives."""
+        if self.revealed:
+            return await serve_until(crypto, expected, decryptions=0, sums=decryptions)
+        return await serve_until(crypto, expected, decryptions=decryptions)
+
+
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
-                        extra_decryptions: int = 0) -> None:
+                        passes: Passes = Passes(), extra_decryptions: int = 0) -> None:
     """Party side of :func:`pooled_moments`, once ``total`` (Σx) has been sent: the mean's
     two passes, then ⟨Σ(x − μ)²⟩ and its two passes.  The variance's precise pass is
     decrypted before the result arrives (``decryptions=1`` when awaiting it)."""
     width = X.shape[1]
-    await precise_quotient_party(crypto, total, width, extra_decryptions)
+    await precise_quotient_party(crypto, total, width, extra_decryptions, passes)
     # The precise pass is decrypted before the mean arrives.
-    mean = as_float_vector((await serve_until(crypto, PpfMean, decryptions=1)).mean,
+    mean = as_float_vector((await passes.serve(crypto, PpfMean, 1)).mean,
                            width, "mean from the server")
     squared, _ = deviation_sums(X, mean)
-    await crypto.rc.send(SERVER, EncryptedVector(
-        values=await crypto.encrypt(squared, numerator_level(crypto.ckks))))
-    await precise_quotient_party(crypto, squared, width)
+    await crypto.rc.send(SERVER, EncryptedVector(values=await passes.upload(crypto, squared)))
+    await precise_quotient_party(crypto, squared, width, passes=passes)
 
 
 async def precise_quotient_party(
-    crypto: PartyCrypto, local: np.ndarray, width: int, extra_decryptions: int = 0
+    crypto: PartyCrypto, local: np.ndarray, width: int, extra_decryptions: int = 0,
+    passes: Passes = Passes(),
 ) -> None:
     """Party side of a two-pass quotient: help decrypt the coarse pass, re-encrypt scaled."""
-    scales = await serve_until(crypto, Scales,
-                               decryptions=COARSE_DECRYPTIONS + extra_decryptions)
+    scales = await passes.serve(crypto, Scales, passes.coarse_decryptions + extra_decryptions)
     factors = as_float_vector(scales.scales, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
         raise ProtocolError("the server sent invalid scales")
@@ -270,7 +309,7 @@ async def precise_quotient_party(
         raise ProtocolError("the server's scales would push this party's values past what "
                             "CKKS encodes (2^50): refused")
     await crypto.rc.send(SERVER, EncryptedVector(
-        values=await crypto.encrypt(local * factors, numerator_level(crypto.ckks))))
+        values=await passes.upload(crypto, local * factors)))
 
 
 def numerator_level(context: ckks.CkksContext) -> int:

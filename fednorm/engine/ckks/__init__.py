@@ -36,6 +36,7 @@ from fednorm.engine.ckks.collective import (
     aggregate_rotation_shares,
     finish_bootstrap,
     fuse_decryption,
+    fuse_sum_decryption,
     start_bootstrap,
 )
 from fednorm.engine.ckks.compare import (
@@ -53,6 +54,7 @@ from fednorm.engine.ckks.compare import (
 )
 from fednorm.engine.ckks.context import CkksContext, sum_rotation_indices
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
+from fednorm.engine.ckks.flooding import Flooding, check_security_bits
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import DECRYPT_SHARE_TOWERS, JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.ckks.levels import (
@@ -84,6 +86,7 @@ __all__ = [
     "CkksPreset",
     "ComparePlan",
     "DecodeOverflow",
+    "Flooding",
     "InversePlan",
     "JointKeys",
     "LevelBudgetError",
@@ -98,6 +101,7 @@ __all__ = [
     "aggregate_rotation_shares",
     "bootstrap_locally",
     "bootstrap_seed",
+    "check_security_bits",
     "common_element",
     "comparison_error",
     "consumed_levels",
@@ -107,6 +111,7 @@ __all__ = [
     "fold_maximum",
     "fold_rotations",
     "fuse_decryption",
+    "fuse_sum_decryption",
     "get_preset",
     "inverse",
     "joint_tag_for",

@@ -140,7 +140,8 @@ def aggregate_rotation_shares(ctx: CkksContext, joint: JointKeys,
 
 # -- collective decryption ---------------------------------------------------------------
 def aggregate_decrypt_shares(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext,
-                             shares: Sequence[openfhe.Ciphertext]) -> openfhe.Plaintext:
+                             shares: Sequence[openfhe.Ciphertext], *,
+                             compressed: bool = True) -> openfhe.Plaintext:
     """Check the parties' shares of ``ct`` and fuse them (``MultipartyDecryptFusion``).
 
     Finalize with :meth:`CkksContext.decode`. A share of another ciphertext at the same
@@ -149,7 +150,8 @@ def aggregate_decrypt_shares(ctx: CkksContext, joint: JointKeys, ct: openfhe.Cip
     """
     _require_count(shares, joint, "decryption shares")
     _require_tag(ct, joint.tag, "ciphertext to decrypt")
-    like = _one_element(ctx.raw.Compress(ct, decrypt_share_towers(ctx, ct)))
+    like = _one_element(ctx.raw.Compress(ct, decrypt_share_towers(ctx, ct)) if compressed
+                        else ct)
     for i, share in enumerate(shares):
         _require_like(ctx, share, like, f"decryption share #{i}")
     _require_tags(shares, [joint.tag] * len(shares), "decryption share")
@@ -176,6 +178,13 @@ def fuse_decryption(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext,
                     shares: Sequence[openfhe.Ciphertext], n: int) -> np.ndarray:
     """Aggregate and finalize a collective decryption: the first ``n`` slot values."""
     return ctx.decode(aggregate_decrypt_shares(ctx, joint, ct, shares), n)
+
+
+def fuse_sum_decryption(ctx: CkksContext, joint: JointKeys, ct: openfhe.Ciphertext,
+                        shares: Sequence[openfhe.Ciphertext], n: int) -> np.ndarray:
+    """Aggregate and finalize a flooded decryption of a sum upload (shares at the sum's
+    own towers and scale, see :meth:`PartyKeys.decrypt_sum_share`)."""
+    return ctx.decode(aggregate_decrypt_shares(ctx, joint, ct, shares, compressed=False), n)
 
 
 def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:

@@ -30,6 +30,8 @@ from fednorm.engine.errors import InputError, ProtocolError
 Ciphertext = openfhe.Ciphertext
 Operand = openfhe.Ciphertext | np.ndarray | float | int
 
+SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
+MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()
 _RECENT_OBJECTS = 8  # decoded objects kept to serve repeated (broadcast) bytes
@@ -108,8 +110,10 @@ class CkksContext:
         return self.preset.towers - ct.GetLevel()
 
     # -- encoding ------------------------------------------------------------------------
-    def encode(self, values: np.ndarray | Sequence[float], level: int = 0) -> openfhe.Plaintext:
-        """Pack real ``values`` into a plaintext, zero-padded to all slots.
+    def encode(self, values: np.ndarray | Sequence[float], level: int = 0,
+               degree: int = 1) -> openfhe.Plaintext:
+        """Pack real ``values`` into a plaintext, zero-padded to all slots, at scale
+        Δ^``degree`` (Δ ≈ 2^50; degree 2 for sums, see :meth:`encrypt_sum`).
 
         OpenFHE refuses to encode a vector whose largest magnitude is below 2^-38
         ("Scaling factor too small"); such values are below CKKS resolution at scale
@@ -123,7 +127,7 @@ class CkksContext:
         padded = np.zeros(self.slots)
         if arr.size and np.abs(arr).max() >= _SMALLEST_ENCODABLE:
             padded[:arr.size] = arr
-        return self.raw.MakeCKKSPackedPlaintext(padded, 1, level)
+        return self.raw.MakeCKKSPackedPlaintext(padded, degree, level)
 
     def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray,
                 level: int = 0) -> Ciphertext:
@@ -138,6 +142,27 @@ class CkksContext:
         if not 0 <= level < self.depth:
             raise InputError(f"encryption level {level} outside [0, {self.depth - 1}]")
         return self.raw.Encrypt(public_key, self.encode(values, level))
+
+    @property
+    def sum_level(self) -> int:
+        """The level of sum uploads: :data:`SUM_TOWERS` towers left."""
+        return self.preset.towers - SUM_TOWERS
+
+    def encrypt_sum(self, public_key: openfhe.PublicKey, values: np.ndarray) -> Ciphertext:
+        """Encrypt values the server only adds up and decrypts (counts, sums): at scale
+        Δ² ≈ 2^100 with :data:`SUM_TOWERS` towers.
+
+        Fresh encryption noise is a fixed amount in the ring (~2^11 per coefficient), so
+        at scale 2^100 it sits ~2^-82 below the values: the decryption's flooding noise
+        (:mod:`.flooding`), 2^s·√N times larger, still costs no precision that matters.
+        |values| must stay within :data:`MAX_SUM_VALUE` (OpenFHE fails to encode 2^60).
+        """
+        arr = np.asarray(values, dtype=np.float64)
+        if np.abs(arr).max(initial=0.0) > MAX_SUM_VALUE:
+            raise InputError(f"a value to sum exceeds 2^{MAX_SUM_VALUE.bit_length() - 1} "
+                             f"({float(MAX_SUM_VALUE):.3g}), the largest a sum upload encodes")
+        self.check_same_context(public_key, "public key")
+        return self.raw.Encrypt(public_key, self.encode(arr, self.sum_level, degree=2))
 
     def upload_level(self, products: int) -> int:
         """The deepest level to encrypt at for a ciphertext that is multiplied

@@ -19,7 +19,8 @@ from typing import NoReturn
 
 import openfhe
 
-from fednorm.engine.ckks.context import KEY_MAP_LOCK, CkksContext
+from fednorm.engine.ckks.context import KEY_MAP_LOCK, SUM_TOWERS, CkksContext
+from fednorm.engine.ckks.flooding import Flooding, flood_share
 from fednorm.engine.errors import InputError, ProtocolError
 
 DECRYPT_SHARE_TOWERS = 2
@@ -175,6 +176,23 @@ class PartyKeys:
             self._ctx.raw.MultipartyDecryptMain
         share = make([ct], self._sk)[0]
         return self._ctx.raw.Compress(share, decrypt_share_towers(self._ctx, ct))
+
+    def decrypt_sum_share(self, ct: openfhe.Ciphertext, flooding: Flooding) -> openfhe.Ciphertext:
+        """Flooded partial decryption of a sum of fresh uploads (:meth:`CkksContext.
+        encrypt_sum`): the share at the sum's own towers and scale Δ², plus Gaussian noise
+        2^s·√N above the sum's noise bound (:mod:`.flooding`), so the server learns the
+        sum, not the noise that depends on this party's secret.
+
+        Only a ciphertext shaped like such a sum (two elements, scale Δ², the sum towers)
+        is accepted: the bound holds for nothing else.
+        """
+        self._check_joint_ciphertext(ct, "sum to decrypt", elements=2)
+        ctx = self._ctx
+        if ct.GetNoiseScaleDeg() != 2 or ctx.towers(ct) != SUM_TOWERS:
+            raise ProtocolError(f"sum to decrypt has scale degree {ct.GetNoiseScaleDeg()} and "
+                                f"{ctx.towers(ct)} towers, not a sum upload's 2 and {SUM_TOWERS}")
+        make = ctx.raw.MultipartyDecryptLead if self._lead else ctx.raw.MultipartyDecryptMain
+        return flood_share(ctx, make([ct], self._sk)[0], flooding)
 
     # -- collective bootstrapping --------------------------------------------------------
     def boot_share(self, c1: openfhe.Ciphertext,

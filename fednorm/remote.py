@@ -231,7 +231,9 @@ class Server:
 
     A session that fails (a dropout, a protocol violation, parties missing) is recorded
     in :attr:`outcomes` and the server goes on to the next one; refused connections are
-    recorded in :attr:`rejections` and never disturb the session they tried to join.
+    recorded in :attr:`rejections` and never disturb the session they tried to join,
+    unless a party of the federation cannot take part (other columns, data beyond
+    V_abs): then the session is abandoned at once and every party is told why.
     """
 
     def __init__(self, config: ServerConfig, log: Log = _quiet,

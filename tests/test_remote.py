@@ -300,6 +300,26 @@ def test_a_role_killed_mid_protocol_stops_everyone_with_one_cause_and_nothing_is
     assert nothing_written(outs)
 
 
+@pytest.mark.parametrize("victim", ["party 3", "server"])
+def test_a_role_killed_while_waiting_for_the_start_leaves_one_cause(
+    victim: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
+    csvs: list[Path], tmp_path: Path,
+) -> None:
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--join-timeout", 6)
+    waiting = {p: start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 3)}
+    time.sleep(2)  # both are admitted and wait for party 2, who never comes
+    (waiting.pop(3) if victim == "party 3" else server).kill()
+    survivors = [server, *waiting.values()] if victim == "party 3" else list(waiting.values())
+    results = [finish(proc) for proc in survivors]
+    assert all(code == 1 for code, _ in results), results
+    # A party that left the lobby frees its slot, so the session fails for lack of it.
+    cause = ("party 2, party 3 dropped: did not join within 6 s" if victim == "party 3"
+             else "server dropped: connection")
+    assert_one_cause(results, cause)
+    assert nothing_written(outs)
+
+
 def write_rows(path: Path, header: list[str], rows: list[list[object]]) -> Path:
     path.write_text("\n".join(",".join(map(str, row)) for row in [header, *rows]) + "\n")
     return path

@@ -33,6 +33,7 @@ from fednorm.engine.ckks import (
     aggregate_public_key,
     aggregate_relin_round1,
     aggregate_relin_round2,
+    aggregate_rotation_shares,
     bootstrap_locally,
     decrypt_locally,
     ensure_levels,
@@ -303,6 +304,19 @@ def test_key_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
         aggregate_public_key(ctx, [parties[0].public_key_share] * 2)
     with pytest.raises(ProtocolError, match="another crypto context"):
         aggregate_public_key(ctx, [parties[0].public_key_share, foreign.raw.KeyGen().publicKey])
+
+
+def test_rotation_key_shares_are_tag_checked(fed: Fed) -> None:
+    ctx, joint, parties = fed.ctx, fed.joint, fed.parties
+    lead_share = parties[0].rotation_share([1])
+    shares = [lead_share] + [p.rotation_share([1], lead_share) for p in parties[1:]]
+    aggregate_rotation_shares(ctx, joint, shares)  # in order: accepted
+    with pytest.raises(ProtocolError, match="rotation-key share #0 does not carry"):
+        aggregate_rotation_shares(ctx, joint, [shares[1], shares[0], shares[2]])
+    outsider = PartyKeys.generate(CkksContext("test"))  # another federation's lead
+    with pytest.raises(ProtocolError, match="rotation-key share #1 does not carry"):
+        aggregate_rotation_shares(ctx, joint, [lead_share, outsider.rotation_share([1]),
+                                               shares[2]])
 
 
 # -- bytes -------------------------------------------------------------------------------

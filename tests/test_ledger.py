@@ -119,3 +119,32 @@ def test_the_leakage_document_carries_the_declared_ledger() -> None:
 
     text = (Path(__file__).parent.parent / "docs" / "LEAKAGE.md").read_text()
     assert markdown() in text, "docs/LEAKAGE.md is out of date: paste ledger.markdown()"
+
+
+async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> None:
+    """A PPF robust server that keeps probing past ε (to learn the pooled distribution
+    ever more finely) is refused once the rounds exceed what ε and the bounds need."""
+    from dataclasses import replace
+
+    from fednorm.protocols import ppf_minmax, ppf_robust
+    from fednorm.protocols.rank import kth_server, plan_quantiles, start_search
+
+    async def server(rc, options):
+        crypto = await ppf_robust.setup_server(rc, options.preset,
+                                               **ppf_minmax.setup_arguments(options))
+        count = await ppf_robust.pooled_counts(crypto)
+        await rc.broadcast(ppf_robust.PooledCounts(count=count))
+        low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
+        plan = plan_quantiles(count, ppf_robust.QUARTILES, options.quantile_rule)
+        finer = replace(options, epsilon=options.epsilon * 1e-6)
+        await kth_server(rc, start_search(plan, count, low, high, finer),
+                         ppf_robust.EncryptedCountAggregator(crypto))
+
+    protocol = get_protocol("robust", "mhe")
+    cheat = type(protocol)(protocol.name, "robust", "mhe", server, protocol.party)
+    rng = np.random.default_rng(4)
+    options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-1, minmax_bits=4,
+                         minmax_passes=2)
+    with pytest.raises(ProtocolError, match="more search rounds"):
+        await run_federation(cheat, [rng.normal(size=(6, 1)) for _ in range(3)], options,
+                             timeout=120)

@@ -44,6 +44,7 @@ from fednorm.protocols.rank import (
     kth_server,
     plan_quantiles,
     probe_limit,
+    round_limit,
     start_search,
 )
 from fednorm.protocols.robust import QUARTILES, RobustResult
@@ -125,9 +126,10 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     await rc.send(SERVER, EncryptedCounts(
         counts=await crypto.encrypt_for_sum(feature_counts(X)), width=width))
     await serve_until(crypto, PooledCounts, decryptions=0, sums=1)
-    await ppf_minmax.minmax_party(crypto, X, options)
-    await kth_party(rc, SortedColumns(X, probe_limit(options, QUARTILES)),
-                    EncryptedCountAggregator(crypto))
+    low, high = await ppf_minmax.minmax_party(crypto, X, options)
+    columns = SortedColumns(X, probe_limit(options, QUARTILES), bounds=(low, high),
+                            max_rounds=round_limit(low, high, options))
+    await kth_party(rc, columns, EncryptedCountAggregator(crypto))
     result = await rc.receive(SERVER, RobustResult)
     return RobustNormalizer(q1=as_float_vector(result.q1, width, "q1"),
                             median=as_float_vector(result.median, width, "median"),

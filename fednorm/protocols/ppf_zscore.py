@@ -121,8 +121,9 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     width = agreed_width(sums)
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
     count = await crypto.add_all({p: m.count for p, m in sums.items()})
-    scaled_inverse = await _count_inverse(crypto, count, width, options)
+    scaled_inverse, present = await _count_inverse(crypto, count, width, options)
     mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options)
+    mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
 
@@ -145,18 +146,30 @@ async def pooled_moments(
 
 async def _count_inverse(
     crypto: ServerCrypto, count: openfhe.Ciphertext, width: int, options: FitOptions
-) -> openfhe.Ciphertext | np.ndarray:
-    """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed."""
+) -> tuple[openfhe.Ciphertext | np.ndarray, np.ndarray]:
+    """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed; and
+    which features hold any value at all (the others are NaN, as in plain mode)."""
     hi = float(options.max_count)
     if options.reveal_counts:
         pooled = np.rint(await crypto.decrypt_sum(count, width))
-        return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width))
+        return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
     # Unused slots hold count 0, outside the inverse's range: pad them with 1 so they do
     # not blow up to ~8·max_count and cost precision in the slots that matter.
     padding = np.pad(np.zeros(width), (0, crypto.ckks.slots - width), constant_values=1.0)
     padded = await crypto.rc.run_sync(crypto.ckks.add, count, padding)
-    return await ckks.inverse(crypto.ckks, padded, 1.0, hi, crypto.bootstrap,
-                              out_scale=hi, keep_levels=3)
+    inverse = await ckks.inverse(crypto.ckks, padded, 1.0, hi, crypto.bootstrap,
+                                 out_scale=hi, keep_levels=3)
+    return inverse, await _present(crypto, count, inverse, width, options)
+
+
+async def _present(crypto: ServerCrypto, count: openfhe.Ciphertext,
+                   inverse: openfhe.Ciphertext, width: int, options: FitOptions) -> np.ndarray:
+    """Which features hold a value: n_g ⊙ (max_count/n_g) / max_count is 1 where n_g ≥ 1
+    and 0 where n_g = 0 (one decryption, revealing one bit per feature)."""
+    context = crypto.ckks
+    ct = await crypto.rc.run_sync(
+        lambda: context.mul(context.mul(count, inverse), 1.0 / options.max_count))
+    return await crypto.decrypt(ct, width) > 0.5
 
 
 async def precise_quotient(
@@ -247,7 +260,9 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
         count=await (crypto.encrypt_for_sum(counts) if options.reveal_counts
                      else crypto.encrypt(counts)), width=width))
-    await share_moments(crypto, X, total, passes, extra_decryptions=int(passes.revealed))
+    # One more decryption before the first pass: n_g (revealed counts) or the one bit per
+    # feature of whether it holds any value (encrypted inverse).
+    await share_moments(crypto, X, total, passes, extra_decryptions=1)
     result = await passes.serve(crypto, PpfZScoreResult, 1)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))

@@ -224,12 +224,31 @@ def probe_limit(options: FitOptions, quantiles: Sequence[float]) -> int:
     return options.rank_probes * 2 * len(quantiles)
 
 
-class SortedColumns:
-    """A party's columns sorted once, so each round's counting is a binary search."""
+def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
+    """The most rounds a search from [low, high] to the options' ε can take: each round
+    cuts a bracket into ``rank_probes`` + 1 cells, plus two rounds of slack (a target
+    between two order statistics, a bracket that stops a little short)."""
+    width = np.where(np.isfinite(high - low), high - low, 0.0)
+    epsilon = feature_epsilon(low, high, options)
+    cuts = np.log(np.maximum(width / epsilon, 1.0)) / np.log(options.rank_probes + 1)
+    return int(np.ceil(cuts.max(initial=0.0))) + 2
 
-    def __init__(self, X: np.ndarray, points_per_feature: int) -> None:
+
+class SortedColumns:
+    """A party's columns sorted once, so each round's counting is a binary search.
+
+    With ``bounds`` (the global min and max, public once PPF MinMax has run) a party
+    also refuses probes outside them and more rounds than :func:`round_limit` allows:
+    each round reveals counts, so the ledger bounds both what and how often.
+    """
+
+    def __init__(self, X: np.ndarray, points_per_feature: int,
+                 bounds: tuple[np.ndarray, np.ndarray] | None = None,
+                 max_rounds: int | None = None) -> None:
         self._columns = [np.sort(col[~np.isnan(col)]) for col in X.T]
         self._limit = points_per_feature
+        self._bounds = bounds
+        self._rounds_left = max_rounds
 
     def count_at_most(self, probe: RankProbe) -> np.ndarray:
         """This party's counts of values ≤ each probe point; a round probing a feature at
@@ -243,10 +262,24 @@ class SortedColumns:
         if len(features) and np.bincount(features).max() > self._limit:
             raise ProtocolError(f"rank probe asks for more than {self._limit} points per "
                                 "feature in one round")
+        self._check_against_bounds(features, np.asarray(probe.points, dtype=np.float64))
         counts = np.empty(len(features), dtype=np.float64)
         for i, (j, point) in enumerate(zip(features, probe.points, strict=True)):
             counts[i] = np.searchsorted(self._columns[j], point, side="right")
         return counts
+
+
+    def _check_against_bounds(self, features: np.ndarray, points: np.ndarray) -> None:
+        if self._rounds_left is not None:
+            if self._rounds_left <= 0:
+                raise ProtocolError("the server asked for more search rounds than the "
+                                    "agreed ε and bounds need")
+            self._rounds_left -= 1
+        if self._bounds is None or not len(features):
+            return
+        low, high = self._bounds[0][features], self._bounds[1][features]
+        if not np.all((points >= low) & (points <= high) | ~np.isfinite(low + high)):
+            raise ProtocolError("rank probe places a point outside the global min and max")
 
 
 class CountAggregator(Protocol):

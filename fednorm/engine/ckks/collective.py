@@ -134,8 +134,24 @@ def aggregate_rotation_shares(ctx: CkksContext, joint: JointKeys,
     :meth:`CkksContext.install_rotation_keys`, which checks that none went missing.
     """
     _require_count(shares, joint, "rotation-key shares")
+    for i, share in enumerate(shares):
+        _require_map_tag(share, joint.party_tags[0] if i == 0 else joint.tag,
+                         f"rotation-key share #{i}")
     return _fold(shares,
                  lambda acc, s: ctx.raw.MultiAddEvalAutomorphismKeys(acc, s, joint.tag))
+
+
+def _require_map_tag(keys: openfhe.EvalKeyMap, want: str, what: str) -> None:
+    """An eval-key map must carry key tag ``want`` (the lead's share is made under the
+    lead's own key, every other share under the joint tag).  OpenFHE's Python API does
+    not expose a map's entries, so the tag is read from its serialization."""
+    if not isinstance(keys, openfhe.EvalKeyMap):
+        raise ProtocolError(f"{what} is a {type(keys).__name__}, not an eval-key map")
+    data = openfhe.Serialize(keys, openfhe.BINARY)
+    # The joint tag contains the lead's tag, so "lead's tag only" means: not the joint one.
+    tags = (want.encode() in data, joint_tag_for(want).encode() in data)
+    if not tags[0] or (not want.startswith("fednorm-joint-") and tags[1]):
+        raise ProtocolError(f"{what} does not carry key tag {want!r}")
 
 
 # -- collective decryption ---------------------------------------------------------------

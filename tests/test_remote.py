@@ -262,31 +262,35 @@ def assert_one_cause(results: list[tuple[int, str]], cause: str) -> None:
         assert cause in err, f"{cause!r} not in {err!r}"
 
 
-@pytest.mark.parametrize("victim", ["party 3", "server"])
+@pytest.mark.parametrize("victim", ["party 1", "party 3", "server"])
 @pytest.mark.parametrize("phase", ["plain-round2", "mhe-setup", "mhe-decrypt"])
 def test_a_role_killed_mid_protocol_stops_everyone_with_one_cause_and_nothing_is_written(
     phase: str, victim: str, spawn: Callable[..., subprocess.Popen[bytes]], certs: Path,
     csvs: list[Path], tmp_path: Path,
 ) -> None:
+    """Party 1 is the first the server reads, so when it is killed the others' frames
+    still wait unread at the server; party 3 is the last; the server is the hub."""
     outs = [tmp_path / f"out-{role}" for role in range(4)]
     marker = tmp_path / "stalled"
     privacy = phase.split("-")[0]
+    stalling = 1 if victim == "party 1" else 3
     server, port = start_server(spawn, certs, "zscore", outs[0],
                                 "--privacy", privacy, "--preset", "test")
     honest = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p], timeout=60)
-              for p in (1, 2)]
-    stalled = start_party(spawn, port, 3, csvs[2], certs, outs[3], script=STALL_PARTY,
-                          timeout=60, env={**os.environ, "FEDNORM_STALL_MARKER": str(marker),
-                                           "FEDNORM_STALL_AT": phase})
+              for p in (1, 2, 3) if p != stalling]
+    stalled = start_party(spawn, port, stalling, csvs[stalling - 1], certs, outs[stalling],
+                          script=STALL_PARTY, timeout=60,
+                          env={**os.environ, "FEDNORM_STALL_MARKER": str(marker),
+                               "FEDNORM_STALL_AT": phase})
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert time.monotonic() < deadline and stalled.poll() is None, finish(stalled)
         time.sleep(0.02)
     # SIGKILL, inside the chosen phase: the stalled party, or the server waiting for it.
-    (stalled if victim == "party 3" else server).kill()
+    (server if victim == "server" else stalled).kill()
 
     killed = time.monotonic()
-    survivors = [server, *honest] if victim == "party 3" else honest
+    survivors = honest if victim == "server" else [server, *honest]
     results = [finish(proc, timeout=45) for proc in survivors]
     # Well before the 60 s protocol timeout: the dropout is seen, not waited out.
     assert time.monotonic() - killed < 30
@@ -294,8 +298,8 @@ def test_a_role_killed_mid_protocol_stops_everyone_with_one_cause_and_nothing_is
     # The server names the cause; each party reports that same text (through the
     # server's Abort), not a broken pipe of its own.  A party that loses the server
     # says so.
-    cause = (re.search(r"failed: PartyDropped: (party 3 dropped: .*)", results[0][1])[1]
-             if victim == "party 3" else "server dropped: connection")
+    cause = ("server dropped: connection" if victim == "server" else
+             re.search(rf"failed: PartyDropped: ({victim} dropped: .*)", results[0][1])[1])
     assert_one_cause(results, cause)
     assert nothing_written(outs)
 

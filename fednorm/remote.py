@@ -390,7 +390,8 @@ class Server:
         async def start_and_serve() -> Normalizer:
             for link in lobby.links.values():
                 await send_handshake(link, Start(lobby.session))
-            normalizer = await self.protocol.server(ctx, self.config.options)
+            with np.errstate(over="ignore", invalid="ignore"):  # reported just below
+                normalizer = await self.protocol.server(ctx, self.config.options)
             return check_no_overflow(normalizer, self.protocol.method, lobby.features)
 
         return await run_role(ctx, start_and_serve())
@@ -480,7 +481,8 @@ class Party:
                                                                         "server")
             ctx = RoleContext(config.party, {SERVER: server}, welcome.session,
                               protocol=protocol.name, timeout=timeouts.protocol)
-            normalizer = await run_role(ctx, protocol.party(ctx, X, options))
+            with np.errstate(over="ignore", invalid="ignore"):  # reported just below
+                normalizer = await run_role(ctx, protocol.party(ctx, X, options))
             check_no_overflow(normalizer, protocol.method, features)
         finally:
             await link.aclose()

@@ -635,6 +635,29 @@ def test_unknown_duplicate_and_foreign_parties_are_refused_while_a_session_compl
     assert live.server.outcomes[-1].error is None
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the error, not numpy's warnings
+def test_a_fit_that_overflows_is_the_same_error_on_every_role_not_null_parameters(
+    live: LiveServer,
+) -> None:
+    huge = [X.copy() for X in ARRAYS]
+    huge[0][:, 0] = 1e300 * np.sign(huge[0][:, 0])  # squares overflow float64
+
+    async def run() -> dict[int, object]:
+        results: dict[int, object] = {}
+        async with trio.open_nursery() as nursery:
+            for party, X in enumerate(huge, start=1):
+                nursery.start_soon(live.party, party, X, results)
+        return results
+
+    sessions = len(live.server.outcomes)
+    results = trio.run(run)
+    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
+    cause = "the zscore fit overflows float64 for 'a'"
+    assert cause in str(live.server.outcomes[-1].error)
+    assert all(isinstance(r, InputError) and cause in str(r) for r in results.values()), results
+    live.honest_session(ARRAYS)
+
+
 def test_a_refused_party_exits_1_with_the_cause_and_writes_nothing(
     live: LiveServer, csvs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,8 +1,10 @@
 """``fednorm certs init``, ``fednorm serve`` and ``fednorm party``: a federation over TCP.
 
-Everything a user can get wrong (data, certificates, ids, addresses, method) is
-checked before the first connection, so bad input exits 2 without bothering the
-peers; failures of the run itself exit 1 with the cause (e.g. "party 2 dropped").
+Everything a user can get wrong (data, certificates, ids, addresses, method, the
+server's V_abs and columns, output directories) is checked before the first
+connection, so bad input exits 2 without bothering the peers; failures of the run
+itself exit 1 with the cause (e.g. "party 2 dropped").  A server of several sessions
+exits 0 if all succeeded, 1 if none did, 3 if some did, and prints a line per session.
 """
 
 from __future__ import annotations

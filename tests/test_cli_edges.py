@@ -65,6 +65,13 @@ def test_values_that_overflow_the_fit_are_an_error_not_null(
     assert "'small'" not in err and out == ""
 
 
+@pytest.mark.parametrize("method", ["zscore", "minmax", "robust", "yeojohnson"])
+def test_a_feature_without_values_is_not_mistaken_for_an_overflow(method: str) -> None:
+    X = np.column_stack([np.full(8, np.nan), np.arange(8.0)])
+    params = simulate([X[:4], X[4:]], method).normalizer.params()
+    assert all(np.isnan(values[0]) for name, values in params.items() if name != "lambda")
+
+
 class _no_runtime_warnings:
     """The overflow is reported once, as the error, not as numpy warnings besides."""
 

@@ -113,14 +113,20 @@ def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
         raise InputError("values beyond the agreed bound vabs: " + ", ".join(beyond))
 
 
+LOCATION_PARAMS = ("mean", "median", "min")  # NaN exactly when a feature has no values
+
+
 def overflowed_features(normalizer: Normalizer) -> list[int]:
-    """Features whose fit overflowed float64: a parameter is infinite, or NaN beside a
-    finite one (a feature without any value has every parameter NaN)."""
-    params = np.array(list(normalizer.params().values()), dtype=np.float64)
-    finite = np.isfinite(params)
-    infinite = np.isinf(params).any(axis=0)
-    mixed = finite.any(axis=0) & ~finite.all(axis=0)
-    return np.flatnonzero(infinite | mixed).tolist()
+    """Features whose fit overflowed float64: a parameter is infinite, or one is NaN
+    although the feature has values (its location — mean, median or min — is finite;
+    a feature without any value has a NaN location, and Yeo-Johnson's λ is 1 there)."""
+    params = normalizer.params()
+    values = np.array(list(params.values()), dtype=np.float64)
+    location = next(np.asarray(params[name], dtype=np.float64)
+                    for name in LOCATION_PARAMS if name in params)
+    infinite = np.isinf(values).any(axis=0)
+    undefined = np.isfinite(location) & np.isnan(values).any(axis=0)
+    return np.flatnonzero(infinite | undefined).tolist()
 
 
 def check_no_overflow(normalizer: Normalizer, method: str,

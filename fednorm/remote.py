@@ -422,10 +422,11 @@ class Server:
 async def close_links(links: Iterable[TcpLink], *, drain: bool) -> None:
     """Close every link; after a failure, first let each peer read the cause.
 
-    A party still sending (a large upload) when the server closes gets a reset, and
-    a reset can discard the Abort waiting in its receive buffer: it would report a
-    broken pipe instead of the cause.  So the server reads and drops what the party
-    sends until the party closes, for a short while, and only then closes.
+    Closing a socket with frames still unread (those of the parties the server had
+    not come to yet), or one a party is still sending to, makes the kernel send a
+    reset, and a reset can discard the Abort waiting in the party's receive buffer:
+    it would report "connection reset" instead of the cause.  So the server reads and
+    drops what each party sends until the party closes, for a short while, then closes.
     """
     async def close(link: TcpLink) -> None:
         if drain:

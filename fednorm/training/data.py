@@ -10,9 +10,9 @@ merged on the server, which evaluates the global model on them.
 The per-client splits are **stratified**: a client's rows are ordered by target (class,
 or value for regression) and the test and validation rows are taken at evenly spaced
 positions from a random start, so every part holds each class (or target range) in
-the client's proportions, up to one row. A validation share of 10% left HCV's merged
-validation set at ~48 rows with 0-1 of its rarest class, on which early stopping picked
-majority-class predictors; 20% doubles it (measurements in ``results/README.md``).
+the client's proportions, up to one row. A validation share of 10% leaves HCV's merged
+validation set at ~48 rows with 0-1 of its rarest class; 20% doubles it, so the
+validation F1 that selects a run's weights has rare-class rows to see.
 
 Feature-skew noise is in units of each feature's standard deviation over the whole
 dataset, and categorical columns get none (:func:`fednorm.sim.partition.feature_spread`);

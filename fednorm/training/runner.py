@@ -9,11 +9,12 @@ Two choices made here keep the networks' numbers meaningful:
   target's own units (losses stay in standardized units). Parkinson's total_UPDRS
   (mean 29, sd 10.7) otherwise asks an MLP to move its output by ~30 with sign-only
   MAE gradients, and it stopped at the round cap far from converged.
-* **Class weights** (per dataset, :class:`fednorm.training.grid.DatasetDefaults`): the
-  cross-entropy weighs a row of class k by n / (K · n_k), from the federation's class
-  counts (the sum of the clients' per-class training row counts, the same kind of
-  aggregate FedAvg's sample weights already reveal). Early stopping then watches the
-  weighted validation loss, which a majority-class predictor cannot minimize.
+* **Checkpoint selection by validation F1** for classification (per dataset,
+  :class:`fednorm.training.grid.DatasetDefaults`; see
+  :class:`fednorm.training.fedavg.EarlyStopping`). Class-weighted cross-entropy (a row
+  of class k weighs n / (K · n_k), from the sum of the clients' per-class training
+  counts, the same kind of aggregate FedAvg's sample weights reveal) is available as
+  the alternative; measured on HCV it did worse (``results/README.md``).
 
 Cells are independent, so ``jobs > 1`` runs them in worker processes (spawned, one
 torch thread each: the models are small, and two processes keep two cores busier than

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 import openfhe
 import pytest
+from deviating import deviating, zscore_server_start
 from recording import install, spy_secret_keys
 
 from fednorm.engine.errors import ProtocolError
-from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_zscore as ppf
 from fednorm.protocols.collective import BootRequest, serve_until
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
@@ -56,8 +57,7 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, method, privacy)
 
 # -- a deviating server ---------------------------------------------------------------------
 async def _run_server(server_role, parts=None):
-    protocol = get_protocol("zscore", "mhe")
-    cheat = type(protocol)(protocol.name, "zscore", "mhe", server_role, protocol.party)
+    cheat = deviating("zscore", server=server_role)
     parts = parts or [np.ones((4, 2)) * i for i in range(1, 4)]
     await run_federation(cheat, parts, TEST, timeout=60)
 
@@ -66,9 +66,7 @@ async def test_parties_refuse_a_bootstrap_on_a_reused_common_element() -> None:
     """A server that asks twice for the same common random element (so that it could
     cancel the masks of two answers) is refused: the index must advance."""
     async def server(rc, options):
-        crypto = await ppf.setup_server(rc, options.preset)
-        sums = await rc.gather(ppf.EncryptedSums)
-        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        crypto, count = await zscore_server_start(rc, options)
         await crypto.bootstrap(count)
         crypto.boot_index -= 1  # replay element #0
         await crypto.bootstrap(count)
@@ -95,9 +93,7 @@ async def test_parties_refuse_a_bootstrap_with_a_chosen_element() -> None:
 
 async def test_parties_refuse_more_bootstraps_than_the_phase_declares() -> None:
     async def server(rc, options):
-        crypto = await ppf.setup_server(rc, options.preset)
-        sums = await rc.gather(ppf.EncryptedSums)
-        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        crypto, count = await zscore_server_start(rc, options)
         await crypto.bootstrap(count)
 
     async def party(rc, X, options):
@@ -106,8 +102,7 @@ async def test_parties_refuse_more_bootstraps_than_the_phase_declares() -> None:
                                            count=await crypto.encrypt(np.ones(2)), width=2))
         await serve_until(crypto, ppf.PpfZScoreResult, decryptions=9, bootstraps=0)
 
-    protocol = get_protocol("zscore", "mhe")
-    cheat = type(protocol)(protocol.name, "zscore", "mhe", server, party)
+    cheat = deviating("zscore", server=server, party=party)
     with pytest.raises(ProtocolError, match="more bootstraps"):
         await run_federation(cheat, [np.ones((4, 2))] * 3, TEST, timeout=60)
 
@@ -140,8 +135,7 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
         await kth_server(rc, start_search(plan, count, low, high, finer),
                          ppf_robust.EncryptedCountAggregator(crypto))
 
-    protocol = get_protocol("robust", "mhe")
-    cheat = type(protocol)(protocol.name, "robust", "mhe", server, protocol.party)
+    cheat = deviating("robust", server=server)
     rng = np.random.default_rng(4)
     options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-1, minmax_bits=4,
                          minmax_passes=2)

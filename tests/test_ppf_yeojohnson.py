@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import openfhe
 import pytest
+from deviating import deviating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording import install, spy_secret_keys
@@ -280,7 +281,6 @@ def test_ppf_yeojohnson_needs_the_agreed_bound(monkeypatch) -> None:
 # -- a misbehaving server ------------------------------------------------------------------
 async def test_parties_refuse_sign_flags_their_data_contradict() -> None:
     """False flags would break the bound |t| ≤ 1 (and with it the sign's meaning)."""
-    from fednorm.protocols import get_protocol
     from fednorm.sim.federation import run_federation
 
     async def lying_server(rc, options):
@@ -291,8 +291,7 @@ async def test_parties_refuse_sign_flags_their_data_contradict() -> None:
         await rc.gather(ppf.EncryptedMoments)  # never comes
         return crypto
 
-    protocol = get_protocol("yeojohnson", "mhe")
-    cheat = type(protocol)(protocol.name, "yeojohnson", "mhe", lying_server, protocol.party)
+    cheat = deviating("yeojohnson", server=lying_server)
     parts = [np.array([[1.0], [-2.0]]), np.array([[3.0]])]
     with pytest.raises(ProtocolError, match="contradict"):
         await run_federation(cheat, parts, FitOptions(preset="test", vabs=(5.0,)), timeout=300)

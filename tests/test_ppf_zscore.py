@@ -6,6 +6,7 @@ import numpy as np
 import openfhe
 import pytest
 import trio
+from deviating import deviating, zscore_server_start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording import install, spy_secret_keys
@@ -13,7 +14,7 @@ from recording import install, spy_secret_keys
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
-from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_zscore as ppf
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -138,8 +139,7 @@ def test_only_the_ledger_crosses_the_wire(monkeypatch, reveal_counts) -> None:
 
 # -- misbehaving parties ----------------------------------------------------------------
 async def _run_with_party(party_role):
-    protocol = get_protocol("zscore", "mhe")
-    cheat = type(protocol)(protocol.name, "zscore", "mhe", protocol.server, party_role)
+    cheat = deviating("zscore", party=party_role)
     rng = np.random.default_rng(0)
     await run_federation(cheat, [rng.normal(size=(5, 2)) for _ in range(3)], TEST, timeout=60)
 
@@ -160,9 +160,7 @@ async def test_a_ciphertext_under_a_private_key_is_rejected() -> None:
 
 async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
     async def greedy_server(rc, options):
-        crypto = await ppf.setup_server(rc, options.preset)
-        sums = await rc.gather(ppf.EncryptedSums)
-        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        crypto, count = await zscore_server_start(rc, options)
         # Before the first scales a party helps with the presence bit and the coarse pass
         # of μ, which may take two requests (the second at a smaller scale if the first is
         # too large to decode); one more is beyond the ledger.  (What a request decrypts a
@@ -170,8 +168,7 @@ async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
         for _ in range(1 + ppf.COARSE_DECRYPTIONS + 1):
             await crypto.decrypt(count, 2)
 
-    protocol = get_protocol("zscore", "mhe")
-    cheat = type(protocol)(protocol.name, "zscore", "mhe", greedy_server, protocol.party)
+    cheat = deviating("zscore", server=greedy_server)
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
     with pytest.raises(ProtocolError, match="more decryptions"):
         await run_federation(cheat, parts, TEST, timeout=60)
@@ -217,9 +214,8 @@ def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
         await rc.broadcast(ppf.Scales(scales=np.full(2, 2.0**60)))
         await rc.gather(ppf.EncryptedVector)
 
-    protocol = get_protocol("zscore", "mhe")
-    cheat = type(protocol)(protocol.name, "zscore", "mhe", scaling_server, protocol.party)
-    with pytest.raises(ProtocolError, match="past what CKKS encodes"):
+    cheat = deviating("zscore", server=scaling_server)
+    with pytest.raises(InputError, match="would pass 2\\^50"):
         trio.run(run_federation, cheat, [np.full((4, 2), 3.0)] * 3, TEST)
 
 
@@ -234,3 +230,17 @@ def test_a_feature_without_values_is_nan_as_in_plain_mode(reveal_counts) -> None
     pooled = np.vstack(parts)[:, 0]
     np.testing.assert_allclose([fitted.mean[0], fitted.var[0]], [pooled.mean(), pooled.var()],
                                rtol=1e-6)
+
+
+async def test_a_party_refuses_bootstraps_beyond_the_inverse() -> None:
+    """The encrypted inverse's bootstraps are public (its plan); one more, e.g. to refresh
+    a ciphertext the ledger does not list, is refused."""
+    async def server(rc, options):
+        crypto, count = await zscore_server_start(rc, options)
+        for _ in range(ppf.inverse_plan(crypto.ckks, options).bootstraps + 1):
+            await crypto.bootstrap(count)
+
+    cheat = deviating("zscore", server=server)
+    with pytest.raises(ProtocolError, match="more bootstraps"):
+        await run_federation(cheat, [np.ones((4, 2)) * i for i in range(1, 4)], TEST,
+                             timeout=60)

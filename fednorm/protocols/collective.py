@@ -143,8 +143,9 @@ class ServerCrypto:
     async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
         """Collective decryption: the first ``n`` slots of ``ct``, revealed to the server.
 
-        The scale is doubled first (one level): it cuts the smudging noise of the
-        decryption shares from ~1e-6 to ~1e-9 absolute.  The ciphertext is then
+        Not flooded (docs/LEAKAGE.md, "Decryption noise"): for sums use
+        :meth:`decrypt_sum`.  The scale is doubled first (one level): it cuts the effect of
+        OpenFHE's fixed share noise from ~1e-6 to ~1e-9 absolute.  The ciphertext is then
         compressed to the towers a decryption share keeps anyway, so the request sent to
         every party is as small as the shares that come back.
         """

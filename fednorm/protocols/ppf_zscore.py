@@ -68,7 +68,9 @@ MAX_ABS_VALUE = 2.0**40
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
 COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
 COARSE_DECRYPTIONS = 2  # so a party helps decrypt a coarse pass at most twice
-COARSE_NOISE_FLOOR = 2.0**-20  # |coarse quotient| below this is noise: treated as zero
+COARSE_NOISE_FLOOR = 2.0**-10  # |coarse mean| below this counts as zero for scales
+INVERSE_KEEP_LEVELS = 3  # levels the inverse leaves for the quotient products
+SQUARES_FLOOR = 2.0**-80  # sums of squares do not cancel: lift even tiny variances
 MAX_SCALED_VALUE = 2.0**50  # a party refuses scales pushing its |value · scale| beyond
 
 
@@ -140,7 +142,8 @@ async def pooled_moments(
     squares = await rc.gather(EncryptedVector)
     squared = await crypto.add_all({p: m.values for p, m in squares.items()})
     var = np.maximum(
-        await precise_quotient(crypto, squared, scaled_inverse, width, options), 0.0)
+        await precise_quotient(crypto, squared, scaled_inverse, width, options,
+                               floor=SQUARES_FLOOR), 0.0)
     return mean, var
 
 
@@ -158,8 +161,15 @@ async def _count_inverse(
     padding = np.pad(np.zeros(width), (0, crypto.ckks.slots - width), constant_values=1.0)
     padded = await crypto.rc.run_sync(crypto.ckks.add, count, padding)
     inverse = await ckks.inverse(crypto.ckks, padded, 1.0, hi, crypto.bootstrap,
-                                 out_scale=hi, keep_levels=3)
+                                 out_scale=hi, keep_levels=INVERSE_KEEP_LEVELS)
     return inverse, await _present(crypto, count, inverse, width, options)
+
+
+def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.InversePlan:
+    """The encrypted inverse's schedule on [1, max_count]: public, so every party knows
+    how many collective bootstraps it takes (and refuses more)."""
+    return ckks.plan_inverse(context.level_budget, 1.0, float(options.max_count),
+                             keep_levels=INVERSE_KEEP_LEVELS)
 
 
 async def _present(crypto: ServerCrypto, count: openfhe.Ciphertext,
@@ -175,12 +185,15 @@ async def _present(crypto: ServerCrypto, count: openfhe.Ciphertext,
 async def precise_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext,
     scaled_inverse: openfhe.Ciphertext | np.ndarray, width: int, options: FitOptions,
+    floor: float = COARSE_NOISE_FLOOR,
 ) -> np.ndarray:
     """numerator / n_g per feature, in two passes (coarse, then at per-feature scales);
-    the parties' side is :func:`precise_quotient_party`."""
+    the parties' side is :func:`precise_quotient_party`.  ``floor``: see
+    :func:`power_of_two_scales` (a numerator of non-negative terms cannot cancel, so its
+    floor may be far lower)."""
     rc = crypto.rc
     coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
-    scales = power_of_two_scales(coarse)
+    scales = power_of_two_scales(coarse, floor)
     await rc.broadcast(Scales(scales=scales))
     rescaled = await rc.gather(EncryptedVector)
     numerator = await crypto.add_all({p: m.values for p, m in rescaled.items()})
@@ -188,20 +201,19 @@ async def precise_quotient(
     return precise / scales
 
 
-def power_of_two_scales(coarse: np.ndarray) -> np.ndarray:
+def power_of_two_scales(coarse: np.ndarray, floor: float = COARSE_NOISE_FLOOR) -> np.ndarray:
     """Per-feature powers of two bringing each |value| near 2^16.
 
     Measured: the product with the encrypted inverse carries a small absolute error, so
     quotients of order 2^10 and above keep the inverse's own relative precision (~1e-7)
     while quotients of order one lose digits.  Values at the noise floor of the largest
     are lifted only as far as that floor (what lies below it was never resolved), and a
-    value below the coarse pass's absolute noise (:data:`COARSE_NOISE_FLOOR`) counts as
-    zero: lifting noise by 2^49 would push the parties' own scaled sums (which may be
-    large while their pooled sum cancels, e.g. standardized data split by label) past
-    what CKKS encodes.
+    value below ``floor`` counts as zero: lifting a near-zero mean by 2^49 would push the
+    parties' own scaled sums (which may be large while their pooled sum cancels, e.g.
+    standardized data split by label) past what CKKS encodes.
     """
     magnitude = np.abs(coarse)
-    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, COARSE_NOISE_FLOOR)
+    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, floor)
     exponents = np.round(np.log2(np.maximum(magnitude, floor)))
     return np.ldexp(1.0, (QUOTIENT_EXPONENT - exponents).astype(np.int64))
 
@@ -249,7 +261,9 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     X = check_ppf_values(X, options)
     crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts,
                                flooding_bits=options.flooding_bits)
-    passes = Passes(revealed=options.reveal_counts)
+    passes = Passes(revealed=options.reveal_counts,
+                    inverse_bootstraps=0 if options.reveal_counts
+                    else inverse_plan(crypto.ckks, options).bootstraps)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
@@ -276,9 +290,14 @@ class Passes:
     (:meth:`ServerCrypto.decrypt_sum`); with the encrypted inverse it is a numerator the
     server multiplies by ⟨max_count/n_g⟩ before a (not flooded, see docs/LEAKAGE.md)
     decryption, which may be retried once at a smaller scale in a coarse pass.
+
+    ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
+    before the first pass (the ledger's count; none at all later, none with revealed
+    counts); None leaves them uncapped (a caller that bootstraps elsewhere).
     """
 
     revealed: bool = False
+    inverse_bootstraps: int | None = None
 
     @property
     def coarse_decryptions(self) -> int:
@@ -289,11 +308,17 @@ class Passes:
             return await crypto.encrypt_for_sum(values)
         return await crypto.encrypt(values, numerator_level(crypto.ckks))
 
-    async def serve(self, crypto: PartyCrypto, expected: type[M], decryptions: int) -> M:
-        """Answer ``decryptions`` requests of this run's kind until ``expected`` arrives."""
+    async def serve(self, crypto: PartyCrypto, expected: type[M], decryptions: int,
+                    first: bool = False) -> M:
+        """Answer ``decryptions`` requests of this run's kind (and the inverse's
+        bootstraps if this is the ``first`` phase) until ``expected`` arrives."""
+        bootstraps = None if self.inverse_bootstraps is None else \
+            self.inverse_bootstraps if first else 0
         if self.revealed:
-            return await serve_until(crypto, expected, decryptions=0, sums=decryptions)
-        return await serve_until(crypto, expected, decryptions=decryptions)
+            return await serve_until(crypto, expected, decryptions=0, sums=decryptions,
+                                     bootstraps=bootstraps)
+        return await serve_until(crypto, expected, decryptions=decryptions,
+                                 bootstraps=bootstraps)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
@@ -316,13 +341,16 @@ async def precise_quotient_party(
     passes: Passes = Passes(),
 ) -> None:
     """Party side of a two-pass quotient: help decrypt the coarse pass, re-encrypt scaled."""
-    scales = await passes.serve(crypto, Scales, passes.coarse_decryptions + extra_decryptions)
+    scales = await passes.serve(crypto, Scales, passes.coarse_decryptions + extra_decryptions,
+                                first=extra_decryptions > 0)
     factors = as_float_vector(scales.scales, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
         raise ProtocolError("the server sent invalid scales")
     if np.nanmax(np.abs(local * factors), initial=0.0) > MAX_SCALED_VALUE:
-        raise ProtocolError("the server's scales would push this party's values past what "
-                            "CKKS encodes (2^50): refused")
+        raise InputError(
+            "the precise pass cannot resolve a pooled mean this close to zero beside this "
+            "party's large sums (|sum × scale| would pass 2^50, what CKKS encodes): refused "
+            "(center or rescale the data first)")
     await crypto.rc.send(SERVER, EncryptedVector(
         values=await passes.upload(crypto, local * factors)))
 

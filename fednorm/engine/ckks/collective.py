@@ -19,11 +19,14 @@ nothing measurable):
     paper   P=10                       2.1e-6             1.7e-9
     ======  =========================  =================  ==================
 
-Each share carries a fixed amount of smudging noise (in the ring, not relative to the
-values), so the error is absolute, grows roughly like sqrt(P), and shrinks by ~2^50
-when the scale is doubled: :meth:`CkksContext.double_scale` (or decrypting right after a
-multiplication) leaves only the ciphertext's own noise. Decoding also adds noise sized
-by the *largest* slot, so decrypt values of very different magnitudes apart.
+OpenFHE adds a fixed Gaussian (σ = 2^20, in the ring) to each share, so the error is
+absolute, grows roughly like sqrt(P), and shrinks by ~2^50 when the scale is doubled:
+:meth:`CkksContext.double_scale` (or decrypting right after a multiplication) leaves
+only the ciphertext's own noise. That fixed noise is *not* flooding: the server sees
+the ciphertext's noise through such decryptions. Flooded decryptions of sums are
+:func:`fuse_sum_decryption` (see :mod:`.flooding` and docs/LEAKAGE.md). Decoding also
+adds noise sized by the *largest* slot, so decrypt values of very different magnitudes
+apart.
 """
 
 from __future__ import annotations

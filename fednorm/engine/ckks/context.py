@@ -226,9 +226,10 @@ class CkksContext:
     def double_scale(self, ct: Ciphertext) -> Ciphertext:
         """Multiply by 1.0 so decryption happens at scale ~2^100 instead of ~2^50.
 
-        The collective-decryption smudging noise is a fixed amount in the ring, so a
-        doubled scale divides its effect by ~2^50: measured max abs. error for |x| <= 1
-        drops from 2.1e-6 to 1.7e-9 (paper preset, P=10; table in :mod:`.collective`).
+        OpenFHE's fixed decryption-share noise is an amount in the ring, so a doubled
+        scale divides its effect on precision by ~2^50 (and with it whatever it hid of
+        the ciphertext's own noise: it is not flooding, see :mod:`.flooding`): measured
+        max abs. error for |x| <= 1 drops from 2.1e-6 to 1.7e-9 (paper preset, P=10).
         Costs one level; a no-op if a rescale is already pending (right after a
         multiplication the scale is already doubled).
         """

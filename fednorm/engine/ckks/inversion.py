@@ -14,7 +14,7 @@ tol 1e-6, so two bootstraps instead of four at the paper preset.
 
 Collective bootstrapping refreshes only ``a``: after a refresh the residual is measured
 afresh from x and the refreshed ``a``, so errors made before a refresh (including the
-bootstrap's smudging noise) are corrected, not accumulated. That product is formed as
+bootstrap's own noise) are corrected, not accumulated. That product is formed as
 (gamma x) * (a / gamma) with gamma = 1/sqrt(lo hi), keeping both factors near 1: CKKS
 noise is absolute (~1e-11), so a tiny factor times a large one loses digits.
 

@@ -1,18 +1,21 @@
 """The declared ledger (fednorm.protocols.ledger) against what really crosses the wire,
-and a deviating server refused by every party.
-
-PPF z-score, MinMax and Yeo-Johnson check their ledger in their own test files (with
-their decryption counts); here the plaintext protocols and PPF robust."""
+for every protocol, and deviating servers refused by every party."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import openfhe
 import pytest
 from deviating import deviating, zscore_server_start
 from recording import install, spy_secret_keys
+from test_ppf_yeojohnson import plan_for
 
+from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
+from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_zscore as ppf
 from fednorm.protocols.collective import BootRequest, serve_until
@@ -20,7 +23,58 @@ from fednorm.protocols.ledger import PLAINTEXT, undeclared
 from fednorm.sim.federation import run_federation, simulate
 
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
+DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
 TEST = FitOptions(preset="test")
+CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
+
+
+@dataclass(frozen=True)
+class Case:
+    """One protocol run over the recording transport, and what its decryptions reveal:
+    the widths (values) of each decryption in order, or only how many (``None`` widths)."""
+
+    method: str
+    privacy: str
+    options: FitOptions
+    parts: tuple[np.ndarray, ...]
+    widths: Callable[[np.ndarray], list[int]] | None = None
+    decryptions: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.method}-{self.privacy}{'-reveal' if self.options.reveal_counts else ''}"
+
+
+def _normal(rows: int = 7, features: int = 2) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(3)
+    return tuple(rng.normal(1, 2, size=(n, features)) for n in (rows, rows - 2, rows + 2))
+
+
+def _yeojohnson_widths(pooled: np.ndarray) -> list[int]:
+    # The sign flags (3 per feature); one sign vector per search round; the z-score's four
+    # passes of the transformed data.
+    plan = plan_for(pooled, YJ_VABS)
+    width = pooled.shape[1]
+    return [3 * width] + [plan.layout.used] * plan.rounds + [width] * 4
+
+
+YJ_VABS = (32.0,)
+CASES = [
+    Case("zscore", "plain", TEST, _normal()),
+    Case("minmax", "plain", TEST, _normal()),
+    Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), _normal()),
+    Case("yeojohnson", "plain", TEST, _normal()),
+    # The presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
+    Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [3] * 5),
+    Case("zscore", "mhe", FitOptions(preset="test", reveal_counts=True), _normal(12, 3),
+         widths=lambda pooled: [3] * 5),
+    Case("minmax", "mhe", FitOptions(preset="test", vabs=(20.0,), **CHEAP_MINMAX),
+         _normal(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass
+    Case("robust", "mhe", FitOptions(preset="test", vabs=(16.0,), epsilon=1e-2,
+                                     **CHEAP_MINMAX), _normal()),
+    Case("yeojohnson", "mhe", FitOptions(preset="test", vabs=YJ_VABS),
+         tuple(np.random.default_rng(5).gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)),
+         widths=_yeojohnson_widths),
+]
 
 
 def _plaintext_fields(msg) -> set[str]:
@@ -32,26 +86,44 @@ def _plaintext_fields(msg) -> set[str]:
             if value is not None and not crypto(value)}
 
 
-@pytest.mark.parametrize(("method", "privacy"), [
-    ("zscore", "plain"), ("minmax", "plain"), ("robust", "plain"), ("yeojohnson", "plain"),
-    ("robust", "mhe"),
-])
-def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, method, privacy) -> None:
+def _record_widths(monkeypatch) -> list[int]:
+    """The number of values each collective decryption reveals, in order."""
+    widths: list[int] = []
+    for name in ("fuse_decryption", "fuse_sum_decryption"):
+        fuse = getattr(ckks, name)
+
+        def counting(context, joint, ct, shares, n, fuse=fuse):
+            widths.append(n)
+            return fuse(context, joint, ct, shares, n)
+
+        monkeypatch.setattr(ckks, name, counting)
+    return widths
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> None:
+    """Every protocol, plain and PPF: only declared plaintext fields cross, every declared
+    kind is used (the ledger is not stale), the decryptions reveal what the ledger says,
+    and no frame carries secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
     recorder = install(monkeypatch)
-    rng = np.random.default_rng(3)
-    parts = [rng.normal(1, 2, size=(n, 2)) for n in (7, 5, 9)]
-    options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-2, minmax_bits=4,
-                         minmax_passes=2)
-    simulate(parts, method, privacy, options)
-    kinds = set()
+    widths = _record_widths(monkeypatch)
+    simulate(list(case.parts), case.method, case.privacy, case.options, timeout=900)
+    kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)
-        extra = undeclared(method, privacy, header.kind, _plaintext_fields(msg))
+        extra = undeclared(case.method, case.privacy, header.kind, _plaintext_fields(msg))
         assert not extra, (header.kind, extra)
-    stale = set(PLAINTEXT[method, privacy]) - kinds - {"ckks.boot_request"}
+        requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
+    stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {"ckks.boot_request"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
-    assert len(secrets) == (3 if privacy == "mhe" else 0)
+    parties = len(case.parts)
+    assert requests == parties * len(widths)  # every decryption asks every party once
+    if case.widths is not None:
+        assert widths == case.widths(np.vstack(case.parts))
+    if case.decryptions is not None:
+        assert len(widths) == case.decryptions
+    assert len(secrets) == (parties if case.privacy == "mhe" else 0)
     assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 
 

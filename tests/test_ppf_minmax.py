@@ -5,18 +5,14 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import openfhe
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recording import install, spy_secret_keys
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_minmax as ppf
-from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.sim.federation import simulate
 
 CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
@@ -154,35 +150,6 @@ def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
     for knobs in ({"minmax_bits": 80}, {"minmax_passes": 0}, {"minmax_bits": "many"}):
         with pytest.raises(InputError):
             simulate(parts, "minmax", "mhe", _options((2.0,), knobs))
-
-
-# -- leakage ledger ----------------------------------------------------------------------------
-LEDGER = PLAINTEXT["minmax", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
-CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
-
-
-def _is_crypto(value: object) -> bool:
-    if isinstance(value, list):
-        return bool(value) and all(isinstance(v, openfhe.Ciphertext) for v in value)
-    return isinstance(value, CRYPTO_TYPES)
-
-
-def test_only_the_ledger_crosses_the_wire(monkeypatch) -> None:
-    secrets = spy_secret_keys(monkeypatch)
-    recorder = install(monkeypatch)
-    rng = np.random.default_rng(5)
-    parts = [rng.normal(0, 2, size=(6, 3)) for _ in range(3)]
-    simulate(parts, "minmax", "mhe", _options((20.0,)))
-
-    decrypt_requests = 0
-    for header, msg in recorder.decoded():
-        plaintext = {name for name, value in msg.fields().items()
-                     if value is not None and not _is_crypto(value)}
-        assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
-        decrypt_requests += header.kind == "ckks.decrypt_request" and header.sender == SERVER
-    assert decrypt_requests == 3 * CHEAP["minmax_passes"]  # one per pass, to each party
-    assert len(secrets) == 3
-    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 
 
 # -- the paper's setting -----------------------------------------------------------------------

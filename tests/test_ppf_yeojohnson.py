@@ -9,22 +9,18 @@ check is llf(λ_ppf) ≥ llf(λ_sklearn clipped to that range) − δ (llf conca
 from __future__ import annotations
 
 import numpy as np
-import openfhe
 import pytest
 from deviating import deviating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recording import install, spy_secret_keys
 from scipy import stats
 from sklearn.preprocessing import PowerTransformer
 
 from fednorm.engine import ckks
 from fednorm.engine.ckks.compare import composite_sign
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols import ppf_yeojohnson as ppf
-from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.protocols.normalizers import yeo_johnson
 from fednorm.sim.federation import simulate
 
@@ -205,46 +201,6 @@ def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
     transformed = yeo_johnson(data.X, fitted.lambdas)
     np.testing.assert_allclose(fitted.mean, transformed.mean(axis=0), rtol=RTOL)
     np.testing.assert_allclose(fitted.var, transformed.var(axis=0), rtol=RTOL)
-
-
-# -- leakage ledger -------------------------------------------------------------------------
-LEDGER = PLAINTEXT["yeojohnson", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
-CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
-
-
-def test_only_the_ledger_crosses_the_wire(monkeypatch) -> None:
-    secrets = spy_secret_keys(monkeypatch)
-    recorder = install(monkeypatch)
-    revealed: list[int] = []
-    fuse = ckks.fuse_decryption
-
-    def counting_fuse(context, joint, ct, shares, n):
-        revealed.append(n)
-        return fuse(context, joint, ct, shares, n)
-
-    monkeypatch.setattr(ckks, "fuse_decryption", counting_fuse)
-    rng = np.random.default_rng(5)
-    parts = [rng.gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)]
-    pooled = np.vstack(parts)
-    vabs = (float(np.abs(pooled).max() * 2),)
-    simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=vabs), timeout=900)
-
-    frames = recorder.decoded()
-    crossed: dict[str, set[str]] = {}
-    for header, msg in frames:
-        crossed.setdefault(header.kind, set()).update(
-            name for name, value in msg.fields().items()
-            if value is not None and not isinstance(value, CRYPTO_TYPES))
-    beyond = {kind: fields - LEDGER.get(kind, set()) for kind, fields in crossed.items()}
-    assert not any(beyond.values()), beyond
-    plan = plan_for(pooled, vabs)
-    # The sign flags; one sign vector per round; the z-score's four passes; 3 parties each.
-    assert sum(header.kind == "ckks.decrypt_request" and header.sender == SERVER
-               for header, _ in frames) == 3 * (1 + plan.rounds + 4)
-    width, signs = 2, plan.layout.used
-    assert revealed == [3 * width] + [signs] * plan.rounds + [width] * 4
-    assert len(secrets) == 3
-    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 
 
 # -- bad input --------------------------------------------------------------------------------

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import openfhe
 import pytest
 import trio
 from deviating import deviating, zscore_server_start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recording import install, spy_secret_keys
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
@@ -23,7 +21,6 @@ from fednorm.protocols.collective import (
     setup_party,
     shared_context,
 )
-from fednorm.protocols.ledger import PLAINTEXT
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")
@@ -106,35 +103,6 @@ def test_keys_are_reused_only_when_they_cover_the_request() -> None:
     assert reusable(rc, ServerCrypto, "paper", False, ()) is None
     assert reusable(rc, PartyCrypto, "test", False, ()) is None
     assert reusable(SimpleNamespace(crypto=None), ServerCrypto, "test", False, ()) is None
-
-
-# -- leakage ledger ---------------------------------------------------------------------
-# Every plaintext (non-ciphertext) field that may cross the wire, per message kind.
-LEDGER = PLAINTEXT["zscore", "mhe"]  # the declared ledger (fednorm.protocols.ledger)
-DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
-CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
-
-
-@pytest.mark.parametrize("reveal_counts", [False, True])
-def test_only_the_ledger_crosses_the_wire(monkeypatch, reveal_counts) -> None:
-    secrets = spy_secret_keys(monkeypatch)
-    recorder = install(monkeypatch)
-    rng = np.random.default_rng(5)
-    parts = [rng.normal(10, 2, size=(12, 3)) for _ in range(3)]
-    options = FitOptions(preset="test", reveal_counts=reveal_counts)
-    simulate(parts, "zscore", "mhe", options)
-
-    decrypt_requests = 0
-    for header, msg in recorder.decoded():
-        plaintext = {name for name, value in msg.fields().items()
-                     if value is not None and not isinstance(value, CRYPTO_TYPES)}
-        assert plaintext <= LEDGER.get(header.kind, set()), (header.kind, plaintext)
-        decrypt_requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
-    # μ and σ², each a coarse and a precise pass, to 3 parties; plus n_g if revealed, else
-    # the one bit per feature of whether it holds any value.
-    assert decrypt_requests == 3 * 5
-    assert len(secrets) == 3
-    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 
 
 # -- misbehaving parties ----------------------------------------------------------------

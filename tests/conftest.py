@@ -72,9 +72,8 @@ class ChildProcesses:
     def stop_all(self) -> None:
         for proc, group in self.started:
             stop(proc, group)
-            with_pipes = [proc.stdout, proc.stderr]
             proc.wait()
-            for pipe in with_pipes:
+            for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
 

@@ -154,6 +154,20 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str
     return proc.returncode, (err or b"").decode()  # None: stderr went elsewhere
 
 
+def read_until(proc: subprocess.Popen[bytes], text: str, timeout: float = 30) -> str:
+    """Read ``proc``'s stderr until ``text`` appears; return what was read."""
+    assert proc.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stderr], [], [], max(remaining, 0))
+        chunk = os.read(proc.stderr.fileno(), 65536) if ready else b""
+        assert chunk, f"no {text!r} within {timeout} s: {seen.decode()!r}"
+        seen += chunk
+    return seen.decode()
+
+
 def read_params(out: Path) -> dict[str, np.ndarray]:
     document = json.loads((out / "params.json").read_text())
     assert document["features"] == FEATURES
@@ -312,10 +326,12 @@ def test_a_role_killed_while_waiting_for_the_start_leaves_one_cause(
     outs = [tmp_path / f"out-{role}" for role in range(4)]
     server, port = start_server(spawn, certs, "zscore", outs[0], "--join-timeout", 6)
     waiting = {p: start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 3)}
-    time.sleep(2)  # both are admitted and wait for party 2, who never comes
+    # Both are admitted and wait for party 2, who never comes.
+    said = {p: read_until(proc, "waiting for the start") for p, proc in waiting.items()}
     (waiting.pop(3) if victim == "party 3" else server).kill()
-    survivors = [server, *waiting.values()] if victim == "party 3" else list(waiting.values())
-    results = [finish(proc) for proc in survivors]
+    survivors = {0: server, **waiting} if victim == "party 3" else waiting
+    results = [(code, said.get(role, "") + err)
+               for role, (code, err) in ((r, finish(p)) for r, p in survivors.items())]
     assert all(code == 1 for code, _ in results), results
     # A party that left the lobby frees its slot, so the session fails for lack of it.
     cause = ("party 2, party 3 dropped: did not join within 6 s" if victim == "party 3"
@@ -361,19 +377,22 @@ def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
                                           [[1, "yes", 5000, 3], [2, "no", 3, 4]]),
              "fits": lambda: csvs[2]}[data]()
     outs = [tmp_path / f"out-{role}" for role in range(4)]
-    server, port = start_server(spawn, certs, "zscore", outs[0], "--preset", "test", *extra)
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--preset", "test",
+                                "--join-timeout", 60, *extra)
     started = time.monotonic()
-    parties = {}
+    parties, said = {}, ""
     if first:
         parties[3] = start_party(spawn, port, 3, third, certs, outs[3])
-        time.sleep(1.5)  # party 3 is in (or refused) before the others connect
+        said = read_until(parties[3], "fednorm")  # party 3 is in or refused (it said so)
     for p in (1, 2):
         parties[p] = start_party(spawn, port, p, csvs[p - 1], certs, outs[p])
     if not first:
         time.sleep(1.5)
         parties[3] = start_party(spawn, port, 3, third, certs, outs[3])
     results = [finish(proc) for proc in [server, *parties.values()]]
-    assert time.monotonic() - started < 15  # not the 20 s join timeout
+    if first:  # what party 3 said while the others were not there yet
+        results[1] = (results[1][0], said + results[1][1])
+    assert time.monotonic() - started < 30  # not the 60 s join timeout
     assert results[0][0] == 1, results[0]
     assert_one_cause(results, cause)
     assert nothing_written(outs)

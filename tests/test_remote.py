@@ -359,9 +359,11 @@ SCHEMA_CASES = {
                           "'d'"),
     "V_abs count": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100,100"], "fits",
                     False, "--vabs has 2 bounds for 3 features (a, b, c)"),
+    # The cause names the category only: which feature and how large a value stays
+    # with party 3 (checked below), as the ledger lists no such detail.
     "beyond V_abs": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100"],
-                     "beyond", False, "values beyond the agreed bound vabs: 'b' (|x| up to "
-                     "5000, bound 100)"),
+                     "beyond", False, "input rejected by party 3: values beyond the agreed "
+                     "V_abs"),
 }
 
 
@@ -395,6 +397,9 @@ def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
     assert time.monotonic() - started < 30  # not the 60 s join timeout
     assert results[0][0] == 1, results[0]
     assert_one_cause(results, cause)
+    if data == "beyond":  # the detail only on party 3's own console
+        detail = "'b' (|x| up to 5000, bound 100)"
+        assert detail in results[-1][1] and all(detail not in err for _, err in results[:-1])
     assert nothing_written(outs)
 
 
@@ -777,3 +782,27 @@ def test_outputs_are_all_or_nothing(tmp_path: Path) -> None:
         write_atomically({tmp_path / "first.json": b"{}",
                           tmp_path / "blocker" / "second.csv": b""})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+async def test_a_party_s_rejected_input_reaches_its_peers_as_a_category_only() -> None:
+    """The abort a party sends names the category, never the data-dependent detail (how
+    many values, which feature); its own console gets both."""
+    from fednorm.engine.errors import InputError
+    from fednorm.remote import run_role
+
+    sent: list[str] = []
+
+    class Peerless:
+        me = 2
+
+        async def send_abort(self, reason: str) -> None:
+            sent.append(reason)
+
+    async def refusing() -> None:
+        raise InputError("this party holds 700 values of feature 'age'")
+
+    with pytest.raises(InputError) as refused:
+        await run_role(Peerless(), refusing())
+    assert sent == ["input rejected by party 2"]
+    assert str(refused.value) == ("input rejected by party 2: this party holds 700 values "
+                                  "of feature 'age'")

@@ -8,6 +8,8 @@ the simulator, the TCP runner and the CLI pick protocols by name.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -65,8 +67,11 @@ class FitOptions:
     flooding_bits: int = DEFAULT_SECURITY_BITS
 
     def __post_init__(self) -> None:
-        if self.epsilon is not None and not self.epsilon > 0:
-            raise InputError(f"epsilon must be positive, got {self.epsilon}")
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise InputError(f"epsilon must be a finite positive number, got {self.epsilon}")
+        if self.vabs is not None and not all(
+                isinstance(v, numbers.Real) and math.isfinite(v) and v > 0 for v in self.vabs):
+            raise InputError(f"vabs bounds must be finite positive numbers, got {self.vabs}")
         if not 0 < self.relative_epsilon < 1:
             raise InputError(f"relative_epsilon must be in (0, 1), got {self.relative_epsilon}")
         if not 1 <= self.rank_probes <= MAX_RANK_PROBES:
@@ -134,6 +139,9 @@ def fit_local(method: str, X: np.ndarray, options: FitOptions | None = None) -> 
 
 def check_party_data(X: np.ndarray) -> np.ndarray:
     """A party's data as a 2-D float array; anything else is an InputError."""
+    if np.iscomplexobj(X):
+        raise InputError("party data is complex; fednorm normalizes real numbers (pass the "
+                         "real part explicitly if that is what you mean)")
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as exc:

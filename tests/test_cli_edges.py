@@ -290,3 +290,10 @@ def test_quiet_turns_the_progress_line_off_on_a_terminal(command: list[str]) -> 
         assert wants_progress(build_parser().parse_args(command), terminal)
         assert not wants_progress(build_parser().parse_args([*command, "--quiet"]), terminal)
     os.close(leader)
+
+
+def test_a_local_minmax_fit_reports_its_rows_to_sklearn() -> None:
+    from fednorm.protocols import fit_local
+
+    X = np.arange(12.0).reshape(6, 2)
+    assert fit_local("minmax", X).to_sklearn().n_samples_seen_ == 6

@@ -64,7 +64,7 @@ async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> MinMaxN
 
 def fit_local(X: np.ndarray, options: FitOptions) -> MinMaxNormalizer:
     low, high = local_extremes(X)
-    return MinMaxNormalizer(finite_or_nan(low), finite_or_nan(high))
+    return MinMaxNormalizer(finite_or_nan(low), finite_or_nan(high), rows=X.shape[0])
 
 
 register("minmax", "plain", server, party)

@@ -134,7 +134,7 @@ def _no_encryption(monkeypatch) -> None:
     (None, "vabs"),
     ((1.0, 2.0, 3.0), "3 values for 2 features"),
     ((0.0,), "positive"),
-    ((5.0, 1.0), r"features \[1\].*beyond"),
+    ((5.0, 1.0), r"features 2 \(numbered from 1\).*beyond"),
 ])
 def test_bad_or_violated_vabs_is_an_input_error_before_encryption(monkeypatch, vabs,
                                                                     match) -> None:
@@ -163,3 +163,9 @@ def test_ppf_minmax_at_the_paper_preset_with_ten_parties() -> None:
     # the paper's Table VI: min 2.92e-9 / 1.78e-4, max 1.27e-8 / 4.64e-4
     assert np.all(rel_min[:2] <= 2.92e-9) and np.all(rel_max[:2] <= 1.27e-8)
     assert np.all(rel_min[2:] <= 1.78e-4) and np.all(rel_max[2:] <= 4.64e-4)
+
+
+def test_values_beyond_vabs_are_refused_naming_features_from_one() -> None:
+    parts = [np.array([[1.0, 50.0, 2.0]]), np.array([[1.0, 2.0, -90.0]])]
+    with pytest.raises(InputError, match=r"features 2, 3 \(numbered from 1\)|features [23] "):
+        simulate(parts, "minmax", "mhe", _options((10.0,)))

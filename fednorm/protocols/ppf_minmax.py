@@ -54,7 +54,13 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, agreed_width, check_party_data, register
+from fednorm.protocols.base import (
+    FitOptions,
+    agreed_width,
+    check_party_data,
+    register,
+    require_within_vabs,
+)
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -173,10 +179,7 @@ def check_minmax_input(X: np.ndarray, options: FitOptions) -> np.ndarray:
     X = check_party_data(X)
     vabs = vabs_vector(options, X.shape[1])
     MinMaxSettings.from_options(options)
-    beyond = np.nanmax(np.abs(X), axis=0, initial=0.0) > vabs
-    if beyond.any():
-        raise InputError(f"features {np.flatnonzero(beyond).tolist()} hold values beyond "
-                         "the agreed bound vabs")
+    require_within_vabs(X, vabs)
     return X
 
 

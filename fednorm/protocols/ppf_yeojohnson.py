@@ -107,6 +107,7 @@ from fednorm.protocols.base import (
     check_party_data,
     feature_counts,
     register,
+    require_within_vabs,
 )
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -502,10 +503,7 @@ def check_ppf_yeojohnson_input(X: np.ndarray, options: FitOptions) -> np.ndarray
     vabs = vabs_vector(options, X.shape[1])
     if np.any(vabs > MAX_TRANSFORMED):
         raise InputError(f"PPF Yeo-Johnson supports vabs up to 2^40 ({MAX_TRANSFORMED:.3g})")
-    beyond = np.nanmax(np.abs(X), axis=0, initial=0.0) > vabs
-    if beyond.any():
-        raise InputError(f"features {np.flatnonzero(beyond).tolist()} hold values beyond "
-                         "the agreed bound vabs")
+    require_within_vabs(X, vabs)
     if feature_counts(X).max(initial=0) > options.max_count:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
     probe_count(X.shape[1], ckks.get_preset(options.preset).slots)

@@ -90,7 +90,7 @@ def phase_of(protocol: str, kind: str) -> str:
     steps = protocol.split("/")[1:]
     if "setup" in steps:
         return "key setup"
-    if "decrypt" in steps:
+    if "decrypt" in steps or "decrypt_sum" in steps:
         return "decryption"
     if "bootstrap" in steps:
         return "ciphertext refresh"

@@ -745,7 +745,7 @@ def edit(base: list[str], **changes: str) -> list[str]:
       "--vabs", "1,2,3"], r"3 bounds for 2 features \(a, b\)"),
     ([*SERVE, "--features", "a,,b"], "non-empty names"),
     ([*SERVE, "--epsilon", "inf"], "epsilon must be a finite"),
-    ([*SERVE, "--vabs", "-1"], "vabs values must be positive"),
+    ([*SERVE, "--vabs", "-1"], "vabs bounds must be finite positive"),
 ])
 def test_bad_input_exits_2_before_connecting(
     args: list[str], message: str, certs: Path, csvs: list[Path], tmp_path: Path,

@@ -212,3 +212,11 @@ async def test_a_party_refuses_bootstraps_beyond_the_inverse() -> None:
     with pytest.raises(ProtocolError, match="more bootstraps"):
         await run_federation(cheat, [np.ones((4, 2)) * i for i in range(1, 4)], TEST,
                              timeout=60)
+
+
+def test_revealed_counts_refuse_sums_beyond_what_a_sum_upload_holds() -> None:
+    parts = [np.array([[2.0**30], [-2.0**30]]), np.array([[1.0], [2.0]])]  # Σ(x−μ)² ~ 2^61
+    with pytest.raises(InputError, match="hold up to 2\\^50"):
+        simulate(parts, "zscore", "mhe", FitOptions(preset="test", reveal_counts=True))
+    fitted = simulate(parts, "zscore", "mhe", TEST).normalizer  # the encrypted inverse
+    np.testing.assert_allclose(fitted.var, np.vstack(parts).var(axis=0), rtol=RTOL)

@@ -305,6 +305,11 @@ class Passes:
 
     async def upload(self, crypto: PartyCrypto, values: np.ndarray) -> openfhe.Ciphertext:
         if self.revealed:
+            if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
+                raise InputError(
+                    "with revealed counts this party's sums travel as sum uploads, which "
+                    f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
+                    "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
             return await crypto.encrypt_for_sum(values)
         return await crypto.encrypt(values, numerator_level(crypto.ckks))
 

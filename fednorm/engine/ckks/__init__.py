@@ -52,7 +52,7 @@ from fednorm.engine.ckks.compare import (
     rotation_plan,
     tree_maximum,
 )
-from fednorm.engine.ckks.context import CkksContext, sum_rotation_indices
+from fednorm.engine.ckks.context import MAX_SUM_VALUE, CkksContext, sum_rotation_indices
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import Flooding, check_security_bits
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
@@ -78,6 +78,7 @@ __all__ = [
     "COUNT_RANGE",
     "DECRYPT_SHARE_TOWERS",
     "KINDS",
+    "MAX_SUM_VALUE",
     "PAPER",
     "PRESETS",
     "TEST",

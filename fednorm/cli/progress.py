@@ -33,7 +33,13 @@ class TerminalProgress:
         self._thread = threading.Thread(target=self._redraw, daemon=True)
 
     def frame(self, event: FrameEvent) -> None:
+        """Count the frame; a new phase is drawn at once, so that even a phase shorter
+        than the redraw interval shows."""
+        before = self.state.phase
         self.state.frame(event)
+        if self.state.phase != before and self._thread.is_alive():
+            with self._lock:
+                self._draw()
 
     def log(self, message: str) -> None:
         """Print a log line without tearing the status line."""

@@ -23,7 +23,7 @@ each phase — so a party, not just the server, enforces the leakage ledger.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import TypeVar
@@ -149,13 +149,9 @@ class ServerCrypto:
         compressed to the towers a decryption share keeps anyway, so the request sent to
         every party is as small as the shares that come back.
         """
-        self.decryptions += 1
         ct = await self.rc.run_sync(self._prepare_decryption, ct)
-        with self.rc.subprotocol("decrypt"):
-            await self.rc.broadcast(DecryptRequest(ciphertext=ct))
-            replies = await self.rc.gather(DecryptShare)
-        shares = [replies[p].share for p in self.rc.parties]
-        return await self.rc.run_sync(ckks.fuse_decryption, self.ckks, self.joint, ct, shares, n)
+        return await self._decryption_round("decrypt", DecryptRequest(ciphertext=ct),
+                                            ckks.fuse_decryption, n)
 
     async def decrypt_sum(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
         """Flooded collective decryption of a sum of the parties' sum uploads
@@ -164,12 +160,18 @@ class ServerCrypto:
         Each party adds noise 2^s·√N above the sum's noise bound to its share, so the
         fused values carry an absolute error of ~1e-11 (paper preset, P=10, s=30).
         """
+        return await self._decryption_round("decrypt_sum", SumDecryptRequest(ciphertext=ct),
+                                            ckks.fuse_sum_decryption, n)
+
+    async def _decryption_round(self, name: str, request: DecryptRequest | SumDecryptRequest,
+                                fuse: Callable[..., np.ndarray], n: int) -> np.ndarray:
+        """Ask every party for a share of ``request``'s ciphertext, then fuse them."""
         self.decryptions += 1
-        with self.rc.subprotocol("decrypt_sum"):
-            await self.rc.broadcast(SumDecryptRequest(ciphertext=ct))
+        with self.rc.subprotocol(name):
+            await self.rc.broadcast(request)
             replies = await self.rc.gather(DecryptShare)
         shares = [replies[p].share for p in self.rc.parties]
-        return await self.rc.run_sync(ckks.fuse_sum_decryption, self.ckks, self.joint, ct,
+        return await self.rc.run_sync(fuse, self.ckks, self.joint, request.ciphertext,
                                       shares, n)
 
     def _prepare_decryption(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
@@ -395,39 +397,37 @@ async def serve_until(
     At most ``decryptions`` decryption requests, ``sums`` flooded decryptions of sum
     uploads (and, if given, ``bootstraps`` bootstrap requests) are honoured in this
     phase: the ledger fixes what each protocol step may reveal and compute, and a server
-    asking for more is refused.  A bootstrap request
-    must name the next common random element of these keys (never one used before).
+    asking for more is refused.  A bootstrap request must name the next common random
+    element of these keys (never one used before).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
+    left = {BootRequest: bootstraps, SumDecryptRequest: sums, DecryptRequest: decryptions}
     while True:
         msg = await _next_request_or(rc, kinds)
         if isinstance(msg, kinds):
             return msg  # type: ignore[return-value]
+        allowed = left[type(msg)]
+        if allowed is not None:
+            if allowed <= 0:
+                raise ProtocolError(f"the server asked for more {_REQUESTS[type(msg)]} than "
+                                    "the protocol step declares")
+            left[type(msg)] = allowed - 1
         if isinstance(msg, BootRequest):
-            if bootstraps is not None:
-                if bootstraps <= 0:
-                    raise ProtocolError("the server asked for more bootstraps than the "
-                                        "protocol runs")
-                bootstraps -= 1
             await _answer_bootstrap(crypto, msg)
         elif isinstance(msg, SumDecryptRequest):
-            if sums <= 0:
-                raise ProtocolError("the server asked for more sum decryptions than the "
-                                    "protocol reveals")
-            sums -= 1
             share = await rc.run_sync(crypto.keys.decrypt_sum_share, msg.ciphertext,
                                       crypto.flooding())
             with rc.subprotocol("decrypt_sum"):
                 await rc.send(SERVER, DecryptShare(share=share))
         else:
-            if decryptions <= 0:
-                raise ProtocolError("the server asked for more decryptions than the "
-                                    "protocol reveals")
-            decryptions -= 1
             share = await rc.run_sync(crypto.keys.decrypt_share, msg.ciphertext)
             with rc.subprotocol("decrypt"):
                 await rc.send(SERVER, DecryptShare(share=share))
+
+
+_REQUESTS = {BootRequest: "bootstraps", SumDecryptRequest: "sum decryptions",
+             DecryptRequest: "decryptions"}
 
 
 async def _answer_bootstrap(crypto: PartyCrypto, request: BootRequest) -> None:

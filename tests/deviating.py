@@ -18,7 +18,7 @@ def deviating(method: str, privacy: str = "mhe", *, server: ServerRole | None = 
 async def zscore_server_start(rc, options):
     """A PPF z-score server's honest start: key setup, the sums, ⟨n_g⟩; returns
     (crypto, ⟨n_g⟩) for a deviating server to continue from."""
-    from fednorm.protocols import ppf_zscore
+    from fednorm.protocols.ppf import zscore as ppf_zscore
 
     crypto = await ppf_zscore.setup_server(rc, options.preset)
     sums = await rc.gather(ppf_zscore.EncryptedSums)

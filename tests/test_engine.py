@@ -17,7 +17,7 @@ from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import get_protocol
-from fednorm.protocols.zscore import LocalSums
+from fednorm.protocols.plain.zscore import LocalSums
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import link_pair
 

@@ -17,9 +17,9 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
-from fednorm.protocols import ppf_zscore as ppf
 from fednorm.protocols.collective import BootRequest, serve_until
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate
 
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
@@ -193,7 +193,8 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
     ever more finely) is refused once the rounds exceed what ε and the bounds need."""
     from dataclasses import replace
 
-    from fednorm.protocols import ppf_minmax, ppf_robust
+    from fednorm.protocols.ppf import minmax as ppf_minmax
+    from fednorm.protocols.ppf import robust as ppf_robust
     from fednorm.protocols.rank import kth_server, plan_quantiles, start_search
 
     async def server(rc, options):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions
-from fednorm.protocols import ppf_minmax as ppf
+from fednorm.protocols.ppf import minmax as ppf
 from fednorm.sim.federation import simulate
 
 CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse

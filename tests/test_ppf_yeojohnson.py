@@ -20,8 +20,8 @@ from fednorm.engine import ckks
 from fednorm.engine.ckks.compare import composite_sign
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions
-from fednorm.protocols import ppf_yeojohnson as ppf
 from fednorm.protocols.normalizers import yeo_johnson
+from fednorm.protocols.ppf import yeojohnson as ppf
 from fednorm.sim.federation import simulate
 
 # Stated tolerances. λ: a probe's sign is wrong only where |t| = |D|/K is below the

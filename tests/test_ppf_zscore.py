@@ -13,7 +13,6 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
-from fednorm.protocols import ppf_zscore as ppf
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -21,6 +20,7 @@ from fednorm.protocols.collective import (
     setup_party,
     shared_context,
 )
+from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")

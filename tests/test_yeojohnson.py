@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from sklearn.preprocessing import PowerTransformer
 
-import fednorm.protocols.yeojohnson as yj
+import fednorm.protocols.plain.yeojohnson as yj
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import FitOptions, Protocol, fit_local

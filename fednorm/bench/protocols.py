@@ -54,7 +54,7 @@ from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.base import Protocol, feature_counts
 from fednorm.protocols.collective import serve_until, setup_party, setup_server
 from fednorm.protocols.normalizers import Normalizer, RobustNormalizer
-from fednorm.protocols.ppf_robust import (
+from fednorm.protocols.ppf.robust import (
     EncryptedCountAggregator,
     EncryptedCounts,
     PooledCounts,

@@ -92,7 +92,7 @@ def instrumented(timers: PhaseTimers) -> Iterator[None]:
     """Wrap library functions with timers for the duration of the block (no file edits)."""
     import fednorm.engine.ckks as ckks_pkg
     import fednorm.protocols.collective as collective_mod
-    import fednorm.protocols.ppf_zscore as ppf
+    import fednorm.protocols.ppf.zscore as ppf
     from fednorm.engine.ckks.context import CkksContext
     from fednorm.engine.ckks.keys import PartyKeys
     from fednorm.engine.runtime import RoleContext
@@ -566,7 +566,7 @@ def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
 
 
 def _coarse_pass(preset: str, parties: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    import fednorm.protocols.ppf_zscore as ppf
+    import fednorm.protocols.ppf.zscore as ppf
 
     seen: list[np.ndarray] = []
     original = ppf._decrypt_quotient

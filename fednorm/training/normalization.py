@@ -36,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-import fednorm.protocols.yeojohnson  # noqa: F401 - registers the Yeo-Johnson protocols
+import fednorm.protocols.plain.yeojohnson  # noqa: F401 - registers the Yeo-Johnson protocols
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
 from fednorm.sim.federation import simulate

@@ -20,8 +20,8 @@ from fednorm.protocols.base import (
     register,
     register_local,
 )
-from fednorm.protocols.minmax import local_extremes
 from fednorm.protocols.normalizers import RobustNormalizer
+from fednorm.protocols.plain.minmax import local_extremes
 from fednorm.protocols.rank import (
     SortedColumns,
     kth_party,

@@ -68,8 +68,8 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.minmax import local_extremes
 from fednorm.protocols.normalizers import MinMaxNormalizer
+from fednorm.protocols.plain.minmax import local_extremes
 
 BLOCKS = 16
 """Parties side by side in one packed ciphertext (slot blocks)."""

@@ -100,7 +100,6 @@ from fednorm.engine.ckks.compare import ComparePlan, step
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols import ppf_zscore
 from fednorm.protocols.base import (
     FitOptions,
     agreed_width,
@@ -117,7 +116,8 @@ from fednorm.protocols.collective import (
     setup_server,
 )
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
-from fednorm.protocols.ppf_minmax import vabs_vector
+from fednorm.protocols.ppf import zscore as ppf_zscore
+from fednorm.protocols.ppf.minmax import vabs_vector
 
 PROBES = 255
 """λ's probed per feature and round (fewer when features × probes exceed a slot block)."""

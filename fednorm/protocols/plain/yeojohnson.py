@@ -56,7 +56,6 @@ import numpy as np
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols import zscore
 from fednorm.protocols.base import (
     FitOptions,
     check_party_data,
@@ -66,6 +65,7 @@ from fednorm.protocols.base import (
     register_local,
 )
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
+from fednorm.protocols.plain import zscore
 
 GRID = 64  # candidates per feature and round
 TOLERANCE = 1e-8  # final grid spacing, in asinh(λ) units

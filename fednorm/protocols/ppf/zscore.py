@@ -61,7 +61,7 @@ from fednorm.protocols.collective import (
     setup_server,
 )
 from fednorm.protocols.normalizers import ZScoreNormalizer
-from fednorm.protocols.zscore import deviation_sums
+from fednorm.protocols.plain.zscore import deviation_sums
 
 M = TypeVar("M", bound=Message)
 MAX_ABS_VALUE = 2.0**40

@@ -26,7 +26,6 @@ import openfhe
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols import ppf_minmax
 from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -36,6 +35,8 @@ from fednorm.protocols.collective import (
     setup_server,
 )
 from fednorm.protocols.normalizers import RobustNormalizer
+from fednorm.protocols.plain.robust import QUARTILES, RobustResult
+from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.rank import (
     RankDone,
     RankProbe,
@@ -47,7 +48,6 @@ from fednorm.protocols.rank import (
     round_limit,
     start_search,
 )
-from fednorm.protocols.robust import QUARTILES, RobustResult
 
 
 @message("ppf_robust.pooled_counts")

@@ -4,7 +4,8 @@ A PPF run at the paper preset can be silent for a minute or more; one line, redr
 twice a second, tells a slow run from a hung one.  It is drawn only when stderr is a
 terminal and neither ``--json`` nor ``--quiet`` was given, so logs and pipes stay
 clean.  The figures come from a :class:`~fednorm.transport.trace.TraceState` that the
-role's traced links feed.
+role context's tracer hooks feed: the phases it opens (key setup, the encrypted inverse,
+a search with its planned rounds) and every frame.
 """
 
 from __future__ import annotations
@@ -15,29 +16,27 @@ import threading
 from types import TracebackType
 from typing import TextIO
 
-from fednorm.transport.trace import FrameEvent, TraceState
+from fednorm.transport.trace import StateTracer, TraceState
 
 CLEAR_LINE = "\r\x1b[K"
 REDRAW_SECONDS = 0.5
 
 
-class TerminalProgress:
+class TerminalProgress(StateTracer):
     """A tracer that keeps one status line on a terminal, and logs above it."""
 
     def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        super().__init__()
         self.label = label
         self.stream = stream or sys.stderr
-        self.state = TraceState()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._redraw, daemon=True)
 
-    def frame(self, event: FrameEvent) -> None:
-        """Count the frame; a new phase is drawn at once, so that even a phase shorter
-        than the redraw interval shows."""
-        before = self.state.phase
-        self.state.frame(event)
-        if self.state.phase != before and self._thread.is_alive():
+    def changed(self, phase_before: str) -> None:
+        """A new phase is drawn at once, so that even a phase shorter than the redraw
+        interval shows."""
+        if self.state.phase != phase_before and self._thread.is_alive():
             with self._lock:
                 self._draw()
 

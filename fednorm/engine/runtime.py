@@ -6,10 +6,13 @@ A protocol role is an ``async`` function that only talks through a
 (session, sub-protocol, per-link round, sender, kind), enforces receive
 timeouts, counts bytes, and runs heavy crypto in worker threads.  Roles never
 see sockets, and transports never see messages: a :class:`Link` moves bytes.
+Whoever wants to watch a role (progress, benchmarks, tests) gives its context a
+tracer (:mod:`fednorm.engine.tracing`) instead of wrapping links or functions.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -20,6 +23,7 @@ import trio
 from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame
 from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Abort, Message
+from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
 
 SERVER = 0
 _INLINE_DECODE_BYTES = 1 << 16
@@ -81,6 +85,7 @@ class RoleContext:
         timeout: float | None = 60.0,
         crypto: Any = None,
         worker_limiter: trio.CapacityLimiter | None = None,
+        tracer: object | None = None,
     ) -> None:
         self.me = me
         self.session = session
@@ -92,6 +97,7 @@ class RoleContext:
         self._send_round = dict.fromkeys(self._links, 0)
         self._receive_round = dict.fromkeys(self._links, 0)
         self._limiter = worker_limiter
+        self._tracers = Tracers.of(tracer)
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -108,13 +114,39 @@ class RoleContext:
         return self._protocols[-1]
 
     @contextmanager
-    def subprotocol(self, name: str) -> Iterator[None]:
-        """Frames inside this block belong to sub-protocol ``name`` (e.g. ``robust/kth``)."""
+    def subprotocol(self, name: str, planned_rounds: int | None = None) -> Iterator[None]:
+        """Frames inside this block belong to sub-protocol ``name`` (e.g. ``robust/kth``);
+        tracers see it as a phase."""
         self._protocols.append(f"{self.protocol}/{name}")
+        try:
+            with self._traced_phase(name, True, planned_rounds):
+                yield
+        finally:
+            self._protocols.pop()
+
+    @contextmanager
+    def phase(self, name: str, planned_rounds: int | None = None) -> Iterator[None]:
+        """Tell tracers that this block is step ``name`` of the protocol (e.g. the
+        encrypted inverse); the frames inside keep their protocol id."""
+        with self._traced_phase(name, False, planned_rounds):
+            yield
+
+    @contextmanager
+    def _traced_phase(self, name: str, subprotocol: bool,
+                      planned_rounds: int | None) -> Iterator[None]:
+        if not (self._tracers.wants("phase_started") or self._tracers.wants("phase_ended")):
+            yield
+            return
+        event = PhaseEvent(role_name(self.me), self.protocol, name, subprotocol,
+                           planned_rounds=planned_rounds)
+        self._tracers.emit("phase_started", event)
+        started = time.perf_counter()
         try:
             yield
         finally:
-            self._protocols.pop()
+            self._tracers.emit("phase_ended", PhaseEvent(
+                event.role, event.protocol, name, subprotocol, time.perf_counter() - started,
+                planned_rounds))
 
     # -- messaging --------------------------------------------------------------
     def _link(self, peer: int) -> Link:
@@ -133,6 +165,7 @@ class RoleContext:
         self._send_round[peer] += 1
         self.stats.count_sent(msg.KIND, len(frame))
         await link.send(frame)
+        self._trace_frame("sent", peer, header, msg, frame)
 
     async def receive(self, peer: int, expected: type[M] | tuple[type[Message], ...]) -> M:
         """Receive the next message from ``peer``; it must be of (one of) ``expected``."""
@@ -157,9 +190,17 @@ class RoleContext:
         # Crypto objects take milliseconds to parse: do it off the event loop.
         header, msg = (decode_frame(frame) if len(frame) < _INLINE_DECODE_BYTES
                        else await self.run_sync(decode_frame, frame))
+        self._trace_frame("received", peer, header, msg, frame)
         self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
         return msg
+
+    def _trace_frame(self, direction: Direction, peer: int, header: Header, msg: Message,
+                     frame: bytes) -> None:
+        if self._tracers.wants("frame"):
+            self._tracers.emit("frame", FrameEvent(
+                direction, role_name(peer), len(frame), header.protocol, header.kind,
+                header.round, role_name(self.me), frame, msg))
 
     def _check_header(
         self, peer: int, header: Header, accepted: Mapping[type[Message], str], msg: Message
@@ -216,5 +257,22 @@ class RoleContext:
 
     # -- heavy work -------------------------------------------------------------
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a heavy (GIL-releasing) call in a worker thread, off the event loop."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        """Run a heavy (GIL-releasing) call in a worker thread, off the event loop;
+        tracers learn its name and how long it ran (not how long it queued)."""
+        if not self._tracers.wants("crypto_call"):
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+        def timed() -> tuple[T, float]:
+            started = time.perf_counter()
+            return fn(*args), time.perf_counter() - started
+
+        out, seconds = await trio.to_thread.run_sync(timed, limiter=self._limiter)
+        self._tracers.emit("crypto_call", CryptoEvent(
+            role_name(self.me), self.protocol, call_name(fn), seconds))
+        return out
+
+
+def call_name(fn: Callable[..., Any]) -> str:
+    """A readable name of a callable: ``CkksContext.encrypt``, ``encode_body``."""
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return getattr(inner, "__qualname__", None) or type(inner).__name__

@@ -1,14 +1,15 @@
-"""Tracing links: what a role puts on and takes off the wire, as it happens.
+"""Progress of a role, read from its tracer events: phase, rounds, bytes, time.
 
 A run of a PPF protocol can be silent for a minute; a progress display needs to know
-what phase the run is in and how many bytes have moved.  :class:`TracedLink` wraps any
-:class:`~fednorm.engine.runtime.Link` and tells a :class:`Tracer` about every frame,
-reading only the frame's small header (sub-protocol and message kind), never its body.
-:class:`TraceState` turns those events into a phase name, round counts and byte
-totals that a terminal line or a log line can show.
+what phase the run is in and how many bytes have moved.  :class:`TraceState` is a
+tracer (:mod:`fednorm.engine.tracing`) that a role context feeds: the phases the
+protocol opens (key setup, the encrypted inverse, a search with its planned rounds)
+and every frame's kind and size; it turns them into one line a terminal or a log can
+show.  Between frames and outside any named phase, the phase is what the wire said
+last, with the clock still running.
 
-The phase is what the wire says: work between frames (an encrypted inverse on the
-server, say) shows as the phase of the last frame, with the clock still running.
+:class:`TracedLink` wraps a :class:`~fednorm.engine.runtime.Link` and feeds the same
+``frame`` hook from the frame's header, for code that still traces at the link.
 """
 
 from __future__ import annotations
@@ -17,32 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
 import msgpack
 
 from fednorm.engine.runtime import Link
+from fednorm.engine.tracing import Direction, FrameEvent, PhaseEvent, Tracer
 
+__all__ = ["FrameEvent", "LineTracer", "StateTracer", "TraceState", "TracedLink", "Tracer",
+           "human_bytes", "phase_of"]
 _PEEK_BYTES = 512  # the header fields come first and are short
-Direction = Literal["sent", "received"]
-
-
-@dataclass(frozen=True)
-class FrameEvent:
-    """One frame through a traced link (``kind`` is empty if the header is unreadable)."""
-
-    direction: Direction
-    peer: str
-    size: int
-    protocol: str = ""
-    kind: str = ""
-    round: int = -1
-
-
-class Tracer(Protocol):
-    """Told about every frame of the links it traces; must return quickly."""
-
-    def frame(self, event: FrameEvent) -> None: ...
 
 
 def peek_header(frame: bytes) -> tuple[str, str, int]:
@@ -61,7 +45,8 @@ def peek_header(frame: bytes) -> tuple[str, str, int]:
 
 
 class TracedLink:
-    """A link that reports every frame it carries to ``tracer``, then behaves as ``link``."""
+    """A link that reports every frame it carries to ``tracer``, then behaves as ``link``
+    (the role context's own tracer hook reports more: prefer ``RoleContext(tracer=)``)."""
 
     def __init__(self, link: Link, tracer: Tracer, peer: str) -> None:
         self.link = link
@@ -86,7 +71,7 @@ class TracedLink:
 
 
 def phase_of(protocol: str, kind: str) -> str:
-    """A reader's name for the step a frame belongs to."""
+    """A reader's name for the step a frame (or a sub-protocol scope) belongs to."""
     steps = protocol.split("/")[1:]
     if "setup" in steps:
         return "key setup"
@@ -107,9 +92,21 @@ def phase_of(protocol: str, kind: str) -> str:
     return "exchange"
 
 
+STEP_LABELS = {"upload": "encrypted upload", "search": "search"}
+"""Labels of protocol steps (``RoleContext.phase``) where the step's name is not one."""
+
+
+def scope_label(event: PhaseEvent) -> str:
+    """A reader's name for a phase a role opened."""
+    if event.subprotocol:
+        label = phase_of(event.protocol, "")
+        return event.name if label == "exchange" else label
+    return STEP_LABELS.get(event.name, event.name)
+
+
 @dataclass
 class TraceState:
-    """Running totals of one role's traffic, safe to read from another thread."""
+    """Running totals of one role's traffic and phases, safe to read from another thread."""
 
     started: float = field(default_factory=time.monotonic)
     phase: str = "waiting for the first message"
@@ -118,6 +115,9 @@ class TraceState:
     frames: int = 0
     rounds: int = 0
     search_rounds: int = 0
+    planned_rounds: int | None = None
+    _wire_phase: str = field(default="waiting for the first message", repr=False)
+    _scopes: list[tuple[str, str, int | None]] = field(default_factory=list, repr=False)
     _probes: dict[str, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -130,37 +130,88 @@ class TraceState:
                 self.bytes_received += event.size
                 self.rounds = max(self.rounds, event.round + 1)
             if event.kind:
-                self.phase = phase_of(event.protocol, event.kind)
+                self._wire_phase = phase_of(event.protocol, event.kind)
             if event.kind == "rank.probe":  # one per search round on each link
                 self._probes[event.peer] = self._probes.get(event.peer, 0) + 1
                 self.search_rounds = max(self._probes.values())
+            self._update_phase()
+
+    def phase_started(self, event: PhaseEvent) -> None:
+        with self._lock:
+            self._scopes.append((event.name, scope_label(event), event.planned_rounds))
+            if event.planned_rounds is not None:
+                self._probes.clear()
+                self.search_rounds = 0
+            self._update_phase()
+
+    def phase_ended(self, event: PhaseEvent) -> None:
+        with self._lock:
+            names = [name for name, _, _ in self._scopes]
+            if event.name in names:  # the innermost scope of that name
+                del self._scopes[len(names) - 1 - names[::-1].index(event.name)]
+            self._update_phase()
+
+    def _update_phase(self) -> None:
+        """The innermost open phase, under the steps around it; else the wire's phase."""
+        steps = [label for _, label, _ in self._scopes]
+        labels = [label for i, label in enumerate(steps) if i == 0 or label != steps[i - 1]]
+        self.phase = " › ".join(labels[-2:]) if labels else self._wire_phase
+        planned = [rounds for _, _, rounds in self._scopes if rounds is not None]
+        self.planned_rounds = planned[-1] if planned else None
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
     def line(self) -> str:
-        """One line: phase, rounds, bytes so far, time."""
+        """One line: phase (with its search round, of ~the plan's), rounds, bytes, time."""
         with self._lock:
             phase = self.phase
-            if phase == "rank search" and self.search_rounds:
-                phase = f"rank search round {self.search_rounds}"
+            if self.search_rounds and ("search" in phase or self.planned_rounds):
+                phase = f"{phase} round {self.search_rounds}"
+                if self.planned_rounds:
+                    phase += f" of ~{self.planned_rounds}"
             return (f"{phase} · round {self.rounds} · {human_bytes(self.bytes_sent)} sent, "
                     f"{human_bytes(self.bytes_received)} received · {self.seconds:.0f} s")
 
 
-class LineTracer:
+class StateTracer(Tracer):
+    """A tracer that keeps a :class:`TraceState` and calls :meth:`changed` after each
+    event it feeds it (a display decides there whether to show something)."""
+
+    def __init__(self) -> None:
+        self.state = TraceState()
+
+    def frame(self, event: FrameEvent) -> None:
+        before = self.state.phase
+        self.state.frame(event)
+        self.changed(before)
+
+    def phase_started(self, event: PhaseEvent) -> None:
+        before = self.state.phase
+        self.state.phase_started(event)
+        self.changed(before)
+
+    def phase_ended(self, event: PhaseEvent) -> None:
+        before = self.state.phase
+        self.state.phase_ended(event)
+        self.changed(before)
+
+    def changed(self, phase_before: str) -> None:
+        """The state took one event; ``phase_before`` is the phase before it."""
+
+
+class LineTracer(StateTracer):
     """A tracer for logs: one line through ``emit`` each time the phase or the round
     changes (a log is no terminal: no redrawing, so no line per frame)."""
 
     def __init__(self, emit: Callable[[str], None], label: str) -> None:
+        super().__init__()
         self.emit = emit
         self.label = label
-        self.state = TraceState()
         self._last: tuple[str, int] = ("", -1)
 
-    def frame(self, event: FrameEvent) -> None:
-        self.state.frame(event)
+    def changed(self, phase_before: str) -> None:
         now = (self.state.phase, self.state.rounds)
         if now != self._last:
             self._last = now

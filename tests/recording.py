@@ -1,4 +1,8 @@
-"""A recording in-memory transport: every frame any role sends, for ledger checks."""
+"""A recording tracer: every frame of a run, for ledger checks.
+
+Given to the server's role context (``simulate(..., tracer=Recorder())``) it sees every
+frame of a star federation once: what the server sends, and what every party sends it.
+"""
 
 from __future__ import annotations
 
@@ -8,42 +12,32 @@ import pytest
 
 from fednorm.engine.codec import Header, decode_frame
 from fednorm.engine.messages import Message
-from fednorm.sim import federation
-from fednorm.transport import memory
+from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.transport.trace import TracedLink
 
 
 @dataclass
-class Recorder:
+class Recorder(Tracer):
     frames: list[bytes] = field(default_factory=list)
+
+    def frame(self, event: FrameEvent) -> None:
+        self.frames.append(bytes(event.frame))
 
     def decoded(self) -> list[tuple[Header, Message]]:
         return [decode_frame(frame) for frame in self.frames]
 
 
-class RecordingLink:
-    def __init__(self, inner: memory.MemoryLink, recorder: Recorder) -> None:
-        self._inner = inner
-        self._recorder = recorder
-
-    async def send(self, frame: bytes) -> None:
-        self._recorder.frames.append(bytes(frame))
-        await self._inner.send(frame)
-
-    async def receive(self) -> bytes:
-        return await self._inner.receive()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
 def install(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Make every simulation in this test record its frames."""
+    """Until every caller passes ``tracer=Recorder()``: record through the links."""
+    from fednorm.sim import federation
+    from fednorm.transport import memory
+
     recorder = Recorder()
 
     def recording_star_links(parties):
         server_links, party_links = memory.star_links(parties)
-        wrap = {p: RecordingLink(link, recorder) for p, link in server_links.items()}
-        return wrap, {p: RecordingLink(link, recorder) for p, link in party_links.items()}
+        return ({p: TracedLink(link, recorder, "") for p, link in server_links.items()},
+                party_links)
 
     monkeypatch.setattr(federation, "star_links", recording_star_links)
     return recorder

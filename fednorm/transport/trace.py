@@ -67,7 +67,8 @@ class TracedLink:
 
     def _trace(self, direction: Direction, frame: bytes) -> None:
         protocol, kind, round_ = peek_header(frame)
-        self.tracer.frame(FrameEvent(direction, self.peer, len(frame), protocol, kind, round_))
+        self.tracer.frame(FrameEvent(direction, self.peer, len(frame), protocol, kind, round_,
+                                     frame=frame))
 
 
 def phase_of(protocol: str, kind: str) -> str:

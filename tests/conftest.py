@@ -85,6 +85,17 @@ class ChildProcesses:
                     pipe.close()
 
 
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A federation's certificates: a CA, the server (valid for localhost, 127.0.0.1,
+    fednorm.example and 10.1.2.3) and parties 1..3."""
+    from fednorm.transport.tls import init_certs
+
+    directory = tmp_path_factory.mktemp("certs")
+    init_certs(directory, parties=3, hosts=["fednorm.example", "10.1.2.3"])
+    return directory
+
+
 @pytest.fixture
 def child_processes() -> Iterator[ChildProcesses]:
     processes = ChildProcesses()

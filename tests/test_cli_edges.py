@@ -18,8 +18,8 @@ import pytest
 
 from fednorm.cli import main
 from fednorm.engine.errors import InputError
+from fednorm.multihost.files import load_party_data
 from fednorm.protocols import FitOptions, MinMaxNormalizer
-from fednorm.remote import load_party_data
 from fednorm.sim.federation import simulate
 
 ROOT = Path(__file__).resolve().parent.parent

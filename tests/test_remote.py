@@ -26,25 +26,11 @@ from hypothesis import strategies as st
 from fednorm.cli import main
 from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
-from fednorm.protocols import FitOptions
-from fednorm.protocols.base import feature_counts
-from fednorm.protocols.zscore import LocalSums
-from fednorm.remote import (
-    Party,
-    PartyConfig,
-    PartyRun,
-    Server,
-    ServerConfig,
-    Timeouts,
-    check_out_dir,
-    load_party_data,
-    write_atomically,
-)
-from fednorm.sim.federation import simulate
-from fednorm.transport.tcp import (
+from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
+from fednorm.multihost.files import check_out_dir, load_party_data, write_atomically
+from fednorm.multihost.handshake import (
     HANDSHAKE_MAX_FRAME,
     NET_VERSION,
-    HandshakeRefused,
     Hello,
     Ready,
     Refusal,
@@ -54,6 +40,13 @@ from fednorm.transport.tcp import (
     send_handshake,
     wait_start,
 )
+from fednorm.multihost.party import Party, PartyRun
+from fednorm.multihost.server import Server
+from fednorm.protocols import FitOptions
+from fednorm.protocols.base import feature_counts
+from fednorm.protocols.plain.zscore import LocalSums
+from fednorm.sim.federation import simulate
+from fednorm.transport.tcp import HandshakeRefused
 from fednorm.transport.tls import init_certs, party_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,13 +79,6 @@ def write_csv(path: Path, X: np.ndarray) -> Path:
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    init_certs(directory, parties=3)
-    return directory
-
-
-@pytest.fixture(scope="module")
 def csvs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     directory = tmp_path_factory.mktemp("data")
     return [write_csv(directory / f"party-{i}.csv", X)
@@ -102,7 +88,7 @@ def csvs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 # -- real processes ---------------------------------------------------------------------
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start ``fednorm ...`` (or a helper script) processes; kill leftovers at the end."""
+    """Start ``fednorm ...`` (or a test script) processes; kill leftovers at the end."""
     started: list[subprocess.Popen[bytes]] = []
 
     def run(*args: object, script: Path | None = None, env: dict[str, str] | None = None,
@@ -788,7 +774,7 @@ async def test_a_party_s_rejected_input_reaches_its_peers_as_a_category_only() -
     """The abort a party sends names the category, never the data-dependent detail (how
     many values, which feature); its own console gets both."""
     from fednorm.engine.errors import InputError
-    from fednorm.remote import run_role
+    from fednorm.session import run_role
 
     sent: list[str] = []
 

@@ -21,25 +21,22 @@ from hypothesis import strategies as st
 
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import InputError, PartyDropped, ProtocolError
-from fednorm.transport.tcp import (
+from fednorm.multihost.handshake import (
     HANDSHAKE_MAX_FRAME,
     NET_VERSION,
-    HandshakeRefused,
     Hello,
-    Lobby,
     Ready,
     Refusal,
-    SchemaMismatch,
     Start,
-    TcpLink,
     Welcome,
     admit_connection,
     connect_party,
     decode_handshake,
     encode_handshake,
-    parse_address,
     send_handshake,
 )
+from fednorm.multihost.lobby import Lobby, SchemaMismatch
+from fednorm.transport.tcp import HandshakeRefused, TcpLink, parse_address
 from fednorm.transport.tls import init_certs, party_context, server_context
 
 FEATURES = ("a", "b")
@@ -54,13 +51,6 @@ def hello(party: int = 1, **changes: object) -> Hello:
 def lobby(parties: int = 3) -> Lobby:
     return Lobby(Welcome(NET_VERSION, "session-1", "zscore", "plain", parties, {}),
                  "zscore-plain")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    init_certs(directory, parties=3, hosts=["fednorm.example", "10.1.2.3"])
-    return directory
 
 
 @pytest.fixture(scope="module")

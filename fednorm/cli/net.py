@@ -21,20 +21,17 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
-from fednorm.protocols import METHODS
-from fednorm.remote import (
-    Party,
-    PartyConfig,
-    Server,
-    ServerConfig,
-    SessionOutcome,
-    Timeouts,
+from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
+from fednorm.multihost.files import (
     check_out_dir,
     load_party_data,
     party_outputs,
     write_atomically,
 )
-from fednorm.sim.federation import root_cause
+from fednorm.multihost.party import Party
+from fednorm.multihost.server import Server, SessionOutcome
+from fednorm.protocols import METHODS
+from fednorm.session import root_cause
 from fednorm.transport.tcp import parse_address
 from fednorm.transport.tls import init_certs
 

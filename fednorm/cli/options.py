@@ -10,7 +10,7 @@ import argparse
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
-from fednorm.sim.federation import check_fit_options
+from fednorm.session import check_fit_options
 
 
 def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--preset",

@@ -16,8 +16,8 @@ import numpy as np
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
+from fednorm.multihost.files import load_csv
 from fednorm.protocols import METHODS, Normalizer, fit_local
-from fednorm.remote import load_csv
 from fednorm.sim.federation import SimulationResult, simulate
 from fednorm.sim.partition import SplitSpec, partition
 

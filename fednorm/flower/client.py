@@ -106,7 +106,7 @@ def _checked(X: np.ndarray) -> np.ndarray:
     # Imported here, once a session: each ClientApp run is a new process, and most only
     # relay frames, so they load no protocol code.
     from fednorm.protocols.base import check_party_data
-    from fednorm.sim.federation import check_real
+    from fednorm.session import check_real
 
     check_real(X)
     return check_party_data(X)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import trio
 
 from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
-from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
+from fednorm.engine.tracing import Tracer
 from fednorm.flower.content import (
     MESSAGE_TYPE,
     Answer,
@@ -33,9 +34,8 @@ from fednorm.flower.content import (
 from fednorm.flower.localpipe import params_digest
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
-from fednorm.remote import abort_reason, options_to_wire
-from fednorm.sim.federation import check_fit_options
-from fednorm.transport.trace import LineTracer, TracedLink, Tracer
+from fednorm.session import check_fit_options, options_to_wire, play, role_context, run_role
+from fednorm.transport.trace import LineTracer
 
 DEFAULT_TIMEOUT = 300.0
 POLL_SECONDS = 0.1
@@ -248,18 +248,19 @@ async def _serve(protocol: Protocol, options: FitOptions, exchange: FlowerExchan
                  tracer: Tracer | None) -> FlowerNormalization:
     links: dict[int, Link] = {party: NodeLink(line, exchange)
                               for party, line in exchange.lines.items()}
-    if tracer is not None:
-        links = {party: TracedLink(link, tracer, role_name(party))
-                 for party, link in links.items()}
-    ctx = RoleContext(SERVER, links, exchange.session, protocol=protocol.name,
-                      timeout=exchange.timeout)
+    ctx = role_context(SERVER, links, exchange.session, protocol, timeout=exchange.timeout,
+                       tracer=tracer)
+
+    async def serve_and_finish() -> Normalizer:
+        normalizer = await play(ctx, protocol, options)
+        await exchange.finish(params_digest(normalizer))
+        return normalizer
+
     started = time.perf_counter()
     try:
-        normalizer = await protocol.server(ctx, options)
-        await exchange.finish(params_digest(normalizer))
-    except BaseException as exc:
+        normalizer = await run_role(ctx, serve_and_finish())
+    except BaseException:
         with trio.CancelScope(shield=True):
-            await ctx.send_abort(abort_reason(SERVER, exc))
             await exchange.abort()
         raise
     return FlowerNormalization(

@@ -31,7 +31,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.errors import FednormError, ProtocolError
-from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.engine.runtime import SERVER
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
     READY,
@@ -43,8 +43,14 @@ from fednorm.flower.localpipe import (
 )
 from fednorm.protocols import Normalizer, get_protocol
 from fednorm.protocols.base import check_party_data
-from fednorm.remote import abort_reason, options_from_wire, run_role
-from fednorm.sim.federation import root_cause
+from fednorm.session import (
+    abort_reason,
+    options_from_wire,
+    play,
+    role_context,
+    root_cause,
+    run_role,
+)
 
 _PARENT_POLL_SECONDS = 0.5
 
@@ -183,10 +189,10 @@ class PartyWorker:
         try:
             protocol = get_protocol(setup.method, setup.privacy)
             options = options_from_wire(setup.options)
-            ctx = RoleContext(setup.party, {SERVER: self._link}, setup.session,
-                              protocol=protocol.name, timeout=setup.timeout)
+            ctx = role_context(setup.party, {SERVER: self._link}, setup.session, protocol,
+                               timeout=setup.timeout)
             X = check_party_data(setup.X)
-            self._outcome.normalizer = await run_role(ctx, protocol.party(ctx, X, options))
+            self._outcome.normalizer = await run_role(ctx, play(ctx, protocol, options, X))
         except Exception as exc:
             self._outcome.error = abort_reason(setup.party, exc)
         finally:

@@ -12,8 +12,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from fednorm.flower import FlowerNormalization, normalize, wait_for_nodes
+from fednorm.multihost.files import json_params
 from fednorm.protocols import FitOptions
-from fednorm.remote import json_params
 from flower_robust.task import initial_model
 
 app = ServerApp()

@@ -1,0 +1,68 @@
+"""What a multi-host server and a party run with: addresses, certificates, limits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions
+from fednorm.transport.tcp import DEFAULT_MAX_FRAME
+
+Log = Callable[[str], None]
+
+
+def quiet(message: str) -> None:
+    """The default log: library callers get results and errors, not chatter."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-phase limits in seconds.
+
+    ``join``: the server waits this long for the rest of the parties once the first
+    is in; a party keeps trying to connect, then waits for the start, this long.
+    ``handshake``: TLS plus hello/welcome of one connection.  ``protocol``: each
+    protocol message (the receive timeout of the role).
+    """
+
+    join: float = 120.0
+    handshake: float = 10.0
+    protocol: float = 60.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not getattr(self, f.name) > 0:
+                raise InputError(f"the {f.name} timeout must be positive")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What ``fednorm serve`` runs: where, for whom, which protocol, how many sessions."""
+
+    host: str
+    port: int
+    parties: int
+    method: str
+    certs: Path
+    privacy: str = "plain"
+    options: FitOptions = field(default_factory=FitOptions)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    sessions: int | None = 1  # None: serve until cancelled
+    out: Path | None = None
+    max_frame: int = DEFAULT_MAX_FRAME
+    features: tuple[str, ...] | None = None  # the federation's columns; None: the majority's
+    force: bool = False  # replace files in a non-empty --out
+
+
+@dataclass(frozen=True)
+class PartyConfig:
+    """What ``fednorm party`` runs: which server, as whom."""
+
+    host: str
+    port: int
+    party: int
+    certs: Path
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_frame: int = DEFAULT_MAX_FRAME

@@ -1,0 +1,216 @@
+"""A party's files: its CSV read and checked before anything is sent, and every output
+(the normalized CSV, params.json) written all at once, or not at all."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fednorm.engine.errors import FednormError, InputError
+from fednorm.protocols import Normalizer
+from fednorm.protocols.base import Protocol, check_party_data
+from fednorm.sim.datasets import Dataset, load_dataset
+
+if TYPE_CHECKING:
+    from fednorm.multihost.party import PartyRun
+
+NORMALIZED_CSV = "normalized.csv"
+PARAMS_JSON = "params.json"
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """A party's CSV: the features it brings, and its rows to write back normalized.
+
+    ``positions`` maps CSV column positions to feature indices; every other column
+    (the target, unnamed empty ones) is written back untouched.
+    """
+
+    path: Path
+    features: list[str]
+    X: np.ndarray
+    header: list[str]
+    rows: list[list[str]]
+    positions: dict[int, int]
+
+
+_NON_NUMERIC = re.compile(r"holds non-numeric value '(?P<cell>[^']*)'(?P<where> \([^)]*\))?")
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def load_csv(name_or_path: Path | str, target: str | None = None) -> Dataset:
+    """:func:`~fednorm.sim.datasets.load_dataset`, with the causes its errors leave
+    implicit: a number too large for float64 is called that rather than non-numeric,
+    and a file split by ';' or tabs gets a hint that fednorm reads commas."""
+    try:
+        return load_dataset(name_or_path, target)
+    except InputError as exc:
+        message = _NON_NUMERIC.sub(_explain_cell, str(exc), count=1)
+        raise InputError(message + _delimiter_hint(name_or_path)) from None
+
+
+def _explain_cell(match: re.Match[str]) -> str:
+    cell, where = match["cell"], match["where"] or ""
+    try:
+        value = float(cell)
+    except ValueError:
+        return match[0]
+    if math.isinf(value) and "inf" not in cell.lower():
+        return (f"holds value {cell!r}{where}, beyond the range of float64 numbers "
+                f"(about ±{_FLOAT_MAX:.3g})")
+    return f"holds the non-finite value {cell!r}{where}"
+
+
+def _delimiter_hint(name_or_path: Path | str) -> str:
+    path = Path(name_or_path)
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace") as stream:
+            header = stream.readline()
+    except OSError:
+        return ""
+    for delimiter, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
+        if "," not in header and delimiter in header:
+            return (f" (the header line is separated by {name}: fednorm reads comma-"
+                    "separated files; convert it, e.g. re-export it as CSV with commas)")
+    return ""
+
+
+def load_party_data(path: Path | str, target: str | None = None) -> PartyData:
+    """Load and validate a party's CSV before anything is sent; problems are InputErrors."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--data {path} is not a file")
+    try:
+        dataset = load_csv(path, target)
+        with path.open(newline="", encoding="utf-8-sig") as stream:
+            table = [row for row in csv.reader(stream) if row]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    X = check_party_data(dataset.X)
+    header, rows = table[0], table[1:]
+    names = [name.strip() for name in header]
+    positions = {names.index(name): j for j, name in enumerate(dataset.feature_names)}
+    if len(rows) != len(X):  # the loader and this reader disagree on what a row is
+        raise InputError(f"cannot map the rows of {path} back to its data")
+    return PartyData(path, list(dataset.feature_names), X, header, rows, positions)
+
+
+def check_out_dir(out: Path | None, *, force: bool = False) -> None:
+    """Refuse, before any connection, an output directory the run could not use.
+
+    It must be a directory (or not exist yet), empty unless ``force`` allows replacing
+    what is there, and writable: a probe file is created, written and removed, so a
+    run never does all its work only to fail when writing.
+    """
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and not force and any(out.iterdir()):
+        raise InputError(f"--out {out} is not empty; choose an empty or new directory, "
+                         "or pass --force to replace its files")
+    probe_writable(out)
+
+
+def probe_writable(directory: Path) -> None:
+    """Create, write and remove a file in ``directory``; leave no directory it made."""
+    created = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        for missing in reversed(created):
+            missing.mkdir()
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".fednorm-probe-")
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"--out {directory} is not writable: {exc.strerror or exc}") from None
+    finally:
+        for made in created:
+            with suppress(OSError):
+                made.rmdir()
+
+
+def _cell(value: float) -> str:
+    """Shortest round-tripping text of a value; missing stays an empty cell."""
+    return repr(float(value)) if np.isfinite(value) else ""
+
+
+def normalized_csv(data: PartyData, normalizer: Normalizer) -> bytes:
+    """The party's CSV with its features normalized, every other column as it was."""
+    Z = normalizer.transform(data.X)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(data.header)
+    for r, row in enumerate(data.rows):
+        cells = list(row)
+        for column, j in data.positions.items():
+            cells[column] = _cell(Z[r, j])
+        writer.writerow(cells)
+    return text.getvalue().encode("utf-8")
+
+
+def json_params(params: Mapping[str, Sequence[float]]) -> dict[str, list[float | None]]:
+    """Parameters as in ``simulate --json``: NaN (a feature without values) is null."""
+    return {k: [float(v) if np.isfinite(v) else None for v in vs] for k, vs in params.items()}
+
+
+def params_document(protocol: Protocol, parties: int, session: str,
+                    features: Sequence[str], normalizer: Normalizer) -> bytes:
+    document = {
+        "method": protocol.method,
+        "privacy": protocol.privacy,
+        "parties": parties,
+        "session": session,
+        "features": list(features),
+        "params": json_params(normalizer.params()),
+    }
+    return (json.dumps(document, indent=2, allow_nan=False) + "\n").encode("utf-8")
+
+
+def party_outputs(out: Path, data: PartyData, run: PartyRun) -> dict[Path, bytes]:
+    return {
+        out / NORMALIZED_CSV: normalized_csv(data, run.normalizer),
+        out / PARAMS_JSON: params_document(run.protocol, run.welcome.parties,
+                                           run.welcome.session, data.features, run.normalizer),
+    }
+
+
+def write_atomically(files: Mapping[Path, bytes]) -> list[Path]:
+    """Write every file or none: all go to temporary files first, then are renamed.
+
+    Temporary files live in the target directory, so ``os.replace`` is an atomic
+    rename; they are created 0600, which suits a party's normalized data.
+    """
+    temporaries: dict[Path, str] = {}
+    try:
+        for path, content in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporaries[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(fd, "wb") as stream:
+                stream.write(content)
+                stream.flush()
+                os.fsync(stream.fileno())
+        for path, temporary in temporaries.items():
+            os.replace(temporary, path)
+    except OSError as exc:
+        raise FednormError(f"cannot write outputs: {exc}") from None
+    finally:
+        for temporary in temporaries.values():
+            with suppress(FileNotFoundError):
+                os.unlink(temporary)
+    return list(files)

@@ -1,0 +1,228 @@
+"""One role of one session: its role context, its run, and the checks around the run.
+
+Every way fednorm runs a protocol — the in-process simulation (:mod:`fednorm.sim`), the
+multi-host server and party (:mod:`fednorm.multihost`), Flower's ServerApp and party
+worker (:mod:`fednorm.flower`) — builds its :class:`RoleContext` with
+:func:`role_context` and runs the role with :func:`play`, so a role behaves the same over
+every transport, and a tracer reaches it the same way.  What a run checks before it
+starts (the data, the options) and after it ends (overflow) lives here for the same
+reason: each runner refuses the same input with the same message.
+
+A role that fails tells its peers why (:func:`run_role`): the run is N-out-of-N, so
+everyone stops promptly and names the same culprit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, TypeVar
+
+import msgpack
+import numpy as np
+import trio
+from exceptiongroup import BaseExceptionGroup
+
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
+from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
+from fednorm.engine.tracing import Tracer
+from fednorm.protocols import FitOptions, Normalizer
+from fednorm.protocols.base import Protocol, check_party_data
+
+T = TypeVar("T")
+VABS_METHODS = ("minmax", "robust", "yeojohnson")  # their PPF protocols need V_abs
+LOCATION_PARAMS = ("mean", "median", "min")  # NaN exactly when a feature has no values
+
+
+# -- the role context and the run of a role -------------------------------------------
+def role_context(
+    me: int,
+    links: Mapping[int, Link],
+    session: str,
+    protocol: Protocol,
+    *,
+    timeout: float | None,
+    tracer: Tracer | None = None,
+    crypto: Any = None,
+    worker_limiter: trio.CapacityLimiter | None = None,
+) -> RoleContext:
+    """The context role ``me`` of ``protocol`` talks through in ``session``.
+
+    ``tracer`` watches this role (its phases, its crypto calls, every frame it sends or
+    receives); ``crypto`` is what the role kept from an earlier run of the federation.
+    """
+    return RoleContext(me, links, session, protocol=protocol.name, timeout=timeout,
+                       crypto=crypto, worker_limiter=worker_limiter, tracer=tracer)
+
+
+async def play(ctx: RoleContext, protocol: Protocol, options: FitOptions,
+               X: np.ndarray | None = None) -> Normalizer:
+    """Run the role of ``ctx`` in ``protocol``: the server's, or a party's over its ``X``."""
+    if ctx.is_server:
+        return await protocol.server(ctx, options)
+    if X is None:
+        raise ValueError(f"{role_name(ctx.me)} needs its data to play its role")
+    return await protocol.party(ctx, X, options)
+
+
+async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:
+    """Await a protocol role; if it fails, tell every peer why before the error propagates.
+
+    Peers would notice a closed link anyway, but only an Abort carries the cause
+    ("party 2 dropped: ...") to them, and it stops them before their own timeouts.
+    """
+    try:
+        return await role
+    except BaseException as exc:
+        reason = abort_reason(ctx.me, exc)
+        with trio.CancelScope(shield=True):
+            await ctx.send_abort(reason)
+        if isinstance(exc, InputError) and reason != str(exc):
+            # Only the category went out: this console gets it and the detail.
+            raise InputError(f"{reason}: {exc}") from exc
+        raise
+
+
+def abort_reason(me: int, exc: BaseException) -> str:
+    """What a failing role tells its peers.
+
+    A party's rejected input is sent as a category only ("input rejected by party 3"):
+    its detail (which feature, how large a value, how many rows) is data the ledger
+    does not list, so it stays on the party's own console (docs/LEAKAGE.md).
+    """
+    if isinstance(exc, InputError) and me != SERVER:
+        return input_rejected(me)
+    if isinstance(exc, FednormError):
+        return str(exc)
+    if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
+        return f"{role_name(me)} was interrupted"
+    return f"{role_name(me)} failed: {type(exc).__name__}: {exc}"
+
+
+def input_rejected(party: int, what: str = "") -> str:
+    """The category a party's refusal of its own input is known by to everyone else."""
+    return f"input rejected by {role_name(party)}" + (f": {what}" if what else "")
+
+
+def root_cause(group: BaseExceptionGroup) -> BaseException:
+    """The error that started a failure: a dropout is only a consequence of another."""
+    leaves: list[BaseException] = []
+
+    def collect(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                collect(inner)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+
+    collect(group)
+    causes = [exc for exc in leaves if not isinstance(exc, PartyDropped)]
+    return (causes or leaves or [group])[0]
+
+
+# -- options as the server sends them ---------------------------------------------------
+def options_to_wire(options: FitOptions) -> dict[str, Any]:
+    """The server's options as a welcome carries them; unsendable options are bad input."""
+    wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)}
+    try:
+        msgpack.packb(wire, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"fit options cannot be sent to the parties: {exc}") from None
+    return wire
+
+
+def options_from_wire(wire: Mapping[str, Any]) -> FitOptions:
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()}
+    try:
+        return FitOptions(**values)
+    except (TypeError, InputError) as exc:
+        raise ProtocolError(f"the server sent unusable options: {exc}") from None
+
+
+# -- checks before and after a run ------------------------------------------------------
+def check_real(X: object) -> None:
+    """Refuse complex data: a float conversion would silently drop the imaginary part."""
+    if np.iscomplexobj(X):
+        raise InputError("party data is complex; fednorm normalizes real numbers only")
+
+
+def check_fit_options(options: FitOptions) -> FitOptions:
+    """What :class:`FitOptions` lets through but no run can use.
+
+    An infinite ε ends every rank search at once and returns the midpoints of the
+    ranges; a bound V_abs must be a positive finite number.
+    """
+    if options.epsilon is not None and not math.isfinite(options.epsilon):
+        raise InputError(f"epsilon must be a finite positive number, got {options.epsilon}")
+    if options.vabs is not None:
+        vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
+        if vabs.size == 0 or not np.all(np.isfinite(vabs) & (vabs > 0)):
+            raise InputError(f"vabs values must be positive and finite, got {list(vabs)}")
+    return options
+
+
+def feature_labels(width: int, features: Sequence[str] | None = None) -> list[str]:
+    """Names for messages: the columns' own, else "feature 1".."feature N"."""
+    if features is not None and len(features) == width:
+        return [repr(name) for name in features]
+    return [f"feature {j + 1}" for j in range(width)]
+
+
+def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
+                      features: Sequence[str] | None = None) -> None:
+    """A party's values against the agreed V_abs, before anything is encrypted, with the
+    offending features named (the protocols' own check can only number them)."""
+    if protocol.privacy != "mhe" or protocol.method not in VABS_METHODS:
+        return
+    width = X.shape[1]
+    if options.vabs is None:
+        raise InputError(f"{protocol.name} needs vabs: a bound on |x| the parties agree on")
+    vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
+    if vabs.size not in (1, width):
+        return  # a count that does not fit is the bound's fault: the server names it
+    vabs = np.broadcast_to(vabs, (width,))
+    largest = np.nanmax(np.abs(X), axis=0, initial=0.0)
+    names = feature_labels(width, features)
+    beyond = [f"{names[j]} (|x| up to {largest[j]:.6g}, bound {vabs[j]:.6g})"
+              for j in np.flatnonzero(largest > vabs)]
+    if beyond:
+        raise InputError("values beyond the agreed bound vabs: " + ", ".join(beyond))
+
+
+def check_federation_data(party_data: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Validate all parties' arrays together, before any protocol work starts."""
+    if len(party_data) == 0:
+        raise InputError("a federation needs at least one party")
+    for X in party_data:
+        check_real(X)
+    arrays = [check_party_data(X) for X in party_data]
+    widths = {X.shape[1] for X in arrays}
+    if len(widths) != 1:
+        raise InputError(f"parties disagree on the number of features: {sorted(widths)}")
+    return arrays
+
+
+def overflowed_features(normalizer: Normalizer) -> list[int]:
+    """Features whose fit overflowed float64: a parameter is infinite, or one is NaN
+    although the feature has values (its location — mean, median or min — is finite;
+    a feature without any value has a NaN location, and Yeo-Johnson's λ is 1 there)."""
+    params = normalizer.params()
+    values = np.array(list(params.values()), dtype=np.float64)
+    location = next(np.asarray(params[name], dtype=np.float64)
+                    for name in LOCATION_PARAMS if name in params)
+    infinite = np.isinf(values).any(axis=0)
+    undefined = np.isfinite(location) & np.isnan(values).any(axis=0)
+    return np.flatnonzero(infinite | undefined).tolist()
+
+
+def check_no_overflow(normalizer: Normalizer, method: str,
+                      features: Sequence[str] | None = None) -> Normalizer:
+    """Refuse a fit that overflowed instead of reporting its parameters as null."""
+    overflowed = overflowed_features(normalizer)
+    if overflowed:
+        names = feature_labels(normalizer.n_features, features)
+        raise InputError(f"the {method} fit overflows float64 for "
+                         f"{', '.join(names[j] for j in overflowed)}: values this large "
+                         "(beyond about 1e150) cannot be squared or summed; rescale them")
+    return normalizer

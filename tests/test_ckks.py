@@ -12,6 +12,7 @@ import copy
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import openfhe
@@ -22,29 +23,33 @@ from hypothesis import strategies as st
 
 from fednorm.engine.ckks import (
     COUNT_RANGE,
+    Bootstrap,
+    BootstrapShare,
     CkksContext,
     CkksPreset,
     DecodeOverflow,
+    Decryption,
+    DecryptionShare,
     Flooding,
+    KeySetup,
     LevelBudgetError,
     PartyKeys,
-    aggregate_boot_shares,
-    aggregate_decrypt_shares,
-    aggregate_public_key,
-    aggregate_relin_round1,
-    aggregate_relin_round2,
-    aggregate_rotation_shares,
+    PublicKeyGen,
+    PublicKeyShare,
+    RelinKeyGen,
+    RelinShare,
+    RotationKeyGen,
+    RotationShare,
+    SumDecryption,
     bootstrap_locally,
     decrypt_locally,
     ensure_levels,
-    fuse_sum_decryption,
     get_preset,
     inverse,
     local_refresh,
     plan_inverse,
     serial,
     setup_locally,
-    start_bootstrap,
     sum_rotation_indices,
 )
 from fednorm.engine.errors import InputError, ProtocolError
@@ -197,10 +202,12 @@ def test_shares_made_in_threads(fed: Fed) -> None:
     """Party-side calls on independent objects run concurrently (OpenFHE drops the GIL)."""
     values = np.linspace(-1, 1, 100)
     cts = [fed.encrypt(values * (i + 1)) for i in range(4)]
+    decryption = Decryption(fed.ctx)
     with ThreadPoolExecutor(4) as pool:
-        shares = list(pool.map(lambda ct: [p.decrypt_share(ct) for p in fed.parties], cts))
+        shares = list(pool.map(
+            lambda ct: [decryption.generate_share(p, ct) for p in fed.parties], cts))
     for i, (ct, ct_shares) in enumerate(zip(cts, shares, strict=True)):
-        out = fed.ctx.decode(aggregate_decrypt_shares(fed.ctx, fed.joint, ct, ct_shares), 100)
+        out = decryption.finalize(decryption.aggregate_shares(fed.joint, ct, ct_shares), 100)
         np.testing.assert_allclose(out, values * (i + 1), atol=FRESH_ABS_TOL)
 
 
@@ -209,11 +216,11 @@ def test_level_budget_is_tracked(fed: Fed) -> None:
     ctx = fed.ctx
     at_budget = fed.consume(fed.encrypt(np.ones(4)), ctx.level_budget)
     assert ctx.levels_left(at_budget) == 0
-    start_bootstrap(ctx, fed.joint, at_budget, 0)  # still allowed
+    Bootstrap(ctx).prepare(fed.joint, at_budget, 0)  # still allowed
     past = fed.ctx.mul(at_budget, 1.0)
     assert ctx.levels_left(past) == -1
     with pytest.raises(LevelBudgetError, match="collective bootstrap"):
-        start_bootstrap(ctx, fed.joint, past, 1)
+        Bootstrap(ctx).prepare(fed.joint, past, 1)
     deepest = fed.consume(past, ctx.depth - ctx.consumed(past))
     np.testing.assert_allclose(fed.decrypt(deepest, 4), 1.0, atol=1e-3)  # decryptable...
     with pytest.raises(LevelBudgetError, match="depth"):
@@ -237,28 +244,34 @@ async def test_ensure_levels_refreshes_only_when_needed(fed: Fed) -> None:
 # -- validation of shares ----------------------------------------------------------------
 def test_decryption_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
+    decryption = Decryption(ctx)
     ct = fed.encrypt(np.ones(4))
-    good = [p.decrypt_share(ct) for p in parties]
+    good = [decryption.generate_share(p, ct) for p in parties]
     deeper = fed.consume(ct, 2)
-    wrong_level = [*good[:2], parties[2].decrypt_share(deeper)]
+    wrong_level = [*good[:2], decryption.generate_share(parties[2], deeper)]
     with pytest.raises(ProtocolError, match="decryption share #2"):
-        aggregate_decrypt_shares(ctx, joint, ct, wrong_level)
+        decryption.aggregate_shares(joint, ct, wrong_level)
     with pytest.raises(ProtocolError, match="3 parties"):
-        aggregate_decrypt_shares(ctx, joint, ct, good[:2])
+        decryption.aggregate_shares(joint, ct, good[:2])
     own = ctx.encrypt(parties[1].public_key_share, np.ones(4))  # not a joint ciphertext
     with pytest.raises(ProtocolError, match="key tag"):
-        parties[1].decrypt_share(own)
+        decryption.generate_share(parties[1], own)
     forged = ctx.raw.MultipartyDecryptMain([own], _sk(fed, 2))[0]
-    retagged = [*good[:2], ctx.raw.Compress(forged, 2)]
+    retagged = [*good[:2], DecryptionShare(False, ctx.raw.Compress(forged, 2))]
     with pytest.raises(ProtocolError, match="key tag"):
-        aggregate_decrypt_shares(ctx, joint, ct, retagged)
+        decryption.aggregate_shares(joint, ct, retagged)
     alien_keys = foreign.raw.KeyGen()
     alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
     alien = foreign.raw.MultipartyDecryptMain([alien_ct], alien_keys.secretKey)[0]
     with pytest.raises(ProtocolError, match="another crypto context"):
-        aggregate_decrypt_shares(ctx, joint, ct, [*good[:2], alien])
-    np.testing.assert_allclose(ctx.decode(aggregate_decrypt_shares(ctx, joint, ct, good), 4),
-                               1.0, atol=FRESH_ABS_TOL)
+        decryption.aggregate_shares(joint, ct, [*good[:2], DecryptionShare(False, alien)])
+    with pytest.raises(ProtocolError, match="decryption share #0 is not flooded"):
+        SumDecryption(ctx).aggregate_shares(joint, ct, good)  # shares of another operation
+    with pytest.raises(ProtocolError, match="not a DecryptionShare"):
+        decryption.aggregate_shares(joint, ct, [*good[:2], good[2].ciphertext])
+    np.testing.assert_allclose(
+        decryption.finalize(decryption.aggregate_shares(joint, ct, good), 4), 1.0,
+        atol=FRESH_ABS_TOL)
 
 
 def _sk(fed: Fed, i: int) -> openfhe.PrivateKey:
@@ -268,17 +281,22 @@ def _sk(fed: Fed, i: int) -> openfhe.PrivateKey:
 
 def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
-    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)), 2)
-    good = [p.boot_share(rnd.c1, rnd.a) for p in parties]
+    boot = Bootstrap(ctx)
+    rnd = boot.prepare(joint, fed.encrypt(np.ones(4)), 2)
+    good = [boot.generate_share(p, joint.public_key, rnd.c1, rnd.index) for p in parties]
     outsider = PartyKeys.generate(ctx, parties[0].public_key_share)  # not in the federation
     with pytest.raises(ProtocolError, match="bootstrap share #2 has key tag"):
-        aggregate_boot_shares(ctx, joint, rnd, [*good[:2], outsider.boot_share(rnd.c1, rnd.a)])
+        boot.aggregate_shares(joint, rnd, [
+            *good[:2], boot.generate_share(outsider, joint.public_key, rnd.c1, rnd.index)])
     with pytest.raises(ProtocolError, match="key tag"):
-        aggregate_boot_shares(ctx, joint, rnd, [good[1], good[0], good[2]])  # out of order
+        boot.aggregate_shares(joint, rnd, [good[1], good[0], good[2]])  # out of order
     alien_keys = foreign.raw.KeyGen()
     alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
     with pytest.raises(ProtocolError, match="another crypto context"):
-        aggregate_boot_shares(ctx, joint, rnd, [*good[:2], (alien_ct, alien_ct)])
+        boot.aggregate_shares(joint, rnd, [*good[:2], BootstrapShare(2, alien_ct, alien_ct)])
+    other = boot.generate_share(parties[2], joint.public_key, rnd.c1, 3)  # another element
+    with pytest.raises(ProtocolError, match="bootstrap share #2 is for bootstrap #3"):
+        boot.aggregate_shares(joint, rnd, [*good[:2], other])
     uncompressed = fed.encrypt(np.ones(4))
     uncompressed.RemoveElement(0)
     with pytest.raises(ProtocolError, match="wrong level"):
@@ -289,34 +307,127 @@ def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
 
 def test_key_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
     ctx, parties = fed.ctx, fed.parties
-    joint = fed.joint
-    lead_share = parties[0].relin_share()
-    round1 = [lead_share] + [p.relin_share(lead_share) for p in parties[1:]]
+    joint, relin = fed.joint, RelinKeyGen(ctx)
+    lead_share = relin.generate_share(parties[0])
+    round1 = [lead_share] + [relin.generate_share(p, lead_share) for p in parties[1:]]
     with pytest.raises(ProtocolError, match="round-1 relinearization share #1"):
-        aggregate_relin_round1(ctx, joint, [round1[0], round1[2], round1[1]])
-    joint1 = aggregate_relin_round1(ctx, joint, round1)
-    round2 = [p.relin_mult_share(joint1) for p in parties]
+        relin.aggregate_shares(joint, [round1[0], round1[2], round1[1]])
+    joint1 = relin.aggregate_shares(joint, round1)
+    round2 = [relin.generate_round_two_share(p, joint1) for p in parties]
+    with pytest.raises(ProtocolError, match="rounds \\[1, 2\\] aggregated together"):
+        relin.aggregate_shares(joint, [*round2[:2], round1[2]])
+    with pytest.raises(ProtocolError, match="key tag"):  # a round-1 share claiming round 2
+        relin.aggregate_shares(joint, [*round2[:2], RelinShare(2, round1[2].key)])
+    with pytest.raises(ProtocolError, match="not a round-2 one"):
+        relin.generate_share(parties[1], round2[0])
     with pytest.raises(ProtocolError, match="key tag"):
-        aggregate_relin_round2(ctx, joint, [*round2[:2], round1[2]])
-    with pytest.raises(ProtocolError, match="key tag"):
-        parties[1].relin_mult_share(round1[1])
+        relin.generate_round_two_share(parties[1], round1[1].key)
+    public = PublicKeyGen(ctx)
     with pytest.raises(ProtocolError, match="same key tag"):
-        aggregate_public_key(ctx, [parties[0].public_key_share] * 2)
+        public.aggregate_shares([public.generate_share(parties[0])] * 2)
     with pytest.raises(ProtocolError, match="another crypto context"):
-        aggregate_public_key(ctx, [parties[0].public_key_share, foreign.raw.KeyGen().publicKey])
+        public.aggregate_shares([public.generate_share(parties[0]),
+                                 PublicKeyShare(foreign.raw.KeyGen().publicKey)])
 
 
 def test_rotation_key_shares_are_tag_checked(fed: Fed) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
-    lead_share = parties[0].rotation_share([1])
-    shares = [lead_share] + [p.rotation_share([1], lead_share) for p in parties[1:]]
-    aggregate_rotation_shares(ctx, joint, shares)  # in order: accepted
+    rotation = RotationKeyGen(ctx, [1])
+    lead_share = rotation.generate_share(parties[0])
+    shares = [lead_share] + [rotation.generate_share(p, lead_share) for p in parties[1:]]
+    rotation.aggregate_shares(joint, shares)  # in order: accepted
     with pytest.raises(ProtocolError, match="rotation-key share #0 does not carry"):
-        aggregate_rotation_shares(ctx, joint, [shares[1], shares[0], shares[2]])
+        rotation.aggregate_shares(joint, [shares[1], shares[0], shares[2]])
     outsider = PartyKeys.generate(CkksContext("test"))  # another federation's lead
     with pytest.raises(ProtocolError, match="rotation-key share #1 does not carry"):
-        aggregate_rotation_shares(ctx, joint, [lead_share, outsider.rotation_share([1]),
-                                               shares[2]])
+        rotation.aggregate_shares(joint, [lead_share, rotation.generate_share(outsider),
+                                          shares[2]])
+    with pytest.raises(ProtocolError, match="share #1 is for offsets \\[1, 3\\]"):
+        rotation.aggregate_shares(joint, [lead_share, RotationShare((1, 3), shares[1].keys),
+                                          shares[2]])
+
+
+# -- the uniform verbs ---------------------------------------------------------------------
+def test_every_operation_matches_a_single_key(fed: Fed) -> None:
+    """Each operation class, run generate_share -> aggregate_shares -> finalize for three
+    parties in memory, gives what one ordinary key pair gives on the same computation
+    (product, rotation, decryption, bootstrap, flooded sum) within CKKS tolerance."""
+    ctx = CkksContext("test")
+    public, relin, rotation = PublicKeyGen(ctx), RelinKeyGen(ctx), RotationKeyGen(ctx, [1, 2])
+    lead = PartyKeys.generate(ctx)
+    parties = [lead] + [PartyKeys.generate(ctx, lead.public_key_share) for _ in range(2)]
+    joint = public.finalize(public.aggregate_shares([public.generate_share(p) for p in parties]))
+    lead_relin, lead_rotation = relin.generate_share(lead), rotation.generate_share(lead)
+    round1 = relin.aggregate_shares(
+        joint, [lead_relin] + [relin.generate_share(p, lead_relin) for p in parties[1:]])
+    relin.finalize(joint, relin.aggregate_shares(
+        joint, [relin.generate_round_two_share(p, round1) for p in parties]))
+    rotation.finalize(joint, rotation.aggregate_shares(
+        joint, [lead_rotation] + [rotation.generate_share(p, lead_rotation)
+                                  for p in parties[1:]]))
+    single = ctx.raw.KeyGen()
+    ctx.raw.EvalMultKeyGen(single.secretKey)
+    ctx.raw.EvalRotateKeyGen(single.secretKey, [1, 2])
+
+    rng = np.random.default_rng(11)
+    x, y = rng.uniform(-1, 1, 32), rng.uniform(-1, 1, 32)
+
+    def compute(public_key: openfhe.PublicKey) -> openfhe.Ciphertext:
+        product = ctx.mul(ctx.encrypt(public_key, x), ctx.encrypt(public_key, y))
+        return ctx.rotate(ctx.rotate(product, 1), 2)
+
+    def single_key(ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        return ctx.decode(ctx.raw.Decrypt(single.secretKey, ct), n)
+
+    def collective(operation: Decryption, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        shares = [operation.generate_share(p, ct) for p in parties]
+        return operation.finalize(operation.aggregate_shares(joint, ct, shares), n)
+
+    reference = single_key(compute(single.publicKey), 29)
+    np.testing.assert_allclose(reference, (x * y)[3:], atol=DOUBLED_ABS_TOL)
+    ct = compute(joint.public_key)
+    np.testing.assert_allclose(collective(Decryption(ctx), ct, 29), reference,
+                               atol=DOUBLED_ABS_TOL)
+    boot = Bootstrap(ctx)
+    rnd = boot.prepare(joint, ct, 0)
+    shares = [boot.generate_share(p, joint.public_key, rnd.c1, 0) for p in parties]
+    fresh = boot.finalize(joint, rnd, boot.aggregate_shares(joint, rnd, shares))
+    assert ctx.consumed(fresh) == 0
+    np.testing.assert_allclose(collective(Decryption(ctx), fresh, 29), reference,
+                               atol=FRESH_ABS_TOL)
+    uploads = [ctx.encrypt_sum(joint.public_key, x) for _ in parties]
+    total = ctx.add(ctx.add(uploads[0], uploads[1]), uploads[2])
+    flooding = Flooding(ctx.preset.ring_dim, P, P)
+    single_sum = ctx.encrypt_sum(single.publicKey, 3 * x)
+    np.testing.assert_allclose(collective(SumDecryption(ctx, flooding), total, 32),
+                               single_key(single_sum, 32), atol=1e-9)
+
+
+def test_key_setup_composes_the_key_operations() -> None:
+    """KeySetup's three steps give working joint keys (products, rotations), and a
+    party's shares must cover every operation the setup needs."""
+    ctx = CkksContext("test")
+    setup = KeySetup(ctx, relinearize=True, rotations=(4,))
+    lead = setup.generate_keys(None)
+    lead_shares = setup.generate_shares(lead, None)
+    assert (lead_shares.relin.round, lead_shares.rotation.indices) == (1, (4,))
+    others = [setup.generate_keys(lead_shares) for _ in range(2)]
+    shares = [lead_shares] + [setup.generate_shares(p, lead_shares) for p in others]
+    incomplete = replace(shares[2], rotation=None)
+    with pytest.raises(ProtocolError, match="rotation-key share is missing"):
+        setup.aggregate_shares([*shares[:2], incomplete])
+    round_one = setup.aggregate_shares(shares)
+    setup.finalize_rotations(round_one.joint, shares)
+    parties = [lead, *others]
+    setup.finalize(round_one.joint,
+                   [setup.generate_round_two_share(p, round_one) for p in parties])
+    x = np.arange(1.0, 9.0) / 8
+    ct = ctx.encrypt(round_one.joint.public_key, x)
+    got = decrypt_locally(ctx, round_one.joint, parties, ctx.rotate(ctx.mul(ct, ct), 4), 4)
+    np.testing.assert_allclose(got, (x * x)[4:], atol=DOUBLED_ABS_TOL)
+    without = KeySetup(ctx, relinearize=False)
+    assert without.generate_shares(lead, None).relin is None
+    assert without.generate_round_two_share(lead, round_one) is None
 
 
 # -- bytes -------------------------------------------------------------------------------
@@ -324,8 +435,9 @@ def test_serialization_round_trips(fed: Fed) -> None:
     ctx, parties = fed.ctx, fed.parties
     values = np.linspace(-5, 5, 10)
     lead_relin, lead_rot = parties[0].relin_share(), parties[0].rotation_share([1, 3])
-    round1 = aggregate_relin_round1(ctx, fed.joint, [lead_relin] + [
-        p.relin_share(lead_relin) for p in parties[1:]])
+    relin = RelinKeyGen(ctx)
+    round1 = relin.aggregate_shares(fed.joint, [RelinShare(1, lead_relin)] + [
+        relin.generate_share(p, RelinShare(1, lead_relin)) for p in parties[1:]])
     objects = [
         ("ciphertext", fed.encrypt(values)),
         ("public_key", fed.joint.public_key),
@@ -343,7 +455,7 @@ def test_serialization_round_trips(fed: Fed) -> None:
     np.testing.assert_allclose(fed.decrypt(ct, 10), values, atol=FRESH_ABS_TOL)
     share = parties[1].decrypt_share(ct)
     assert len(ctx.to_bytes(share)) * 4 < len(ctx.to_bytes(ct))  # shares are compressed
-    rnd = start_bootstrap(ctx, fed.joint, ct, 3)
+    rnd = Bootstrap(ctx).prepare(fed.joint, ct, 3)
     h0, h1 = (ctx.from_bytes("ciphertext", ctx.to_bytes(h))
               for h in parties[0].boot_share(rnd.c1, rnd.a))
     assert h0.GetKeyTag() == h1.GetKeyTag() == parties[0].tag
@@ -472,12 +584,13 @@ def test_malformed_shares_are_protocol_errors(fed: Fed) -> None:
     one_element.RemoveElement(1)
     with pytest.raises(ProtocolError, match="1 elements, expected 2"):
         parties[0].decrypt_share(one_element)
-    rnd = start_bootstrap(ctx, joint, fed.encrypt(np.ones(4)), 4)
-    good = [p.boot_share(rnd.c1, rnd.a) for p in parties]
-    h0, h1 = good[1]
-    short = ctx.raw.Compress(h1, 3)  # right tag and element count, too few towers
+    boot = Bootstrap(ctx)
+    rnd = boot.prepare(joint, fed.encrypt(np.ones(4)), 4)
+    good = [boot.generate_share(p, joint.public_key, rnd.c1, rnd.index) for p in parties]
+    short = ctx.raw.Compress(good[1].h1, 3)  # right tag and element count, too few towers
     with pytest.raises(ProtocolError, match="bootstrap share #1 has a part with 3 towers"):
-        aggregate_boot_shares(ctx, joint, rnd, [good[0], (h0, short), good[2]])
+        boot.aggregate_shares(joint, rnd, [good[0], BootstrapShare(4, good[1].h0, short),
+                                           good[2]])
 
 
 # -- noise flooding ----------------------------------------------------------------------
@@ -490,7 +603,11 @@ def _sum_of_uploads(fed: Fed, values: np.ndarray) -> openfhe.Ciphertext:
 
 
 def _fuse(fed: Fed, ct: openfhe.Ciphertext, shares: list, n: int) -> np.ndarray:
-    return fuse_sum_decryption(fed.ctx, fed.joint, ct, shares, n)
+    """Aggregate and finalize a sum decryption; raw OpenFHE shares are taken as
+    flooded ones (the test forges unflooded shares to compare)."""
+    decryption = SumDecryption(fed.ctx)
+    typed = [s if isinstance(s, DecryptionShare) else DecryptionShare(True, s) for s in shares]
+    return decryption.finalize(decryption.aggregate_shares(fed.joint, ct, typed), n)
 
 
 def test_flooded_decryptions_carry_the_documented_noise_and_keep_precision(fed: Fed) -> None:
@@ -507,7 +624,8 @@ def test_flooded_decryptions_carry_the_documented_noise_and_keep_precision(fed: 
     ring = fed.ctx.preset.ring_dim
     loud = Flooding(ring, P, P, security_bits=40)
     assert loud.sigma == 2.0**40 * np.sqrt(ring) * loud.ciphertext_noise_bound
-    first, second = ([p.decrypt_sum_share(total, loud) for p in fed.parties] for _ in range(2))
+    louder = SumDecryption(fed.ctx, loud)
+    first, second = ([louder.generate_share(p, total) for p in fed.parties] for _ in range(2))
     spread = np.std(_fuse(fed, total, first, n) - _fuse(fed, total, second, n))
     expected = np.sqrt(2 * P) * loud.slot_sigma(total.GetScalingFactor())  # P terms each
     assert 0.8 * expected <= spread <= 1.25 * expected
@@ -517,7 +635,8 @@ def test_flooded_decryptions_carry_the_documented_noise_and_keep_precision(fed: 
     assert np.std(_fuse(fed, total, unflooded[0], n) - _fuse(fed, total, unflooded[1], n)) \
         < spread * 2.0**-5
     default = Flooding(ring, P, P)
-    decrypted = _fuse(fed, total, [p.decrypt_sum_share(total, default) for p in fed.parties], n)
+    flooded = SumDecryption(fed.ctx, default)
+    decrypted = _fuse(fed, total, [flooded.generate_share(p, total) for p in fed.parties], n)
     np.testing.assert_allclose(decrypted, P * values, rtol=0, atol=1e-11)
 
 
@@ -526,6 +645,8 @@ def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(fed: Fed
         Flooding(fed.ctx.preset.ring_dim, P, P, security_bits=19)
     flooding = Flooding(fed.ctx.preset.ring_dim, P, P)
     with pytest.raises(ProtocolError, match="not a sum upload"):
-        fed.parties[0].decrypt_sum_share(fed.encrypt(np.ones(4)), flooding)
+        SumDecryption(fed.ctx, flooding).generate_share(fed.parties[0], fed.encrypt(np.ones(4)))
+    with pytest.raises(InputError, match="needs the party's flooding"):
+        SumDecryption(fed.ctx).generate_share(fed.parties[0], _sum_of_uploads(fed, np.ones(4)))
     with pytest.raises(InputError, match="exceeds 2\\^50"):
         fed.ctx.encrypt_sum(fed.joint.public_key, np.array([2.0**51]))

@@ -1,23 +1,10 @@
 """Multiparty (threshold, N-out-of-N) CKKS on OpenFHE: the crypto math of fednorm.
 
-Synchronous, no I/O. Protocols call these functions and move the results as messages:
-a party makes a *share* (:class:`PartyKeys` methods), the server *aggregates* and
-*finalizes* (:mod:`.collective`); :mod:`.local` runs all roles in one process.
-
-=====================  ==========================  ===============================
-operation              party (share)               server (aggregate -> finalize)
-=====================  ==========================  ===============================
-joint public key       PartyKeys.generate          aggregate_public_key -> JointKeys
-relinearization key    relin_share,                aggregate_relin_round1,
-                       relin_mult_share            aggregate_relin_round2 ->
-                                                   CkksContext.install_relin_key
-rotation keys          rotation_share              aggregate_rotation_shares ->
-                                                   CkksContext.install_rotation_keys
-decryption             decrypt_share               aggregate_decrypt_shares ->
-                                                   CkksContext.decode
-bootstrapping          boot_share                  start_bootstrap, aggregate_boot_shares
-                                                   -> finish_bootstrap
-=====================  ==========================  ===============================
+Synchronous, no I/O. Protocols call these functions and move the results as messages.
+Every collective operation is one class of :mod:`.collective` with the same verbs — a
+party *generates a share* from its :class:`PartyKeys`, the server *aggregates shares*
+and *finalizes* — and :class:`KeySetup` composes the key operations; :mod:`.local` runs
+all roles in one process.
 
 Levels: :func:`ensure_levels` refreshes in time; :func:`inverse` computes 1/x and
 :func:`maximum` / :func:`minimum` / :func:`fold_maximum` compare (:mod:`.compare`), both
@@ -27,17 +14,22 @@ with collective bootstraps through a ``refresh`` callback; bytes: ``CkksContext.
 
 from fednorm.engine.ckks.collective import (
     BootRound,
+    Bootstrap,
+    BootstrapShare,
     DecodeOverflow,
-    aggregate_boot_shares,
-    aggregate_decrypt_shares,
-    aggregate_public_key,
-    aggregate_relin_round1,
-    aggregate_relin_round2,
-    aggregate_rotation_shares,
-    finish_bootstrap,
-    fuse_decryption,
-    fuse_sum_decryption,
-    start_bootstrap,
+    Decryption,
+    DecryptionShare,
+    JointRoundOne,
+    KeySetup,
+    PublicKeyAggregate,
+    PublicKeyGen,
+    PublicKeyShare,
+    RelinKeyGen,
+    RelinShare,
+    RotationKeyGen,
+    RotationShare,
+    SetupShares,
+    SumDecryption,
 )
 from fednorm.engine.ckks.compare import (
     ComparePlan,
@@ -83,23 +75,32 @@ __all__ = [
     "PRESETS",
     "TEST",
     "BootRound",
+    "Bootstrap",
+    "BootstrapShare",
     "CkksContext",
     "CkksPreset",
     "ComparePlan",
     "DecodeOverflow",
+    "Decryption",
+    "DecryptionShare",
     "Flooding",
     "InversePlan",
     "JointKeys",
+    "JointRoundOne",
+    "KeySetup",
     "LevelBudgetError",
     "LocalRefresh",
     "PartyKeys",
+    "PublicKeyAggregate",
+    "PublicKeyGen",
+    "PublicKeyShare",
     "Refresh",
-    "aggregate_boot_shares",
-    "aggregate_decrypt_shares",
-    "aggregate_public_key",
-    "aggregate_relin_round1",
-    "aggregate_relin_round2",
-    "aggregate_rotation_shares",
+    "RelinKeyGen",
+    "RelinShare",
+    "RotationKeyGen",
+    "RotationShare",
+    "SetupShares",
+    "SumDecryption",
     "bootstrap_locally",
     "bootstrap_seed",
     "check_security_bits",
@@ -108,11 +109,8 @@ __all__ = [
     "consumed_levels",
     "decrypt_locally",
     "ensure_levels",
-    "finish_bootstrap",
     "fold_maximum",
     "fold_rotations",
-    "fuse_decryption",
-    "fuse_sum_decryption",
     "get_preset",
     "inverse",
     "joint_tag_for",
@@ -126,7 +124,6 @@ __all__ = [
     "rotate_by",
     "rotation_plan",
     "setup_locally",
-    "start_bootstrap",
     "sum_rotation_indices",
     "tree_maximum",
 ]

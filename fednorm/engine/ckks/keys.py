@@ -4,7 +4,8 @@ A :class:`PartyKeys` holds one party's secret key share and is the only object t
 ever touches it: every party-side step (public-key share, relinearization shares,
 rotation share, decryption share, bootstrapping share) is a method that returns
 *public* material. The object refuses pickling and copying, and no function returns
-secret-key material. The server side (aggregate, finalize) is in :mod:`.collective`.
+secret-key material. The operation classes of :mod:`.collective` call these methods in
+their ``generate_share`` and hold the server side (aggregate, finalize).
 
 Key tags: OpenFHE looks evaluation keys up by the ciphertext's key tag. All joint
 material carries :func:`joint_tag_for` (lead tag) — a tag no single party's key has, so a

@@ -1,0 +1,67 @@
+"""Collective operations: one class each, with the same verbs (as Lattigo's ``multiparty``).
+
+=====================  ======================  ==============================================
+operation              class                   verbs
+=====================  ======================  ==============================================
+joint public key       :class:`PublicKeyGen`   generate_share, aggregate_shares, finalize
+relinearization key    :class:`RelinKeyGen`    generate_share (round 1),
+                                               generate_round_two_share, aggregate_shares
+                                               (either round), finalize
+rotation keys          :class:`RotationKeyGen` generate_share, aggregate_shares, finalize
+decryption             :class:`Decryption`     prepare, generate_share, aggregate_shares,
+                                               finalize
+flooded sum decryption :class:`SumDecryption`  the same
+bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
+                                               finalize (common_element: the seeded CRS)
+key setup              :class:`KeySetup`       the three key operations, composed
+=====================  ======================  ==============================================
+
+A party *generates a share* from its secret (a :class:`~fednorm.engine.ckks.keys.
+PartyKeys`, which never hands the secret out), the server — anyone holding no secret —
+*aggregates shares* and *finalizes* (the key installed, the plaintext decoded, the
+ciphertext re-encrypted).  An operation on a ciphertext starts with the server's
+*prepare*: what it sends the parties to make shares of.  Each share is a dataclass that
+says what it is a share of (:class:`RelinShare` its round, :class:`BootstrapShare` its
+bootstrap index, :class:`DecryptionShare` whether it is flooded), and every aggregation
+checks shares before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share
+is a :class:`ProtocolError`, never garbage.  Synchronous, no I/O: the network rounds are
+in :mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.
+"""
+
+from fednorm.engine.ckks.collective.bootstrap import BootRound, Bootstrap, BootstrapShare
+from fednorm.engine.ckks.collective.decryption import (
+    DecodeOverflow,
+    Decryption,
+    DecryptionShare,
+    SumDecryption,
+)
+from fednorm.engine.ckks.collective.keygen import (
+    PublicKeyAggregate,
+    PublicKeyGen,
+    PublicKeyShare,
+    RelinKeyGen,
+    RelinShare,
+    RotationKeyGen,
+    RotationShare,
+)
+from fednorm.engine.ckks.collective.setup import JointRoundOne, KeySetup, SetupShares
+
+__all__ = [
+    "BootRound",
+    "Bootstrap",
+    "BootstrapShare",
+    "DecodeOverflow",
+    "Decryption",
+    "DecryptionShare",
+    "JointRoundOne",
+    "KeySetup",
+    "PublicKeyAggregate",
+    "PublicKeyGen",
+    "PublicKeyShare",
+    "RelinKeyGen",
+    "RelinShare",
+    "RotationKeyGen",
+    "RotationShare",
+    "SetupShares",
+    "SumDecryption",
+]

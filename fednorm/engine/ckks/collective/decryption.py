@@ -1,0 +1,166 @@
+"""Collective decryption, plain and flooded (a sum of uploads).
+
+Noise of a plain collective decryption (``bench/bench_ppf.py --errors``; max |error| over
+all slots of a fresh encryption of x in [-1, 1], shares compressed to 2 towers —
+compression changes nothing measurable):
+
+    ======  =========================  =================  ==================
+    preset  parties                    scale 2^50         doubled scale
+    ======  =========================  =================  ==================
+    test    P=3                        7.6e-7             4.0e-10
+    test    P=10                       1.6e-6             7.5e-10
+    paper   P=3                        1.2e-6             1.0e-9
+    paper   P=10                       2.1e-6             1.7e-9
+    ======  =========================  =================  ==================
+
+OpenFHE adds a fixed Gaussian (σ = 2^20, in the ring) to each share, so the error is
+absolute, grows roughly like sqrt(P), and shrinks by ~2^50 when the scale is doubled
+(:meth:`Decryption.prepare`, or decrypting right after a multiplication), leaving only
+the ciphertext's own noise.  That fixed noise is *not* flooding: the server sees the
+ciphertext's noise through such decryptions.  Flooded decryptions of sums are
+:class:`SumDecryption` (see :mod:`..flooding` and docs/LEAKAGE.md).  Decoding also adds
+noise sized by the *largest* slot, so decrypt values of very different magnitudes apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.ckks.collective.checks import (
+    require_like,
+    require_shares,
+    require_tag,
+    require_tags,
+)
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.flooding import Flooding
+from fednorm.engine.ckks.keys import (
+    DECRYPT_SHARE_TOWERS,
+    JointKeys,
+    PartyKeys,
+    decrypt_share_towers,
+)
+from fednorm.engine.errors import InputError, ProtocolError
+
+_DECODE_OVERFLOW = "approximation error is too high"
+
+
+@dataclass(frozen=True)
+class DecryptionShare:
+    """A party's partial decryption of one joint ciphertext; ``flooded`` if it carries
+    flooding noise (a share of a :class:`SumDecryption`)."""
+
+    flooded: bool
+    ciphertext: openfhe.Ciphertext
+
+
+class DecodeOverflow(ProtocolError):
+    """The shares fused, but OpenFHE's decoding check failed: the ciphertext's noise is
+    too large for its scale. Measured after a ciphertext-ciphertext product: quotients of
+    2^42 and above (test preset; the noise grows with the values), so the caller may
+    decrypt again at a public smaller scale; nothing else was learned.
+    """
+
+
+class Decryption:
+    """Collective decryption of a joint ciphertext, revealing its slots to the server.
+
+    Not flooded (docs/LEAKAGE.md, "Decryption noise"): for sums use :class:`SumDecryption`.
+    """
+
+    flooded = False
+
+    def __init__(self, ctx: CkksContext) -> None:
+        self.ctx = ctx
+
+    def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """Server, before asking for shares: compress ``ct`` to the towers a share keeps
+        anyway (so the request is as small as the shares), then double its scale (one
+        level), which cuts OpenFHE's fixed share noise from ~1e-6 to ~1e-9 absolute.
+
+        Compress first: compressing after the doubling would rescale it away (measured
+        2.3e-6 instead of 1.6e-9 absolute error).
+        """
+        compressed = self.ctx.raw.Compress(ct, DECRYPT_SHARE_TOWERS + 1)
+        return self.ctx.double_scale(compressed)
+
+    def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
+        return DecryptionShare(False, keys.decrypt_share(ct))
+
+    def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,
+                         shares: Sequence[DecryptionShare]) -> openfhe.Plaintext:
+        """Check the parties' shares of ``ct`` and fuse them (``MultipartyDecryptFusion``).
+
+        A share of another ciphertext at the same level and scale cannot be told apart
+        here; fusion then fails its CKKS sanity check (ProtocolError) or returns wrong
+        values.
+        """
+        require_shares(shares, DecryptionShare, joint, "decryption share")
+        for i, share in enumerate(shares):
+            if share.flooded != self.flooded:
+                raise ProtocolError(f"decryption share #{i} is {_kind(share.flooded)}, "
+                                    f"expected {_kind(self.flooded)}")
+        require_tag(ct, joint.tag, "ciphertext to decrypt")
+        like = _one_element(self._share_shape(ct))
+        parts = [share.ciphertext for share in shares]
+        for i, part in enumerate(parts):
+            require_like(self.ctx, part, like, f"decryption share #{i}")
+        require_tags(parts, [joint.tag] * len(parts), "decryption share")
+        try:
+            return self.ctx.raw.MultipartyDecryptFusion(parts)
+        except RuntimeError as exc:
+            if _DECODE_OVERFLOW in str(exc):
+                raise DecodeOverflow(f"decrypted values too large to decode: {exc}") from None
+            raise ProtocolError(f"decryption shares do not fuse: {exc}") from None
+
+    def finalize(self, plaintext: openfhe.Plaintext, n: int) -> np.ndarray:
+        """The first ``n`` slot values: what the decryption reveals."""
+        return self.ctx.decode(plaintext, n)
+
+    def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """``ct`` at the towers its shares are sent at (plain shares are compressed)."""
+        return self.ctx.raw.Compress(ct, decrypt_share_towers(self.ctx, ct))
+
+
+class SumDecryption(Decryption):
+    """Flooded collective decryption of a sum of the parties' sum uploads
+    (:meth:`CkksContext.encrypt_sum`): shares at the sum's own towers and scale, each
+    with noise 2^s·√N above the sum's noise bound (:mod:`..flooding`).
+
+    ``flooding`` is needed only to generate shares (the party's choice of s); the
+    server aggregates without it.
+    """
+
+    flooded = True
+
+    def __init__(self, ctx: CkksContext, flooding: Flooding | None = None) -> None:
+        super().__init__(ctx)
+        self.flooding = flooding
+
+    def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """A sum upload is decrypted as it is (its scale is already Δ²)."""
+        return ct
+
+    def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
+        if self.flooding is None:
+            raise InputError("a flooded decryption share needs the party's flooding")
+        return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
+
+    def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        return ct
+
+
+def _kind(flooded: bool) -> str:
+    return "flooded" if flooded else "not flooded"
+
+
+def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+    """``ct`` without its second element: the shape of a decryption share."""
+    out = ct.Clone()
+    if out.NumberCiphertextElements() > 1:
+        out.RemoveElement(1)
+    return out

@@ -1,0 +1,198 @@
+"""Collective key generation: the joint public key, relinearization key and rotation keys.
+
+Each is one class with the verbs of every collective operation: a party *generates a
+share* from its :class:`~fednorm.engine.ckks.keys.PartyKeys`, the server *aggregates
+shares* (it holds no secret), and *finalize* makes the key usable.
+
+The common random element: in Lattigo each key is made on a polynomial drawn from a
+common reference string.  OpenFHE 1.6.1's key generation cannot be seeded; it draws the
+element in the lead party's first share (its public key, its round-1 relinearization
+share, its rotation-key share), and every other party makes its share on that one.  So
+the lead's share comes first and is forwarded to the others, and each aggregation
+checks that share ``i`` was made by party ``i`` (the lead's under its own key tag).
+Only the bootstrap's element comes from a seed (:mod:`..crs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import openfhe
+
+from fednorm.engine.ckks.collective.checks import (
+    fold,
+    require_shares,
+    require_tags,
+    retagged_copy,
+)
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
+from fednorm.engine.errors import ProtocolError
+
+
+# -- joint public key: one round -----------------------------------------------------------
+@dataclass(frozen=True)
+class PublicKeyShare:
+    """A party's share of the joint public key: its own public key, made on the lead's."""
+
+    key: openfhe.PublicKey
+
+
+@dataclass(frozen=True)
+class PublicKeyAggregate:
+    """The folded public-key shares, and whose they were (each party's own key tag)."""
+
+    key: openfhe.PublicKey
+    party_tags: tuple[str, ...]
+
+
+class PublicKeyGen:
+    """The joint public key (``MultiAddPubKeys``).
+
+    A party's secret and its public-key share are made together
+    (:meth:`PartyKeys.generate`, on the lead's public key), so generating the share
+    only hands out the public half.
+    """
+
+    def __init__(self, ctx: CkksContext) -> None:
+        self.ctx = ctx
+
+    def generate_share(self, keys: PartyKeys) -> PublicKeyShare:
+        return PublicKeyShare(keys.public_key_share)
+
+    def aggregate_shares(self, shares: Sequence[PublicKeyShare]) -> PublicKeyAggregate:
+        """Fold the shares (lead first) under the joint tag; refuse duplicates."""
+        require_shares(shares, PublicKeyShare, None, "public-key share")
+        keys = [share.key for share in shares]
+        for i, key in enumerate(keys):
+            self.ctx.check_same_context(key, f"public-key share #{i}")
+        party_tags = tuple(key.GetKeyTag() for key in keys)
+        if len(set(party_tags)) != len(party_tags):
+            raise ProtocolError("two public-key shares carry the same key tag")
+        tag = joint_tag_for(party_tags[0])
+        joint = fold(keys, lambda acc, key: self.ctx.raw.MultiAddPubKeys(acc, key, tag),
+                     lambda lone: retagged_copy(lone, tag, openfhe.DeserializePublicKeyString))
+        return PublicKeyAggregate(joint, party_tags)
+
+    def finalize(self, aggregate: PublicKeyAggregate) -> JointKeys:
+        """The federation's joint keys: what every party encrypts under."""
+        return JointKeys(public_key=aggregate.key, tag=joint_tag_for(aggregate.party_tags[0]),
+                         party_tags=aggregate.party_tags)
+
+
+# -- relinearization key: two rounds -------------------------------------------------------
+@dataclass(frozen=True)
+class RelinShare:
+    """A party's share of round ``round`` (1 or 2) of the relinearization key."""
+
+    round: int
+    key: openfhe.EvalKey
+
+
+class RelinKeyGen:
+    """The joint relinearization key, in two share rounds (as Lattigo's, whose round-1
+    shares are also made on a common element): round 1 on the lead's share, round 2 on
+    the sum of round 1."""
+
+    def __init__(self, ctx: CkksContext) -> None:
+        self.ctx = ctx
+
+    def generate_share(self, keys: PartyKeys, lead: RelinShare | None = None) -> RelinShare:
+        """Round 1: the lead's share (``lead=None``), or another party's on the lead's."""
+        if lead is not None and lead.round != 1:
+            raise ProtocolError(f"round-1 relinearization shares are made on the lead's "
+                                f"round-1 share, not a round-{lead.round} one")
+        return RelinShare(1, keys.relin_share(lead.key if lead else None))
+
+    def generate_round_two_share(self, keys: PartyKeys,
+                                 round_one: openfhe.EvalKey) -> RelinShare:
+        """Round 2, on the aggregate of round 1 (under the joint tag)."""
+        return RelinShare(2, keys.relin_mult_share(round_one))
+
+    def aggregate_shares(self, joint: JointKeys,
+                         shares: Sequence[RelinShare]) -> openfhe.EvalKey:
+        """Fold one round's shares: round 1 each under its party's tag
+        (``MultiAddEvalKeys``), round 2 all under the joint tag (``MultiAddEvalMultKeys``)."""
+        require_shares(shares, RelinShare, joint, "relinearization share")
+        round_ = shares[0].round
+        what = f"round-{round_} relinearization share"
+        if any(share.round != round_ for share in shares) or round_ not in (1, 2):
+            raise ProtocolError(f"relinearization shares of rounds "
+                                f"{sorted({s.round for s in shares})} aggregated together")
+        keys = [share.key for share in shares]
+        raw = self.ctx.raw
+        if round_ == 1:
+            require_tags(keys, joint.party_tags, what)
+            return fold(keys, lambda acc, key: raw.MultiAddEvalKeys(acc, key, joint.tag),
+                        lambda lone: retagged_copy(lone, joint.tag,
+                                                   openfhe.DeserializeEvalKeyString))
+        require_tags(keys, [joint.tag] * len(keys), what)
+        return fold(keys, lambda acc, key: raw.MultiAddEvalMultKeys(acc, key, joint.tag))
+
+    def finalize(self, joint: JointKeys, round_two: openfhe.EvalKey) -> openfhe.EvalKey:
+        """Install the aggregate of round 2 on this evaluator: products relinearize."""
+        self.ctx.install_relin_key(round_two, joint.tag)
+        return round_two
+
+
+# -- rotation keys: one round --------------------------------------------------------------
+@dataclass(frozen=True)
+class RotationShare:
+    """A party's share of the rotation keys for slot offsets ``indices``."""
+
+    indices: tuple[int, ...]
+    keys: openfhe.EvalKeyMap
+
+
+class RotationKeyGen:
+    """Joint rotation keys for a fixed set of slot offsets (``MultiAddEvalAutomorphismKeys``)."""
+
+    def __init__(self, ctx: CkksContext, indices: Sequence[int]) -> None:
+        self.ctx = ctx
+        self.indices = tuple(indices)
+
+    def generate_share(self, keys: PartyKeys,
+                       lead: RotationShare | None = None) -> RotationShare:
+        """The lead's share (``lead=None``), or another party's on the lead's."""
+        if lead is not None:
+            self._require_indices(lead, "the lead's rotation-key share")
+        return RotationShare(self.indices,
+                             keys.rotation_share(self.indices, lead.keys if lead else None))
+
+    def aggregate_shares(self, joint: JointKeys,
+                         shares: Sequence[RotationShare]) -> openfhe.EvalKeyMap:
+        """Fold the shares; the lead's carries its own tag, every other the joint one.
+
+        OpenFHE keeps only indices present in every share; :meth:`finalize` checks that
+        none went missing.
+        """
+        require_shares(shares, RotationShare, joint, "rotation-key share")
+        for i, share in enumerate(shares):
+            self._require_indices(share, f"rotation-key share #{i}")
+            _require_map_tag(share.keys, joint.party_tags[0] if i == 0 else joint.tag,
+                             f"rotation-key share #{i}")
+        return fold([share.keys for share in shares],
+                    lambda acc, keys: self.ctx.raw.MultiAddEvalAutomorphismKeys(
+                        acc, keys, joint.tag))
+
+    def finalize(self, joint: JointKeys, aggregate: openfhe.EvalKeyMap) -> None:
+        """Install the joint rotation keys; ProtocolError if an index is not covered."""
+        self.ctx.install_rotation_keys(aggregate, joint.tag, self.indices)
+
+    def _require_indices(self, share: RotationShare, what: str) -> None:
+        if tuple(share.indices) != self.indices:
+            raise ProtocolError(f"{what} is for offsets {list(share.indices)}, "
+                                f"expected {list(self.indices)}")
+
+
+def _require_map_tag(keys: openfhe.EvalKeyMap, want: str, what: str) -> None:
+    """An eval-key map must carry key tag ``want``.  OpenFHE's Python API does not
+    expose a map's entries, so the tag is read from its serialization."""
+    if not isinstance(keys, openfhe.EvalKeyMap):
+        raise ProtocolError(f"{what} is a {type(keys).__name__}, not an eval-key map")
+    data = openfhe.Serialize(keys, openfhe.BINARY)
+    # The joint tag contains the lead's tag, so "lead's tag only" means: not the joint one.
+    tags = (want.encode() in data, joint_tag_for(want).encode() in data)
+    if not tags[0] or (not want.startswith("fednorm-joint-") and tags[1]):
+        raise ProtocolError(f"{what} does not carry key tag {want!r}")

@@ -1,0 +1,132 @@
+"""Collective key setup over the network: :class:`~fednorm.engine.ckks.KeySetup` in three
+rounds.
+
+1. the lead party (party 1) generates its keys and its shares of every key operation
+   (:class:`LeadKeys`); the server forwards them to the other parties;
+2. every other party generates its keys and shares on the lead's (:class:`KeyShares`);
+   the server aggregates the joint public key and the round-1 relinearization key and
+   sends both to all parties (:class:`JointRound1`), then finalizes the rotation keys;
+3. every party sends its round-2 relinearization share (:class:`RelinRound2`); the
+   server aggregates and finalizes the relinearization key (:class:`SetupDone`).
+
+Without relinearization (a protocol that never multiplies two ciphertexts) the third
+round and its 25 MB-per-party shares are skipped.  Secret keys never leave
+:class:`~fednorm.engine.ckks.PartyKeys`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from fednorm.engine import ckks
+from fednorm.engine.messages import Message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.collective.messages import (
+    JointRound1,
+    KeyShares,
+    LeadKeys,
+    RelinRound2,
+    SetupDone,
+)
+from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared_context
+
+LEAD = 1
+M = TypeVar("M", bound=Message)
+
+
+async def setup_server(
+    rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = ()
+) -> ServerCrypto:
+    """Server side of collective key generation (see the module doc).
+
+    If ``rc.crypto`` already holds keys of this federation that cover the request (an
+    earlier protocol of the same session, see :func:`reusable`), they are reused and
+    nothing is sent.
+    """
+    held = reusable(rc, ServerCrypto, preset, relinearize, rotations)
+    if held is not None:
+        rc.crypto = replace(held, rc=rc, bootstraps=0, decryptions=0)
+        return rc.crypto
+    context = shared_context(preset)
+    setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
+    with rc.subprotocol("setup"):
+        lead = await rc.receive(LEAD, LeadKeys)
+        await rc.forward(lead, rc.parties[1:])
+        messages = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
+        shares = [msg.shares(setup) for msg in messages]
+        round_one = await rc.run_sync(setup.aggregate_shares, shares)
+        await rc.broadcast(JointRound1.of(round_one))
+        joint = round_one.joint
+        if setup.rotation:
+            await rc.run_sync(setup.finalize_rotations, joint, shares)
+        if setup.relin:
+            round_two = await rc.gather(RelinRound2)
+            await rc.run_sync(setup.finalize, joint,
+                              [round_two[p].as_share() for p in rc.parties])
+        await rc.broadcast(SetupDone())
+    rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
+                             rotations=tuple(rotations))
+    return rc.crypto
+
+
+async def setup_party(
+    rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = (),
+    flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS,
+) -> PartyCrypto:
+    """Party side of collective key generation; the secret key stays in ``PartyKeys``.
+
+    Reuses the keys in ``rc.crypto`` under the same rule as :func:`setup_server`.
+    ``flooding_bits`` is s of the flooded (sum) decryptions this party answers.
+    """
+    ckks.check_security_bits(flooding_bits)
+    held = reusable(rc, PartyCrypto, preset, relinearize, rotations)
+    if held is not None:
+        rc.crypto = replace(held, rc=rc, flooding_bits=flooding_bits)
+        return rc.crypto
+    context = shared_context(preset)
+    setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
+    with rc.subprotocol("setup"):
+        lead = None if rc.me == LEAD else (await rc.receive(SERVER, LeadKeys)).shares(setup)
+        keys = await rc.run_sync(setup.generate_keys, lead)
+        mine = await rc.run_sync(setup.generate_shares, keys, lead)
+        await rc.send(SERVER, (KeyShares if lead else LeadKeys).of(mine))
+        round_one = (await rc.receive(SERVER, JointRound1)).round_one()
+        if setup.relin:
+            share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
+            await rc.send(SERVER, RelinRound2(share=share.key))
+        await rc.receive(SERVER, SetupDone)
+    joint = round_one.joint
+    rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
+                            rotations=tuple(rotations), n_parties=joint.n_parties,
+                            flooding_bits=flooding_bits)
+    return rc.crypto
+
+
+C = TypeVar("C", ServerCrypto, PartyCrypto)
+
+
+def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
+             rotations: Sequence[int]) -> C | None:
+    """The keys ``rc.crypto`` holds, if they are ``kind`` for ``preset`` and cover the
+    relinearization key and rotations asked for; else None (run the setup).
+
+    Collective key generation is the most expensive step of a short protocol (37% of
+    PPF z-score at P=10), and the joint keys do not depend on the data: a federation
+    that runs several protocols in one session (:func:`fednorm.sim.federation.
+    simulate_session`) generates them once.  Server and parties decide alike, since they
+    ran the same earlier protocols.
+    """
+    held = rc.crypto
+    if not isinstance(held, kind) or held.ckks.preset.name != preset:
+        return None
+    if relinearize and not held.relinearized:
+        return None
+    return held if set(rotations) <= set(held.rotations) else None
+
+
+async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M]) -> list[M]:
+    """One message from each of ``parties`` (a round among a subset of the parties)."""
+    rc.stats.rounds += 1
+    return [await rc.receive(party, expected) for party in parties]

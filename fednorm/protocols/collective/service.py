@@ -1,0 +1,86 @@
+"""The party's service loop: answer the server's collective requests during a protocol.
+
+A party answers decryption and bootstrap requests with :func:`serve_until`, which also
+caps how many of each the server may ask for in each phase — so a party, not just the
+server, enforces the leakage ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.collective.bootstrap import BOOTSTRAP, answer_bootstrap
+from fednorm.protocols.collective.decryption import (
+    DECRYPT,
+    DECRYPT_SUM,
+    answer_decryption,
+    answer_sum_decryption,
+)
+from fednorm.protocols.collective.messages import BootRequest, DecryptRequest, SumDecryptRequest
+from fednorm.protocols.collective.roles import PartyCrypto
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class _Service:
+    """One kind of request a party answers: its sub-protocol, its name in a refusal,
+    and the answer."""
+
+    subprotocol: str
+    noun: str
+    answer: Callable[[PartyCrypto, Any], Awaitable[None]]
+
+
+_SERVICES: dict[type[Message], _Service] = {
+    BootRequest: _Service(BOOTSTRAP, "bootstraps", answer_bootstrap),
+    DecryptRequest: _Service(DECRYPT, "decryptions", answer_decryption),
+    SumDecryptRequest: _Service(DECRYPT_SUM, "sum decryptions", answer_sum_decryption),
+}
+
+
+async def serve_until(
+    crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
+    bootstraps: int | None = None, sums: int = 0,
+) -> M:
+    """Answer the server's bootstrap and decryption requests until ``expected`` arrives
+    (a message type, or a tuple of them).
+
+    At most ``decryptions`` decryption requests, ``sums`` flooded decryptions of sum
+    uploads (and, if given, ``bootstraps`` bootstrap requests) are honoured in this
+    phase: the ledger fixes what each protocol step may reveal and compute, and a server
+    asking for more is refused.  A bootstrap request must name the next common random
+    element of these keys (never one used before).
+    """
+    rc = crypto.rc
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    left = {BootRequest: bootstraps, SumDecryptRequest: sums, DecryptRequest: decryptions}
+    while True:
+        msg = await _next_request_or(rc, kinds)
+        if isinstance(msg, kinds):
+            return msg  # type: ignore[return-value]
+        service = _SERVICES[type(msg)]
+        allowed = left[type(msg)]
+        if allowed is not None:
+            if allowed <= 0:
+                raise ProtocolError(f"the server asked for more {service.noun} than "
+                                    "the protocol step declares")
+            left[type(msg)] = allowed - 1
+        await service.answer(crypto, msg)
+
+
+async def _next_request_or(rc: RoleContext, kinds: tuple[type[Message], ...]) -> Message:
+    """The next server frame: a collective request (in its sub-protocol) or one of ``kinds``.
+
+    A request's frame carries the sub-protocol id, so which scope to read it in is known
+    only from the kind; the round counter is shared, so peeking does not reorder.
+    """
+    accepted: dict[type[Message], str] = dict.fromkeys(kinds, rc.protocol)
+    for request, service in _SERVICES.items():
+        accepted[request] = f"{rc.protocol}/{service.subprotocol}"
+    return await rc.receive_any(SERVER, accepted)

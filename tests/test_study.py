@@ -388,10 +388,14 @@ def test_training_flags_override_the_datasets_defaults(monkeypatch):
                          regression_loss="mse").train_config(bcw, 0, clients)
     assert (chosen.lr, chosen.select, chosen.regression_loss) == (0.01, "loss", "mse")
     assert chosen.class_weights is not None and len(chosen.class_weights) == 2
+    assert default.min_rounds == expected.min_rounds
+    assert RunSettings(min_rounds=40).train_config(bcw, 0, clients).min_rounds == 40
 
 
 @pytest.mark.parametrize("flags", [["--lr", "2"], ["--select", "accuracy"],
-                                   ["--class-weights", "maybe"]])
+                                   ["--class-weights", "maybe"], ["--min-rounds", "-1"],
+                                   ["--min-rounds", "60", "--max-rounds", "50"],
+                                   ["--min-rounds", "501"]])
 def test_bad_training_flags_exit_2(tmp_path, capsys, flags):
     out = tmp_path / "results.csv"
     try:

@@ -533,6 +533,26 @@ def test_selection_keeps_the_best_round_while_the_loss_decides_when_to_stop(sele
     assert stopping.outcome.best_val_loss == 0.5
 
 
+@pytest.mark.parametrize(("min_rounds", "stopped_after"), [(0, 4), (4, 4), (9, 9)])
+def test_early_stopping_does_not_end_a_run_before_min_rounds(min_rounds, stopped_after):
+    """The validation loss is lowest at round 1 and the F1 best at round 7: patience 3
+    alone stops after round 4 and keeps round 1; a minimum of 9 rounds trains on to
+    round 9 and keeps round 7 (the loss still decides when to stop, selection is by F1)."""
+    from fednorm.training.fedavg import EarlyStopping
+
+    config = TrainConfig(patience=3, min_rounds=min_rounds, select="f1")
+    stopping = EarlyStopping({"w": torch.zeros(1)}, config)
+    scores = [0.5, 0.5, 0.5, 0.5, 0.6, 0.6, 0.9, 0.7, 0.7, 0.7]
+    for round_index, score in enumerate(scores):
+        if stopping.stopped:
+            break
+        loss = 0.4 if round_index == 0 else 0.5 + round_index / 100
+        stopping.record(round_index, {"w": torch.full((1,), float(round_index + 1))}, 0.0,
+                        loss, score)
+    assert stopping.stopped and stopping.outcome.rounds == stopped_after
+    assert stopping.outcome.best_round == (7 if stopped_after == 9 else 1)
+
+
 def test_validation_f1_is_sklearns_and_only_computed_when_selecting_by_it():
     from sklearn.metrics import f1_score
 

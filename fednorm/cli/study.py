@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.engine.errors import InputError
-from fednorm.training.grid import PRESETS, GridRequest, ResultStore, build_grid
+from fednorm.training.grid import DATASETS, PRESETS, GridRequest, ResultStore, build_grid
 
 
 def _names(text: str) -> list[str]:
@@ -41,6 +41,7 @@ def experiment_command(args: argparse.Namespace) -> int:
     )
     cells = build_grid(request)
     _check_positive(args)
+    _check_min_rounds(args, {cell.dataset for cell in cells})
     options = fit_options(args)
     out = args.out or Path("results") / f"{args.preset if not args.datasets else 'experiment'}.csv"
     if args.dry_run:
@@ -52,7 +53,7 @@ def experiment_command(args: argparse.Namespace) -> int:
                          f"{exc}") from None
     settings = RunSettings(
         data_dir=args.data_dir, max_rounds=args.max_rounds, patience=args.patience,
-        batch_size=args.batch_size, lr=args.lr, trainer=args.trainer,
+        min_rounds=args.min_rounds, batch_size=args.batch_size, lr=args.lr, trainer=args.trainer,
         persist_optimizer=args.persist_optimizer, threads=args.threads, stack=not args.no_stack,
         fit_options=options, regression_loss=args.regression_loss, select=args.select,
         class_weighted=None if args.class_weights is None else args.class_weights == "on",
@@ -88,6 +89,18 @@ def _check_positive(args: argparse.Namespace) -> None:
         raise InputError(f"--lr must be in (0, 1), got {args.lr}")
 
 
+def _check_min_rounds(args: argparse.Namespace, datasets: set[str]) -> None:
+    """A minimum number of rounds must fit under every dataset's round cap."""
+    if args.min_rounds is not None and args.min_rounds < 0:
+        raise InputError(f"--min-rounds must be ≥ 0, got {args.min_rounds}")
+    for name in sorted(datasets):
+        defaults = DATASETS[name]
+        cap = args.max_rounds or defaults.max_rounds
+        least = defaults.min_rounds if args.min_rounds is None else args.min_rounds
+        if least > cap:
+            raise InputError(f"{name}: --min-rounds {least} exceeds the round cap {cap}")
+
+
 def report_command(args: argparse.Namespace) -> int:
     from fednorm.training.report import write_report
 
@@ -121,6 +134,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "cifar-10-batches-py/ (default: the repository's ../shared/datasets)")
     p.add_argument("--max-rounds", type=int, help="override the dataset's round limit")
     p.add_argument("--patience", type=int, help="override early-stopping patience")
+    p.add_argument("--min-rounds", type=int,
+                   help="early stopping never ends a run before this round (default: the "
+                   "dataset's setting)")
     p.add_argument("--batch-size", type=int, help="override the dataset's batch size")
     p.add_argument("--lr", type=float, help="override the dataset's Adam learning rate")
     p.add_argument("--class-weights", choices=("on", "off"),

@@ -69,6 +69,10 @@ class TrainConfig:
     batch_size: int = 8
     max_rounds: int = 150
     patience: int = 7
+    # Early stopping may not end a run before this many rounds (0: from the first round).
+    # Why: on HCV the validation loss is lowest after ~10 rounds, while the network
+    # still predicts the majority class, so patience alone stops it there.
+    min_rounds: int = 0
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -450,7 +454,8 @@ def mean_loss(output: Tensor, target: Tensor, task: Task, config: TrainConfig) -
 
 class EarlyStopping:
     """One run's best-validation bookkeeping: stops after ``patience`` rounds without a
-    validation-loss improvement of at least ``min_delta`` (the paper's rule), and keeps
+    validation-loss improvement of at least ``min_delta`` (the paper's rule), but not
+    before round ``config.min_rounds``, and keeps
     the weights of the round with the lowest validation loss or, with
     ``config.select == "f1"``, the highest validation F1 (ties: the earlier round).
 
@@ -478,7 +483,8 @@ class EarlyStopping:
             outcome.best_val_loss, self.waited = val_loss, 0
         else:
             self.waited += 1
-            self.stopped = self.waited >= self.config.patience
+        self.stopped = (self.waited >= self.config.patience
+                        and outcome.rounds >= self.config.min_rounds)
         if val_score is not None:
             outcome.val_scores.append(val_score)
             keep = val_score > self.best_score

@@ -90,6 +90,7 @@ class RunSettings:
     data_dir: str | None = None
     max_rounds: int | None = None
     patience: int | None = None
+    min_rounds: int | None = None
     batch_size: int | None = None
     lr: float | None = None
     trainer: Trainer = "batched"
@@ -108,10 +109,11 @@ class RunSettings:
         defaults = DATASETS.get(dataset.name)
         base = TrainConfig() if defaults is None else TrainConfig(
             batch_size=defaults.batch_size, max_rounds=defaults.max_rounds,
-            patience=defaults.patience, lr=defaults.lr, select=defaults.select,
-            regression_loss=defaults.regression_loss)
+            patience=defaults.patience, min_rounds=defaults.min_rounds, lr=defaults.lr,
+            select=defaults.select, regression_loss=defaults.regression_loss)
         overrides = {"batch_size": self.batch_size, "max_rounds": self.max_rounds,
-                     "patience": self.patience, "lr": self.lr, "select": self.select,
+                     "patience": self.patience, "min_rounds": self.min_rounds,
+                     "lr": self.lr, "select": self.select,
                      "regression_loss": self.regression_loss}
         config = replace(base, seed=seed, persist_optimizer=self.persist_optimizer,
                          **{k: v for k, v in overrides.items() if v is not None})

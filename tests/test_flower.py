@@ -23,12 +23,13 @@ import pytest
 pytest.importorskip("flwr")
 
 from conftest import track
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context
 from flwr.clientapp import ClientApp
+from loopback_grid import LoopbackGrid
 
 from fednorm.engine.errors import InputError, PartyDropped
 from fednorm.flower import fitted_normalizer, normalize, register_party
-from fednorm.flower.localpipe import PIPE_DIR_ENV
+from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
 from fednorm.sim.federation import simulate
 
@@ -95,41 +96,6 @@ def check_quartiles_against_numpy(params: dict[str, list[float]], relative_epsil
 
 
 # -- the relay on an in-process Grid: real ClientApp handlers, real party workers ---------
-class LoopbackGrid:
-    """A Grid that hands each message straight to its node's ClientApp, in this process.
-
-    Only Flower's transport is missing: the ClientApp, its Context state and the party
-    workers are the real ones, so relay failures can be staged cheaply.
-    """
-
-    def __init__(self, app: ClientApp, node_ids: list[int], run_id: int = 7) -> None:
-        self.app = app
-        self.contexts = {node: Context(run_id=run_id, node_id=node, node_config={},
-                                       state=RecordDict(), run_config={})
-                         for node in node_ids}
-        self.replies: dict[str, Message] = {}
-        self.pushes = 0
-        self.before_push: Callable[[int], None] = lambda pushes: None
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: list[Message]) -> list[str]:
-        self.pushes += 1
-        self.before_push(self.pushes)
-        ids = []
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = message.object_id
-            message.metadata.__dict__["_run_id"] = 7
-            context = self.contexts[message.metadata.dst_node_id]
-            self.replies[message.metadata.message_id] = self.app(message, context)
-            ids.append(message.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids: list[str]) -> list[Message]:
-        return [self.replies.pop(i) for i in message_ids if i in self.replies]
-
-
 NODE_IDS = [9001, 4242, 777]
 
 
@@ -233,6 +199,22 @@ def test_a_worker_that_hears_nothing_within_its_timeout_stops(pipe_dir: Path) ->
     _, err = worker.communicate(timeout=10)
     assert worker.returncode == 1 and b"no ClientApp run came back within 0.5 s" in err
     assert not (pipe_dir / "w.sock").exists()
+
+
+def test_a_worker_whose_server_goes_silent_mid_session_ends_its_role_as_a_dropout(
+        pipe_dir: Path) -> None:
+    """The first run starts the party (it answers with its first frames); when no run
+    comes after it, the role ends as over TCP when the server is gone: PartyDropped."""
+    pipe = pipe_dir / "w.sock"
+    worker = start_worker_process(pipe, "--timeout", "1")
+    setup = {"party": 1, "session": "s", "method": "zscore", "privacy": "plain",
+             "options": {}, "timeout": 60.0, "X": array_to_wire(np.ones((4, 2)))}
+    answer = exchange(pipe, {"session": "s", "party": 1, "frames": [], "setup": setup}, 30)
+    assert answer["status"] == "waiting" and answer["frames"]
+    _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 1
+    assert b"server dropped: no ClientApp run came back within 1 s" in err
+    assert not pipe.exists()
 
 
 def test_bad_arguments_are_refused_before_any_message(pipe_dir: Path) -> None:

@@ -78,7 +78,7 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
     try:
         path = pipe_path(context.node_id, context.run_id, request.session)
         packet = {"session": request.session, "party": request.party,
-                  "frames": request.frames}
+                  "frames": request.frames, "closing": request.closing}
         if request.start is not None:
             packet["setup"] = _setup(request, _checked(load_data(context)))
             start_worker(path, request.timeout)

@@ -1,12 +1,13 @@
 """What a fednorm Flower message holds: a small ConfigRecord and the frames as arrays.
 
 Server to node (message type ``query.fednorm``): the session, the node's party id, the
-receive timeout, and on the session's first message the protocol (method, privacy, the
-server's options); then the fednorm frames for that party, each a uint8 array of an
-ArrayRecord (Flower sends large arrays in chunks, so MHE key material fits).  Node to
-server: the same session, the party's status (``waiting`` for the server, ``done`` or
-``failed``), the frames it sent this turn, and when done a digest of its fitted
-parameters, or the error that stopped it.
+receive timeout, on the session's first message the protocol (method, privacy, the
+server's options), on its last one (once the server closed the link) a closing mark;
+then the fednorm frames for that party, each a uint8 array of an ArrayRecord (Flower
+sends large arrays in chunks, so MHE key material fits).  Node to server: the same
+session, the party's status (``waiting`` for the server, ``done`` or ``failed``), the
+frames it sent this turn, and when done a digest of its fitted parameters, or the
+error that stopped it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Request:
     timeout: float
     frames: list[bytes] = field(default_factory=list)
     start: Start | None = None
+    closing: bool = False  # the server closed the link: these are its last frames
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ def request_content(request: Request) -> RecordDict:
         control.update(method=request.start.method, privacy=request.start.privacy,
                        options=msgpack.packb(request.start.options, use_bin_type=True),
                        parties=request.start.parties)
+    if request.closing:
+        control["closing"] = True
     return RecordDict({CONTROL_KEY: ConfigRecord(control),
                        FRAMES_KEY: _frames_record(request.frames)})
 
@@ -114,7 +118,8 @@ def parse_request(message: Message) -> Request:
                           msgpack.unpackb(control["options"], raw=False),
                           int(control["parties"]))
         return Request(str(control["session"]), int(control["party"]),
-                       float(control["timeout"]), _frames(message.content), start)
+                       float(control["timeout"]), _frames(message.content), start,
+                       bool(control.get("closing", False)))
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise ProtocolError(f"malformed fednorm request: {exc}") from None
 

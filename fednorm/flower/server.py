@@ -53,6 +53,7 @@ class PartyLine:
     status: str = "new"
     error: str = ""
     digest: bytes = b""
+    closed: bool = False  # the server closed its link to this party
 
     @property
     def started(self) -> bool:
@@ -60,11 +61,11 @@ class PartyLine:
 
     @property
     def active(self) -> bool:
-        return self.status in ("new", "waiting")
+        return not self.closed and self.status in ("new", "waiting")
 
     def dropped(self) -> PartyDropped:
-        return PartyDropped(f"{role_name(self.party)} (node {self.node_id})",
-                            self.error or f"the party is {self.status}")
+        return PartyDropped(f"{role_name(self.party)} (node {self.node_id})", self.error or (
+            "link closed" if self.closed else f"the party is {self.status}"))
 
 
 class NodeLink:
@@ -75,15 +76,19 @@ class NodeLink:
         self._exchange = exchange
 
     async def send(self, frame: bytes) -> None:
+        if self._line.closed:
+            raise self._line.dropped()
         self._line.outbox.append(bytes(frame))
 
     async def receive(self) -> bytes:
-        while not self._line.inbox:
+        while not self._line.inbox or self._line.closed:
             await self._exchange.round_trip(self._line.party)
         return self._line.inbox.popleft()
 
     async def aclose(self) -> None:
-        """Nothing to close: the Grid belongs to the ServerApp."""
+        """Send the party what is queued for it, marked as the server's last frames
+        (the Grid itself belongs to the ServerApp)."""
+        await self._exchange.close(self._line.party)
 
 
 class FlowerExchange:
@@ -104,16 +109,27 @@ class FlowerExchange:
         """Get frames from party ``waiting_for``: run a Flower round if need be."""
         async with self._lock:
             line = self.lines[waiting_for]
-            if line.inbox:
+            if line.inbox and not line.closed:
                 return
             if not line.active:
                 raise line.dropped()
             targets = [p for p, other in self.lines.items()
-                       if not other.started or (other.active and other.outbox)]
+                       if other.active and (not other.started or other.outbox)]
             if waiting_for not in targets:
                 raise ProtocolError(f"{role_name(waiting_for)} waits for the server while the "
                                     "server waits for it")
             await self._send_round(targets, self.timeout)
+
+    async def close(self, party: int) -> None:
+        """Close the server's link to ``party``: a party that is waiting gets the frames
+        queued for it with word that no more will come."""
+        async with self._lock:
+            line = self.lines[party]
+            if line.closed:
+                return
+            line.closed = True
+            if line.started and line.status == "waiting":
+                await self._send_round([party], self.timeout)
 
     async def finish(self, digest: bytes) -> None:
         """After the server role: deliver its last frames; every party must end done with
@@ -162,7 +178,7 @@ class FlowerExchange:
     def _message(self, line: PartyLine) -> Message:
         frames, line.outbox = line.outbox, []
         request = Request(self.session, line.party, self.timeout, frames,
-                          None if line.started else self.start)
+                          None if line.started else self.start, line.closed)
         line.status = "waiting" if line.status == "new" else line.status
         return Message(request_content(request), dst_node_id=line.node_id,
                        message_type=MESSAGE_TYPE, group_id=f"fednorm-{self.session}")

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,8 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, ProtocolError
-from fednorm.engine.runtime import SERVER
+from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
     READY,
@@ -59,7 +60,9 @@ class RelayLink:
     """The party's link to the server, fed in batches: one batch per Flower message.
 
     ``receive`` on an empty inbox ends the party's turn: everything it has sent since
-    the last batch is what the node answers to the current Flower message.
+    the last batch is what the node answers to the current Flower message.  Once the
+    server has closed the link, or is gone, a receive that finds nothing raises
+    :class:`PartyDropped`, as a closed TCP link does.
     """
 
     def __init__(self) -> None:
@@ -67,30 +70,54 @@ class RelayLink:
         self._outbox: list[bytes] = []
         self._arrived = trio.Event()
         self.turn_over = trio.Event()
+        self.closed = False
+        self._server_gone: str | None = None  # why no frame will come any more
 
     async def send(self, frame: bytes) -> None:
+        if self.closed:
+            raise PartyDropped(role_name(SERVER), "link closed")
         self._outbox.append(bytes(frame))
 
     async def receive(self) -> bytes:
         while not self._inbox:
             self.turn_over.set()
+            if self.closed or self._server_gone is not None:
+                raise PartyDropped(role_name(SERVER), self._server_gone or "link closed")
             await self._arrived.wait()
+        if self.closed:
+            raise PartyDropped(role_name(SERVER), "link closed")
         return self._inbox.popleft()
 
     async def aclose(self) -> None:
-        """Nothing to close: the pipe belongs to the worker, not to the role."""
+        """End the party's last turn; the pipe itself belongs to the worker."""
+        self.closed = True
+        self.turn_over.set()
+        self._wake()
 
-    def deliver(self, frames: list[bytes]) -> trio.Event:
-        """Start a turn with the server's ``frames``; returns the event that ends it."""
+    def deliver(self, frames: list[bytes], *, closing: bool = False) -> trio.Event:
+        """Start a turn with the server's ``frames`` (its last ones, if ``closing``);
+        returns the event that ends the turn."""
         self._inbox.extend(frames)
+        if closing:
+            self._server_gone = "closed the link"
         self.turn_over = trio.Event()
-        arrived, self._arrived = self._arrived, trio.Event()
-        arrived.set()
+        if self.closed:
+            self.turn_over.set()
+        self._wake()
         return self.turn_over
+
+    def server_gone(self, reason: str) -> None:
+        """No frame will come any more: a waiting receive raises, saying ``reason``."""
+        self._server_gone = reason
+        self._wake()
 
     def take_sent(self) -> list[bytes]:
         sent, self._outbox = self._outbox, []
         return sent
+
+    def _wake(self) -> None:
+        arrived, self._arrived = self._arrived, trio.Event()
+        arrived.set()
 
 
 @dataclass(frozen=True)
@@ -122,10 +149,51 @@ class Outcome:
     error: str | None = None
     finished: bool = False
 
+
+class PartyTurns:
+    """A party role's side of the Flower exchange: one turn per Flower message.
+
+    A turn hands the role the server's frames and ends when the role waits for the
+    server again, or ends; its answer is what the role sent meanwhile and where the
+    role stands (``waiting``, ``done`` or ``failed``).
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.link = RelayLink()
+        self.outcome = Outcome()
+        self.ended = trio.Event()
+        self._timeout = timeout
+
+    async def play(self, party: int, role: Awaitable[Normalizer]) -> None:
+        """Run ``role`` to its end, keep how it ended, and end the turn it ended in."""
+        try:
+            self.outcome.normalizer = await role
+        except Exception as exc:
+            self.outcome.error = abort_reason(party, exc)
+        finally:
+            self.outcome.finished = True
+            await self.link.aclose()
+            self.ended.set()
+
+    async def take_turn(self, frames: list[bytes], *, closing: bool = False) -> dict[str, Any]:
+        turn_over = self.link.deliver(frames, closing=closing)
+        with trio.fail_after(self._timeout):
+            await turn_over.wait()
+        return self.answer()
+
     def status(self) -> str:
-        if not self.finished:
+        if not self.link.closed:
             return "waiting"
-        return "done" if self.error is None else "failed"
+        return "done" if self.outcome.error is None else "failed"
+
+    def answer(self) -> dict[str, Any]:
+        outcome = self.outcome
+        answer: dict[str, Any] = {"status": self.status(), "frames": self.link.take_sent()}
+        if outcome.error is not None:
+            answer["error"] = outcome.error
+        if outcome.normalizer is not None:
+            answer["normalizer"] = normalizer_to_wire(outcome.normalizer)
+        return answer
 
 
 class PartyWorker:
@@ -134,26 +202,35 @@ class PartyWorker:
     def __init__(self, listener: trio.SocketListener, timeout: float) -> None:
         self._listener = listener
         self._timeout = timeout
-        self._link = RelayLink()
-        self._outcome = Outcome()
+        self._turns = PartyTurns(timeout)
         self._setup: Setup | None = None
         self._between_runs = trio.CancelScope()
 
     async def serve(self) -> Outcome:
         async with trio.open_nursery() as nursery:
-            while not self._outcome.finished:
+            while not self._turns.outcome.finished:
                 stream = await self._next_run()
                 if stream is None:  # the role ended between two ClientApp runs
                     break
                 async with stream:
                     await self._serve_turn(stream, nursery)
             nursery.cancel_scope.cancel()
-        return self._outcome
+        return self._turns.outcome
 
     async def _next_run(self) -> trio.SocketStream | None:
-        """The next ClientApp run's connection; None if the role ends while waiting."""
-        with trio.fail_after(self._timeout), trio.CancelScope() as self._between_runs:
+        """The next ClientApp run's connection; None if the role ends while waiting.
+
+        Once the session runs, a server that sends nothing within the timeout is gone:
+        the role hears it as a dropout, as over TCP, and ends with that cause."""
+        with trio.move_on_after(self._timeout) as waiting, \
+                trio.CancelScope() as self._between_runs:
             return await self._listener.accept()
+        if waiting.cancelled_caught:
+            if self._setup is None:
+                raise trio.TooSlowError
+            self._turns.link.server_gone(
+                f"no ClientApp run came back within {self._timeout:g} s")
+            await self._turns.ended.wait()
         return None
 
     async def _serve_turn(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
@@ -164,10 +241,9 @@ class PartyWorker:
             nursery.start_soon(self._run_party, self._setup)
         else:
             self._check_same_session(request)
-        turn_over = self._link.deliver(list(request.get("frames", [])))
-        with trio.fail_after(self._timeout):
-            await turn_over.wait()
-        await stream.send_all(pack(self._answer()))
+        answer = await self._turns.take_turn(list(request.get("frames", [])),
+                                             closing=bool(request.get("closing", False)))
+        await stream.send_all(pack(answer))
 
     def _check_same_session(self, request: dict[str, Any]) -> None:
         assert self._setup is not None
@@ -176,29 +252,17 @@ class PartyWorker:
         if not same:
             raise ProtocolError("a ClientApp run relayed frames of another session or party")
 
-    def _answer(self) -> dict[str, Any]:
-        outcome = self._outcome
-        answer: dict[str, Any] = {"status": outcome.status(), "frames": self._link.take_sent()}
-        if outcome.error is not None:
-            answer["error"] = outcome.error
-        if outcome.normalizer is not None:
-            answer["normalizer"] = normalizer_to_wire(outcome.normalizer)
-        return answer
-
     async def _run_party(self, setup: Setup) -> None:
-        try:
-            protocol = get_protocol(setup.method, setup.privacy)
-            options = options_from_wire(setup.options)
-            ctx = role_context(setup.party, {SERVER: self._link}, setup.session, protocol,
-                               timeout=setup.timeout)
-            X = check_party_data(setup.X)
-            self._outcome.normalizer = await run_role(ctx, play(ctx, protocol, options, X))
-        except Exception as exc:
-            self._outcome.error = abort_reason(setup.party, exc)
-        finally:
-            self._outcome.finished = True
-            self._link.turn_over.set()
-            self._between_runs.cancel()  # no-op during a turn: that scope has exited
+        await self._turns.play(setup.party, self._party_role(setup))
+        self._between_runs.cancel()  # no-op during a turn: that scope has exited
+
+    async def _party_role(self, setup: Setup) -> Normalizer:
+        protocol = get_protocol(setup.method, setup.privacy)
+        options = options_from_wire(setup.options)
+        ctx = role_context(setup.party, {SERVER: self._turns.link}, setup.session, protocol,
+                           timeout=setup.timeout)
+        X = check_party_data(setup.X)
+        return await run_role(ctx, play(ctx, protocol, options, X))
 
 
 async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:

@@ -29,7 +29,8 @@ class _SetupShareFields(Message):
         """The typed shares; ProtocolError if one the setup needs is missing."""
         shares = ckks.SetupShares(
             public_key=ckks.PublicKeyShare(self.public_key),
-            relin=None if self.relin_share is None else ckks.RelinShare(1, self.relin_share),
+            relin=None if self.relin_share is None or setup.relin is None
+            else ckks.RelinShare(1, self.relin_share),
             rotation=None if self.rotation_share is None or setup.rotation is None
             else ckks.RotationShare(setup.rotation.indices, self.rotation_share))
         setup.require_complete(shares)

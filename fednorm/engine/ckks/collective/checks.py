@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import reduce
-from typing import Any, TypeVar
+from typing import Any
 
 import openfhe
 
@@ -18,11 +18,9 @@ from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys
 from fednorm.engine.errors import ProtocolError
 
-S = TypeVar("S")
 
-
-def require_shares(shares: Sequence[Any], kind: type[S], joint: JointKeys | None,
-                   what: str) -> Sequence[S]:
+def require_shares(shares: Sequence[Any], kind: type, joint: JointKeys | None,
+                   what: str) -> None:
     """``shares`` must all be ``kind`` (what they say they are shares of) and, given the
     joint keys, one per party."""
     if not shares:
@@ -33,7 +31,6 @@ def require_shares(shares: Sequence[Any], kind: type[S], joint: JointKeys | None
                                 f"not a {kind.__name__}")
     if joint is not None and len(shares) != joint.n_parties:
         raise ProtocolError(f"{len(shares)} {what}s for {joint.n_parties} parties")
-    return shares
 
 
 def require_tags(objs: Sequence[Any], expected: Sequence[str], what: str) -> None:

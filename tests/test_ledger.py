@@ -10,7 +10,7 @@ import numpy as np
 import openfhe
 import pytest
 from deviating import deviating, zscore_server_start
-from recording import install, spy_secret_keys
+from recording import Recorder, spy_secret_keys
 from test_ppf_yeojohnson import plan_for
 
 from fednorm.engine import ckks
@@ -19,6 +19,7 @@ from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import BootRequest, serve_until
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate
 
@@ -89,14 +90,13 @@ def _plaintext_fields(msg) -> set[str]:
 def _record_widths(monkeypatch) -> list[int]:
     """The number of values each collective decryption reveals, in order."""
     widths: list[int] = []
-    for name in ("fuse_decryption", "fuse_sum_decryption"):
-        fuse = getattr(ckks, name)
+    finalize = ckks.Decryption.finalize  # SumDecryption inherits it
 
-        def counting(context, joint, ct, shares, n, fuse=fuse):
-            widths.append(n)
-            return fuse(context, joint, ct, shares, n)
+    def counting(self, plaintext, n):
+        widths.append(n)
+        return finalize(self, plaintext, n)
 
-        monkeypatch.setattr(ckks, name, counting)
+    monkeypatch.setattr(ckks.Decryption, "finalize", counting)
     return widths
 
 
@@ -106,9 +106,10 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     kind is used (the ledger is not stale), the decryptions reveal what the ledger says,
     and no frame carries secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
-    recorder = install(monkeypatch)
+    recorder = Recorder()
     widths = _record_widths(monkeypatch)
-    simulate(list(case.parts), case.method, case.privacy, case.options, timeout=900)
+    simulate(list(case.parts), case.method, case.privacy, case.options, timeout=900,
+             tracer=recorder)
     kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)
@@ -157,7 +158,7 @@ async def test_parties_refuse_a_bootstrap_with_a_chosen_element() -> None:
         c1.RemoveElement(0)
         with rc.subprotocol("bootstrap"):
             await rc.broadcast(BootRequest(c1=c1, index=12345))
-        await rc.gather(ppf.EncryptedVector)
+        await rc.gather(quotient.EncryptedVector)
 
     with pytest.raises(ProtocolError, match="expected #0"):
         await _run_server(server)
@@ -193,20 +194,19 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
     ever more finely) is refused once the rounds exceed what ε and the bounds need."""
     from dataclasses import replace
 
+    from fednorm.protocols.collective import setup_server
+    from fednorm.protocols.plain.robust import QUARTILES
+    from fednorm.protocols.ppf import kth
     from fednorm.protocols.ppf import minmax as ppf_minmax
-    from fednorm.protocols.ppf import robust as ppf_robust
-    from fednorm.protocols.rank import kth_server, plan_quantiles, start_search
+    from fednorm.protocols.rank import plan_quantiles, start_search
 
     async def server(rc, options):
-        crypto = await ppf_robust.setup_server(rc, options.preset,
-                                               **ppf_minmax.setup_arguments(options))
-        count = await ppf_robust.pooled_counts(crypto)
-        await rc.broadcast(ppf_robust.PooledCounts(count=count))
+        crypto = await setup_server(rc, options.preset, **ppf_minmax.setup_arguments(options))
+        count = await kth.reveal_pooled_counts(crypto)
         low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
-        plan = plan_quantiles(count, ppf_robust.QUARTILES, options.quantile_rule)
+        plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
         finer = replace(options, epsilon=options.epsilon * 1e-6)
-        await kth_server(rc, start_search(plan, count, low, high, finer),
-                         ppf_robust.EncryptedCountAggregator(crypto))
+        await kth.kth_server(crypto, start_search(plan, count, low, high, finer))
 
     cheat = deviating("robust", server=server)
     rng = np.random.default_rng(4)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions
-from fednorm.protocols.ppf import minmax as ppf
+from fednorm.protocols.ppf import minmax_layout
+from fednorm.protocols.ppf.checks import vabs_vector
 from fednorm.sim.federation import simulate
 
 CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
@@ -26,9 +27,9 @@ def _options(vabs, knobs=CHEAP, preset="test") -> FitOptions:
 def _assert_within_bound(parts, options, fitted) -> None:
     """|result − pooled| ≤ error_bound · V_abs, NaN exactly where nobody has values."""
     pooled = np.vstack(parts)
-    vabs = ppf.vabs_vector(options, pooled.shape[1])
+    vabs = vabs_vector(options, pooled.shape[1])
     empty = np.all(np.isnan(pooled), axis=0)
-    tolerance = (ppf.error_bound(options, len(parts)) + SLOP) * vabs
+    tolerance = (minmax_layout.error_bound(options, len(parts)) + SLOP) * vabs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
         want_min, want_max = np.nanmin(pooled, axis=0), np.nanmax(pooled, axis=0)
@@ -92,7 +93,7 @@ def test_a_feature_nobody_has_values_of_is_nan_and_one_row_parties_count() -> No
 
 
 def test_more_features_than_one_block_holds_go_in_chunks() -> None:
-    width = ppf.Layout(ckks.TEST.slots, 1).per_chunk + 5
+    width = minmax_layout.Layout(ckks.TEST.slots, 1).per_chunk + 5
     rng = np.random.default_rng(2)
     parts = [rng.uniform(-1, 1, (3, width)) for _ in range(2)]
     options = _options((1.0,), {"minmax_bits": 4, "minmax_passes": 1})
@@ -101,7 +102,7 @@ def test_more_features_than_one_block_holds_go_in_chunks() -> None:
 
 
 def test_more_parties_than_blocks_are_compared_across_ciphertexts(monkeypatch) -> None:
-    monkeypatch.setattr(ppf, "BLOCKS", 2)  # 3 parties: two packed ciphertexts
+    monkeypatch.setattr(minmax_layout, "BLOCKS", 2)  # 3 parties: two packed ciphertexts
     rng = np.random.default_rng(4)
     parts = [rng.uniform(-1, 1, (4, 2)) for _ in range(3)]
     options = _options((1.0,), {"minmax_bits": 4, "minmax_passes": 1})
@@ -111,10 +112,11 @@ def test_more_parties_than_blocks_are_compared_across_ciphertexts(monkeypatch) -
 
 # -- plaintext pieces --------------------------------------------------------------------------
 def test_a_window_maps_onto_the_headroom_and_back() -> None:
-    window = ppf.Window(np.array([-2.0, 0.0, 1.0]), np.array([2.0, 1.0, 3.0]))
+    window = minmax_layout.Window(np.array([-2.0, 0.0, 1.0]), np.array([2.0, 1.0, 3.0]))
     top = np.array([1.0, -np.inf, 0.5])
     scaled = window.encode(top)
-    np.testing.assert_allclose(scaled, [ppf.HEADROOM / 2, -ppf.HEADROOM, -ppf.HEADROOM])
+    headroom = minmax_layout.HEADROOM
+    np.testing.assert_allclose(scaled, [headroom / 2, -headroom, -headroom])
     np.testing.assert_allclose(window.decode(scaled)[0], 1.0)
     with pytest.raises(ProtocolError, match="below a local extreme"):
         window.encode(np.array([2.5, 0.0, 1.0]))

@@ -22,6 +22,8 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions
 from fednorm.protocols.normalizers import yeo_johnson
 from fednorm.protocols.ppf import yeojohnson as ppf
+from fednorm.protocols.ppf import yeojohnson_math as yj_math
+from fednorm.protocols.ppf import yeojohnson_search as yj_search
 from fednorm.sim.federation import simulate
 
 # Stated tolerances. λ: a probe's sign is wrong only where |t| = |D|/K is below the
@@ -44,7 +46,7 @@ def sklearn_lambdas(pooled: np.ndarray) -> np.ndarray:
 
 
 def assert_reaches_pooled_maximum(pooled: np.ndarray, lambdas: np.ndarray,
-                                  plan: ppf.SearchPlan) -> None:
+                                  plan: yj_search.SearchPlan) -> None:
     oracle = np.clip(sklearn_lambdas(pooled), plan.low, plan.high)
     for j, column in enumerate(pooled.T):
         n = np.sum(~np.isnan(column))
@@ -54,9 +56,9 @@ def assert_reaches_pooled_maximum(pooled: np.ndarray, lambdas: np.ndarray,
 
 
 def plan_for(pooled: np.ndarray, vabs: tuple[float, ...], preset: str = "test"
-             ) -> ppf.SearchPlan:
-    return ppf.SearchPlan.build(FitOptions(vabs=vabs, preset=preset), pooled.shape[1],
-                                ckks.get_preset(preset).slots, ppf.SignFlags.local(pooled))
+             ) -> yj_search.SearchPlan:
+    return yj_search.SearchPlan.build(FitOptions(vabs=vabs, preset=preset), pooled.shape[1],
+                                ckks.get_preset(preset).slots, yj_math.SignFlags.local(pooled))
 
 
 # -- the math, in plaintext -----------------------------------------------------------------
@@ -66,7 +68,7 @@ def test_the_lambda_derivative_matches_finite_differences(x, lam) -> None:
     h = 1e-6
     column = np.array([[x]])
     numeric = (yeo_johnson(column, [lam + h]) - yeo_johnson(column, [lam - h]))[0, 0] / (2 * h)
-    exact = ppf.yeo_johnson_derivative(np.array(x), np.array(lam))
+    exact = yj_math.yeo_johnson_derivative(np.array(x), np.array(lam))
     assert abs(exact - numeric) <= 1e-6 * (1 + abs(numeric))
 
 
@@ -94,7 +96,7 @@ def pooled_columns(draw: st.DrawFn) -> tuple[np.ndarray, float]:
 def test_t_is_the_scaled_derivative_sign_within_one(column_vabs, lam) -> None:
     """|t| ≤ 1 (the sign polynomial's domain) and sign t = sign llf'(λ)."""
     x, vabs = column_vabs
-    t = ppf.plain_t(x, np.array([lam]), vabs)[0]
+    t = yj_math.plain_t(x, np.array([lam]), vabs)[0]
     assert abs(t) <= 1
     h = 1e-5 * max(1, abs(lam))
     slope = (stats.yeojohnson_llf(lam + h, x) - stats.yeojohnson_llf(lam - h, x)) / (2 * h)
@@ -109,18 +111,18 @@ def test_the_bisection_reaches_the_maximum_from_noisy_signs(column_vabs, seed) -
     x, vabs = column_vabs
     pooled = x[:, None]
     plan = plan_for(pooled, (vabs,))
-    search = ppf.SignBisection(plan, np.array([True]))
-    sign = ppf.sign_plan(FitOptions())
+    search = yj_search.SignBisection(plan, np.array([True]))
+    sign = yj_search.sign_plan(FitOptions())
     rng = np.random.default_rng(seed)
     while not search.finished:
         lam = search.probe()
-        t = ppf.plain_t(x, lam[0], vabs)[None, :] + rng.normal(0, NOISE, lam.shape)
+        t = yj_math.plain_t(x, lam[0], vabs)[None, :] + rng.normal(0, NOISE, lam.shape)
         search.update(composite_sign(sign.g_stages, sign.f_stages, np.clip(t, -1, 1)))
     # The search's guarantee: every sign it acts on is right where |t| exceeds the noise,
     # so it ends at the pooled maximum, or where |t| = |llf'|-scaled-by-V_abs is within the
     # noise. The second case is the documented limit (few values, V_abs loose against the
     # data): there llf can still be measurably below its maximum.
-    t_found = ppf.plain_t(x, search.lambdas, vabs)[0]
+    t_found = yj_math.plain_t(x, search.lambdas, vabs)[0]
     if abs(t_found) > 10 * NOISE:
         assert_reaches_pooled_maximum(pooled, search.lambdas, plan)
 

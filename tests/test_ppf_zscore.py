@@ -17,9 +17,11 @@ from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
     reusable,
+    serve_until,
     setup_party,
     shared_context,
 )
+from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
@@ -120,7 +122,7 @@ async def test_a_ciphertext_under_a_private_key_is_rejected() -> None:
         own = ckks.PartyKeys.generate(crypto.ckks)  # not the joint key
         ct = crypto.ckks.encrypt(own.public_key_share, np.ones(2))
         await rc.send(SERVER, ppf.EncryptedSums(total=ct, count=ct, width=2))
-        await ppf.serve_until(crypto, ppf.PpfZScoreResult, decryptions=9)
+        await serve_until(crypto, ppf.PpfZScoreResult, decryptions=9)
 
     with pytest.raises(ProtocolError, match="party 3 is not encrypted under the joint"):
         await _run_with_party(party)
@@ -133,7 +135,7 @@ async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
         # of μ, which may take two requests (the second at a smaller scale if the first is
         # too large to decode); one more is beyond the ledger.  (What a request decrypts a
         # party cannot check: see docs/LEAKAGE.md, "Threat model".)
-        for _ in range(1 + ppf.COARSE_DECRYPTIONS + 1):
+        for _ in range(1 + quotient.COARSE_DECRYPTIONS + 1):
             await crypto.decrypt(count, 2)
 
     cheat = deviating("zscore", server=greedy_server)
@@ -179,8 +181,8 @@ def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
     async def scaling_server(rc, options):
         await ppf.setup_server(rc, options.preset)
         await rc.gather(ppf.EncryptedSums)
-        await rc.broadcast(ppf.Scales(scales=np.full(2, 2.0**60)))
-        await rc.gather(ppf.EncryptedVector)
+        await rc.broadcast(quotient.Scales(scales=np.full(2, 2.0**60)))
+        await rc.gather(quotient.EncryptedVector)
 
     cheat = deviating("zscore", server=scaling_server)
     with pytest.raises(InputError, match="would pass 2\\^50"):

@@ -14,6 +14,7 @@ from scipy import stats
 from sklearn.preprocessing import PowerTransformer
 
 import fednorm.protocols.plain.yeojohnson as yj
+import fednorm.protocols.plain.yeojohnson_math as yj_math
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import FitOptions, Protocol, fit_local
@@ -121,7 +122,7 @@ def _check_against_sklearn(X: np.ndarray, normalizer: yj.YeoJohnsonNormalizer) -
             warnings.simplefilter("ignore", RuntimeWarning)
             pt = PowerTransformer().fit(col[:, None])
         expected = pt.lambdas_[0]
-        assert _llf_noise(x, lam) <= yj.LLF_NOISE  # our λ gives numerically sound data
+        assert _llf_noise(x, lam) <= yj_math.LLF_NOISE  # our λ gives numerically sound data
         if _llf_noise(x, expected) > ILL_CONDITIONED:
             # sklearn's λ lies where yj(x, λ) ≈ 1/|λ| for every x and only the last bits
             # differ (few values, all of one sign, far from 0): there llf is rounding
@@ -230,17 +231,17 @@ def test_both_signs_beyond_the_float_range_get_the_identity() -> None:
 
 def test_log_likelihood_treats_overflow_and_tiny_variance_as_minus_infinity() -> None:
     var = np.array([np.inf, np.nan, 0.0, 1e-310, 1.0])
-    llf = yj.log_likelihood(np.full(5, 2.0), np.full(5, 10.0), var, np.full(5, 1.0))
+    llf = yj_math.log_likelihood(np.full(5, 2.0), np.full(5, 10.0), var, np.full(5, 1.0))
     assert np.all(np.isneginf(llf[:4])) and llf[4] == 1.0
     # 0.2 ± 3e-16: a variance in the last bits is noise, so the candidate is rejected.
-    scores = yj.candidate_scores(np.full(2, 2.0), np.full(2, 10.0), np.array([0.2, 0.2]),
-                                 np.array([1e-31, 1.0]), np.full(2, 1.0))
+    scores = yj_math.candidate_scores(np.full(2, 2.0), np.full(2, 10.0), np.array([0.2, 0.2]),
+                                      np.array([1e-31, 1.0]), np.full(2, 1.0))
     assert np.isneginf(scores[0]) and scores[1] == pytest.approx(1.0, abs=1e-12)
 
 
 def _search_for(x: np.ndarray) -> yj.LambdaSearch:
     summary = yj.PartyColumns(x[:, None]).summary()
-    return yj.LambdaSearch(yj.PooledSummary.merge(
+    return yj.LambdaSearch(yj_math.PooledSummary.merge(
         **{name: value[None] for name, value in summary.fields().items()}))
 
 
@@ -264,9 +265,9 @@ def test_search_is_sans_io_and_bounded() -> None:
 
 
 def test_party_moments_are_blocked_exactly() -> None:
-    x = np.random.default_rng(5).normal(size=3 * yj.BLOCK_ROWS + 17)
+    x = np.random.default_rng(5).normal(size=3 * yj_math.BLOCK_ROWS + 17)
     lambdas = np.array([-1.0, 0.0, 0.5, 2.0, 3.0])
-    mean, m2 = yj.transformed_moments(x, lambdas)
+    mean, m2 = yj_math.transformed_moments(x, lambdas)
     y = yeo_johnson(np.repeat(x[:, None], len(lambdas), axis=1), lambdas)
     np.testing.assert_allclose(mean, y.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(m2, y.var(axis=0) * len(x), rtol=1e-12)
@@ -338,7 +339,7 @@ def test_transformed_moments_equal_those_of_the_transform(values, lambdas) -> No
     reference transform, λ = 0 and 2 (the log branches) included."""
     column = np.array(values)
     lams = np.array([*lambdas, 0.0, 2.0])
-    mean, m2 = yj.transformed_moments(column, lams)
+    mean, m2 = yj_math.transformed_moments(column, lams)
     with np.errstate(all="ignore"):
         y = yeo_johnson(np.broadcast_to(column[:, None], (len(column), len(lams))), lams)
         finite = np.isfinite(y).all(axis=0) & np.isfinite(mean) & np.isfinite(m2)

@@ -54,7 +54,7 @@ from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.base import Protocol, feature_counts
 from fednorm.protocols.collective import serve_until, setup_party, setup_server
 from fednorm.protocols.normalizers import Normalizer, RobustNormalizer
-from fednorm.protocols.ppf.robust import (
+from fednorm.protocols.ppf.kth import (
     EncryptedCountAggregator,
     EncryptedCounts,
     PooledCounts,
@@ -62,10 +62,10 @@ from fednorm.protocols.ppf.robust import (
 )
 from fednorm.protocols.rank import (
     SortedColumns,
-    kth_party,
-    kth_server,
     plan_quantiles,
     probe_limit,
+    search_party,
+    search_server,
     start_search,
 )
 from fednorm.sim.datasets import load_dataset
@@ -400,7 +400,7 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
         plan = plan_quantiles(count, MEDIAN, options.quantile_rule)
         search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
         started = time.perf_counter()
-        values = await kth_server(rc, search, EncryptedCountAggregator(crypto))
+        values = await search_server(rc, search, EncryptedCountAggregator(crypto))
         timing.seconds, timing.rounds = time.perf_counter() - started, search.rounds
         found = plan.combine(values)[0]
         return RobustNormalizer(q1=found, median=found, q3=found)
@@ -410,7 +410,7 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protoc
         await rc.send(SERVER, EncryptedCounts(
             counts=await crypto.encrypt_for_sum(feature_counts(X)), width=X.shape[1]))
         await serve_until(crypto, PooledCounts, decryptions=0, sums=1)
-        await kth_party(rc, SortedColumns(X, probe_limit(options, MEDIAN)),
+        await search_party(rc, SortedColumns(X, probe_limit(options, MEDIAN)),
                         EncryptedCountAggregator(crypto))
         nothing = np.full(X.shape[1], np.nan)
         return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)

@@ -566,7 +566,7 @@ def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
 
 
 def _coarse_pass(preset: str, parties: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    import fednorm.protocols.ppf.zscore as ppf
+    import fednorm.protocols.ppf.quotient as ppf
 
     seen: list[np.ndarray] = []
     original = ppf._decrypt_quotient

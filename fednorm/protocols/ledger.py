@@ -1,90 +1,96 @@
-"""The leakage ledger as code: which message fields each protocol sends in plaintext.
+"""The leakage ledger as code: what each protocol sends in plaintext, and what its
+parties help decrypt and bootstrap in each phase.
 
-Everything else a protocol sends is CKKS material (ciphertexts, keys, shares).  One
-table per protocol (method, privacy), keyed by message kind; the parametrized ledger
-test runs every protocol over a recording transport and fails on any plaintext field
-not declared here, and ``docs/LEAKAGE.md`` is checked against these tables.  What the
-*decryptions* reveal is capped where the party answers them
-(:func:`fednorm.protocols.collective.serve_until`).
+Each protocol module declares its own entry beside its roles: the plaintext fields per
+message kind (:func:`declare`, its ``LEDGER``) and, for a PPF protocol, the
+:class:`Allowance` of every phase a party serves (module constants, which the party's
+roles hand to :func:`fednorm.protocols.ppf.phases.serve_phase`: a server asking for
+more is refused).  Everything else a protocol sends is CKKS material (ciphertexts, keys,
+shares).  This module holds the machinery and assembles the declarations: the
+parametrized ledger test runs every protocol over a recording transport and fails on any
+plaintext field not declared (:func:`undeclared`), and ``docs/LEAKAGE.md`` carries
+:func:`markdown`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fednorm.protocols.base import METHODS, PRIVACY_MODES
+
+Fields = Mapping[str, frozenset[str]]
+"""Message kind → the fields it may carry in plaintext."""
 
 # Every PPF protocol: the key setup names each party's key tag (random identifiers);
 # a bootstrap request names the index of the common random element (a counter).
-COLLECTIVE: Mapping[str, frozenset[str]] = {
+COLLECTIVE: Fields = {
     "ckks.joint_round1": frozenset({"party_tags"}),
     "ckks.boot_request": frozenset({"index"}),
 }
 
-_PPF_ZSCORE: Mapping[str, frozenset[str]] = {
-    "ppf_zscore.encrypted_sums": frozenset({"width"}),
-    "ppf_zscore.scales": frozenset({"scales"}),
-    "ppf_zscore.mean": frozenset({"mean"}),
-    "ppf_zscore.result": frozenset({"mean", "var"}),
-}
-
-PLAINTEXT: Mapping[tuple[str, str], Mapping[str, frozenset[str]]] = {
-    ("zscore", "plain"): {
-        "zscore.local_sums": frozenset({"count", "total"}),
-        "zscore.global_mean": frozenset({"mean"}),
-        "zscore.local_deviations": frozenset({"squared", "linear"}),
-        "zscore.result": frozenset({"mean", "var", "count"}),
-    },
-    ("minmax", "plain"): {
-        "minmax.local_extremes": frozenset({"min", "max"}),
-        "minmax.result": frozenset({"min", "max"}),
-    },
-    ("robust", "plain"): {
-        "robust.local_summary": frozenset({"count", "min", "max"}),
-        "rank.probe": frozenset({"features", "points"}),
-        "rank.counts": frozenset({"at_most"}),
-        "robust.result": frozenset({"q1", "median", "q3"}),
-    },
-    ("yeojohnson", "plain"): {
-        "yeojohnson.local_summary": frozenset(
-            {"count", "max_abs", "scaled_mean", "scaled_m2", "negatives", "log_sum"}),
-        "yeojohnson.candidates": frozenset({"features", "lambdas"}),
-        "yeojohnson.moments": frozenset({"mean", "m2"}),
-        "yeojohnson.lambdas": frozenset({"lambdas"}),
-        "zscore.local_sums": frozenset({"count", "total"}),
-        "zscore.global_mean": frozenset({"mean"}),
-        "zscore.local_deviations": frozenset({"squared", "linear"}),
-        "zscore.result": frozenset({"mean", "var", "count"}),
-    },
-    ("zscore", "mhe"): {**COLLECTIVE, **_PPF_ZSCORE},
-    ("minmax", "mhe"): {
-        **COLLECTIVE,
-        "ppf_minmax.encrypted_extremes": frozenset({"width"}),
-        "ppf_minmax.window": frozenset({"low", "high"}),
-        "ppf_minmax.result": frozenset({"min", "max"}),
-    },
-    ("robust", "mhe"): {
-        **COLLECTIVE,
-        "ppf_robust.encrypted_counts": frozenset({"width"}),
-        "ppf_robust.pooled_counts": frozenset({"count"}),
-        "ppf_minmax.encrypted_extremes": frozenset({"width"}),
-        "ppf_minmax.window": frozenset({"low", "high"}),
-        "ppf_minmax.result": frozenset({"min", "max"}),
-        "rank.probe": frozenset({"features", "points"}),
-        "robust.result": frozenset({"q1", "median", "q3"}),
-    },
-    ("yeojohnson", "mhe"): {
-        **COLLECTIVE,
-        **{kind: _PPF_ZSCORE[kind] for kind in
-           ("ppf_zscore.scales", "ppf_zscore.mean", "ppf_zscore.result")},
-        "ppf_yeojohnson.start": frozenset({"width"}),
-        "ppf_yeojohnson.flags": frozenset({"empty", "negative", "positive"}),
-        "ppf_yeojohnson.probes": frozenset({"lambdas"}),
-        "ppf_yeojohnson.lambdas": frozenset({"lambdas"}),
-        "ppf_yeojohnson.result": frozenset({"lambdas", "mean", "var"}),
-    },
-}
-"""(method, privacy) → message kind → the fields it may carry in plaintext."""
-
 ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEAKAGE.md)
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What a party helps compute in one phase, at most: decryptions, flooded decryptions
+    of sum uploads, and collective bootstraps (None: as many as the server asks for,
+    each on the next common element)."""
+
+    decryptions: int = 0
+    sums: int = 0
+    bootstraps: int | None = None
+
+    def times(self, n: int) -> Allowance:
+        """The allowance of ``n`` such phases in a row (one per ciphertext chunk, ...)."""
+        boots = None if self.bootstraps is None else self.bootstraps * n
+        return Allowance(self.decryptions * n, self.sums * n, boots)
+
+    def __add__(self, other: Allowance) -> Allowance:
+        boots = (None if self.bootstraps is None or other.bootstraps is None
+                 else self.bootstraps + other.bootstraps)
+        return Allowance(self.decryptions + other.decryptions, self.sums + other.sums, boots)
+
+    def as_sums(self) -> Allowance:
+        """The same number of decryptions, of sum uploads (flooded) instead."""
+        return Allowance(0, self.sums + self.decryptions, self.bootstraps)
+
+    def with_bootstraps(self, bootstraps: int | None) -> Allowance:
+        return Allowance(self.decryptions, self.sums, bootstraps)
+
+
+NOTHING = Allowance()
+"""A phase that decrypts nothing (bootstraps uncapped, as each names the next element)."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One protocol's ledger entry: the plaintext fields of each message kind it sends."""
+
+    method: str
+    privacy: str
+    plaintext: Fields
+
+
+PLAINTEXT: dict[tuple[str, str], Fields] = {}
+"""(method, privacy) → message kind → the fields it may carry in plaintext; filled by
+the protocol modules' :func:`declare` as :mod:`fednorm.protocols` imports them."""
+
+DECLARATIONS: dict[tuple[str, str], Declaration] = {}
+
+
+def declare(method: str, privacy: str, plaintext: Mapping[str, Iterable[str]]
+            ) -> Declaration:
+    """Record a protocol's ledger entry (once per protocol): ``plaintext`` maps each
+    message kind it sends to the names of its plaintext fields."""
+    if (method, privacy) in DECLARATIONS:
+        raise ValueError(f"{method}-{privacy} is declared twice")
+    declared = {kind: frozenset(names) for kind, names in plaintext.items()}
+    declaration = Declaration(method, privacy, declared)
+    DECLARATIONS[method, privacy] = declaration
+    PLAINTEXT[method, privacy] = declaration.plaintext
+    return declaration
 
 
 def undeclared(method: str, privacy: str, kind: str, fields: set[str]) -> set[str]:
@@ -94,11 +100,19 @@ def undeclared(method: str, privacy: str, kind: str, fields: set[str]) -> set[st
     return fields - PLAINTEXT[method, privacy].get(kind, frozenset())
 
 
+def _in_order() -> list[Declaration]:
+    """Plain protocols first, then PPF; each in the order of :data:`METHODS`."""
+    return sorted(DECLARATIONS.values(), key=lambda d: (PRIVACY_MODES.index(d.privacy),
+                                                        METHODS.index(d.method)))
+
+
 def markdown() -> str:
-    """The declarations as the table ``docs/LEAKAGE.md`` carries (a test keeps them equal)."""
+    """The plaintext declarations as the table ``docs/LEAKAGE.md`` carries (a test keeps
+    them equal)."""
     lines = ["| protocol | message kind | plaintext fields |", "| --- | --- | --- |"]
-    for (method, privacy), kinds in PLAINTEXT.items():
-        for kind, fields in sorted(kinds.items()):
-            names = ", ".join(sorted(fields)) or "–"
-            lines.append(f"| {method}-{privacy} | `{kind}` | {names} |")
+    for declaration in _in_order():
+        for kind, names in sorted(declaration.plaintext.items()):
+            listed = ", ".join(sorted(names)) or "–"
+            lines.append(f"| {declaration.method}-{declaration.privacy} | `{kind}` | "
+                         f"{listed} |")
     return "\n".join(lines) + "\n"

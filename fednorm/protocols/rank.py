@@ -12,8 +12,10 @@ evenly inside each bracket instead of its midpoint, and the bracket shrinks to t
 where the count crosses k, K + 1 times narrower; ⌈log_{K+1}(range/ε)⌉ rounds, at the
 price of K revealed counts per target and round.  K = 1 is the paper's bisection.
 
-:class:`RankSearch` is the sans-IO state machine; the plaintext and encrypted
-protocols only differ in how the per-round counts get summed.
+:class:`RankSearch` is the sans-IO state machine and :func:`search_server` /
+:func:`search_party` its message loop; the plaintext (:mod:`fednorm.protocols.plain.kth`)
+and encrypted (:mod:`fednorm.protocols.ppf.kth`) protocols only differ in how the
+per-round counts get summed (their :class:`CountAggregator`).
 
 Quantiles follow numpy's / scikit-learn's linear interpolation between the two
 order statistics around position q·(n−1).  The paper's rule — accept any
@@ -31,8 +33,8 @@ import numpy as np
 
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
-from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, QuantileRule, gathered_vectors
+from fednorm.engine.runtime import RoleContext
+from fednorm.protocols.base import FitOptions, QuantileRule
 
 
 @message("rank.probe")
@@ -43,11 +45,8 @@ class RankProbe(Message):
     points: np.ndarray
 
 
-@message("rank.counts")
-class RankCounts(Message):
-    """A party's number of values ≤ each probe point."""
-
-    at_most: np.ndarray
+SEARCH_PLAINTEXT = {"rank.probe": ("features", "points")}
+"""The search's probes, in the clear in both kinds (the ledger's entry for them)."""
 
 
 @message("rank.done")
@@ -298,25 +297,9 @@ class CountAggregator(Protocol):
         ...
 
 
-class PlainCounts:
-    """Counts in the clear: the server sees every party's counts (plaintext mode)."""
-
-    async def pooled(self, ctx: RoleContext, width: int) -> np.ndarray:
-        replies = await ctx.gather(RankCounts)
-        return gathered_vectors(replies, "at_most", width).sum(axis=0)
-
-    async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
-        await ctx.send(SERVER, RankCounts(at_most=counts))
-
-    async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
-        return await ctx.receive(SERVER, (RankProbe, RankDone))
-
-
-async def kth_server(
-    ctx: RoleContext, search: RankSearch, counts: CountAggregator | None = None
-) -> np.ndarray:
+async def search_server(ctx: RoleContext, search: RankSearch, counts: CountAggregator
+                        ) -> np.ndarray:
     """Server side of Algorithm 4: probe, pool the counts, narrow; until all are found."""
-    counts = counts or PlainCounts()
     with ctx.subprotocol("kth"):
         while not search.finished:
             probe = search.probe()
@@ -326,11 +309,9 @@ async def kth_server(
     return search.value
 
 
-async def kth_party(
-    ctx: RoleContext, columns: SortedColumns, counts: CountAggregator | None = None
-) -> None:
+async def search_party(ctx: RoleContext, columns: SortedColumns, counts: CountAggregator
+                       ) -> None:
     """Party side: answer every probe with local counts until the server says done."""
-    counts = counts or PlainCounts()
     with ctx.subprotocol("kth"):
         while isinstance(msg := await counts.next_probe(ctx), RankProbe):
             await counts.contribute(ctx, columns.count_at_most(msg))

@@ -39,9 +39,11 @@ on a quiet one)::
 refresh). The bound is tight: the worst near-tie meets it.
 
 **Levels.** A stage runs only with 3 levels left; otherwise the sign ciphertext is
-refreshed (collective bootstrap via the async ``refresh`` callback, exactly as
-:func:`~fednorm.engine.ckks.inverse` does); the step ends at most one level below the
-budget. The inputs need one level left (refreshed otherwise) and the result stays within
+refreshed: the ``*_core`` functions are crypto cores (:mod:`.cores`) that yield it for a
+collective bootstrap and are resumed with the fresh one, exactly as
+:func:`~fednorm.engine.ckks.inversion.inverse_core` does (the functions without the
+suffix drive them with an async ``refresh`` callback); the step ends at most one level
+below the budget. The inputs need one level left (refreshed otherwise) and the result stays within
 the budget, so comparisons chain (:func:`fold_maximum`). Refreshing the *values* costs
 them ~6e-9 of their largest slot (measured), the sign nothing that matters: its last
 stages flatten any noise near ±1.
@@ -58,7 +60,8 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.levels import LevelBudgetError, Refresh, ensure_levels
+from fednorm.engine.ckks.cores import Core, drive, fully_refreshed, pairwise, refreshed
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
 from fednorm.engine.errors import InputError
 
 Coefficients = tuple[float, ...]
@@ -234,8 +237,8 @@ def _step_coefficients(c: Coefficients) -> Coefficients:
     return (0.5, *(v / 2 for v in c[1:]))
 
 
-async def step(ctx: CkksContext, t: openfhe.Ciphertext, refresh: Refresh, plan: ComparePlan,
-               *, end_level: int) -> openfhe.Ciphertext:
+def step_core(ctx: CkksContext, t: openfhe.Ciphertext, plan: ComparePlan, *,
+              end_level: int) -> Core[openfhe.Ciphertext]:
     """≈ 1{t > 0} (½ at 0) for every slot t in [−1, 1], at most ``end_level`` levels used.
 
     Stages run whenever 3 levels are left, refreshing otherwise; the last one starts on
@@ -245,74 +248,53 @@ async def step(ctx: CkksContext, t: openfhe.Ciphertext, refresh: Refresh, plan: 
     schedule = refresh_schedule(len(stages), ctx.level_budget, ctx.consumed(t), end_level)
     for coefficients, refresh_first in zip(stages, schedule, strict=True):
         if refresh_first:
-            t = await _fresh(ctx, t, refresh)
+            t = yield from fully_refreshed(ctx, t)
         t = _stage(ctx, t, coefficients)
     return t
 
 
-async def _fresh(ctx: CkksContext, ct: openfhe.Ciphertext, refresh: Refresh
-                 ) -> openfhe.Ciphertext:
-    if ctx.levels_left(ct) < 0:
-        raise LevelBudgetError("sign input is past the bootstrap budget")
-    fresh = await refresh(ct)
-    if ctx.consumed(fresh) != 0:
-        raise LevelBudgetError("refresh did not return a fresh ciphertext")
-    return fresh
-
-
-async def _gap_and_step(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                        refresh: Refresh, bound: float, plan: ComparePlan,
-                        ) -> tuple[openfhe.Ciphertext, openfhe.Ciphertext]:
+def _gap_and_step(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                  bound: float, plan: ComparePlan,
+                  ) -> Core[tuple[openfhe.Ciphertext, openfhe.Ciphertext]]:
     """(a − b, h) with h ≈ 1{a > b}; a and b need one level left (for t and the product)."""
     if not (math.isfinite(bound) and bound > 0):
         raise InputError(f"bound must be positive and finite, got {bound}")
-    a = await ensure_levels(ctx, a, 1, refresh)
-    b = await ensure_levels(ctx, b, 1, refresh)
+    a = yield from refreshed(ctx, a, 1)
+    b = yield from refreshed(ctx, b, 1)
     gap = ctx.sub(a, b)
     end = ctx.level_budget - 1  # so the product stays within budget, refreshable
-    h = await step(ctx, ctx.mul(gap, 0.5 / bound), refresh, plan, end_level=end)
+    h = yield from step_core(ctx, ctx.mul(gap, 0.5 / bound), plan, end_level=end)
     return gap, h
 
 
-async def maximum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
-                  ) -> openfhe.Ciphertext:
+def maximum_core(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                 plan: ComparePlan, *, bound: float = 1.0) -> Core[openfhe.Ciphertext]:
     """Slot-wise max(a, b) for |a|, |b| ≤ ``bound``, within ``plan.error_bound · bound``.
 
     The result never exceeds max(a, b) nor falls below min(a, b) (up to CKKS noise), and
     uses at most ``level_budget`` levels, so it can be refreshed or compared again.
     """
-    gap, h = await _gap_and_step(ctx, a, b, refresh, bound, plan)
+    gap, h = yield from _gap_and_step(ctx, a, b, bound, plan)
     return ctx.add(b, ctx.mul(gap, h))
 
 
-async def minimum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
-                  ) -> openfhe.Ciphertext:
-    """Slot-wise min(a, b) for |a|, |b| ≤ ``bound`` (see :func:`maximum`)."""
-    return (await max_and_min(ctx, a, b, refresh, plan, bound=bound))[1]
-
-
-async def max_and_min(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                      refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
-                      ) -> tuple[openfhe.Ciphertext, openfhe.Ciphertext]:
+def max_and_min_core(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                     plan: ComparePlan, *, bound: float = 1.0
+                     ) -> Core[tuple[openfhe.Ciphertext, openfhe.Ciphertext]]:
     """(max(a, b), min(a, b)) for the price of one comparison: both share the step."""
-    gap, h = await _gap_and_step(ctx, a, b, refresh, bound, plan)
+    gap, h = yield from _gap_and_step(ctx, a, b, bound, plan)
     lift = ctx.mul(gap, h)
     return ctx.add(b, lift), ctx.sub(a, lift)
 
 
-async def tree_maximum(ctx: CkksContext, cts: Sequence[openfhe.Ciphertext], refresh: Refresh,
-                       plan: ComparePlan, *, bound: float = 1.0) -> openfhe.Ciphertext:
+def tree_maximum_core(ctx: CkksContext, cts: Sequence[openfhe.Ciphertext],
+                      plan: ComparePlan, *, bound: float = 1.0) -> Core[openfhe.Ciphertext]:
     """Slot-wise max of several ciphertexts in ⌈log2 n⌉ rounds of pairwise comparisons."""
-    if not cts:
-        raise InputError("need at least one ciphertext")
-    level = list(cts)
-    while len(level) > 1:
-        pairs = [await maximum(ctx, level[i], level[i + 1], refresh, plan, bound=bound)
-                 for i in range(0, len(level) - 1, 2)]
-        level = pairs + level[len(level) - len(level) % 2:]
-    return level[0]
+
+    def larger(a: openfhe.Ciphertext, b: openfhe.Ciphertext) -> Core[openfhe.Ciphertext]:
+        return maximum_core(ctx, a, b, plan, bound=bound)
+
+    return (yield from pairwise(cts, larger))
 
 
 def fold_rotations(stride: int, steps: int) -> tuple[int, ...]:
@@ -344,9 +326,9 @@ def rotate_by(ctx: CkksContext, ct: openfhe.Ciphertext, amount: int,
     return ct
 
 
-async def fold_maximum(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, steps: int,
-                       refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0,
-                       keys: Sequence[int] | None = None) -> openfhe.Ciphertext:
+def fold_maximum_core(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, steps: int,
+                      plan: ComparePlan, *, bound: float = 1.0,
+                      keys: Sequence[int] | None = None) -> Core[openfhe.Ciphertext]:
     """Slot i gets max over slots i + j·stride, j < 2^steps: a tree of ``steps`` rounds,
     each one comparison of the ciphertext with itself rotated by stride·2^k.
 
@@ -356,7 +338,49 @@ async def fold_maximum(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, st
     """
     keys = fold_rotations(stride, steps) if keys is None else keys
     for amount in fold_rotations(stride, steps):
-        ct = await ensure_levels(ctx, ct, 1, refresh)
+        ct = yield from refreshed(ctx, ct, 1)
         rotated = rotate_by(ctx, ct, amount, keys)
-        ct = await maximum(ctx, ct, rotated, refresh, plan, bound=bound)
+        ct = yield from maximum_core(ctx, ct, rotated, plan, bound=bound)
     return ct
+
+
+# -- the same, driven by an async refresh callback (tests, local runs) ---------------------
+async def step(ctx: CkksContext, t: openfhe.Ciphertext, refresh: Refresh, plan: ComparePlan,
+               *, end_level: int) -> openfhe.Ciphertext:
+    """:func:`step_core`, each refresh awaited."""
+    return await drive(step_core(ctx, t, plan, end_level=end_level), refresh)
+
+
+async def maximum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                  ) -> openfhe.Ciphertext:
+    """:func:`maximum_core`, each refresh awaited."""
+    return await drive(maximum_core(ctx, a, b, plan, bound=bound), refresh)
+
+
+async def minimum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                  ) -> openfhe.Ciphertext:
+    """Slot-wise min(a, b) for |a|, |b| ≤ ``bound`` (see :func:`maximum_core`)."""
+    return (await max_and_min(ctx, a, b, refresh, plan, bound=bound))[1]
+
+
+async def max_and_min(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
+                      refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                      ) -> tuple[openfhe.Ciphertext, openfhe.Ciphertext]:
+    """:func:`max_and_min_core`, each refresh awaited."""
+    return await drive(max_and_min_core(ctx, a, b, plan, bound=bound), refresh)
+
+
+async def tree_maximum(ctx: CkksContext, cts: Sequence[openfhe.Ciphertext], refresh: Refresh,
+                       plan: ComparePlan, *, bound: float = 1.0) -> openfhe.Ciphertext:
+    """:func:`tree_maximum_core`, each refresh awaited."""
+    return await drive(tree_maximum_core(ctx, cts, plan, bound=bound), refresh)
+
+
+async def fold_maximum(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, steps: int,
+                       refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0,
+                       keys: Sequence[int] | None = None) -> openfhe.Ciphertext:
+    """:func:`fold_maximum_core`, each refresh awaited."""
+    return await drive(fold_maximum_core(ctx, ct, stride, steps, plan, bound=bound,
+                                         keys=keys), refresh)

@@ -45,7 +45,8 @@ from typing import Any, Protocol
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
+from fednorm.engine.ckks.cores import Core, drive, dry_run, fully_refreshed
+from fednorm.engine.ckks.levels import Refresh
 from fednorm.engine.errors import InputError
 
 COUNT_RANGE = (1.0, float(2**20))
@@ -259,67 +260,48 @@ def plan_inverse(budget: int, lo: float = COUNT_RANGE[0], hi: float = COUNT_RANG
     """Dry-run the inverse on level counts: doublings, bootstraps, products, output level."""
     sch = _schedule(lo, hi, rel_tol)
     ops = _LevelOps()
-    boots = 0
-
-    async def fresh(_: int) -> int:
-        nonlocal boots
-        boots += 1
-        return 0
-
     gen = _iterate(ops, input_consumed, sch, budget, _limits(budget, keep_levels), 1.0)
-    out = _run_without_suspending(_drive(gen, fresh))
+    out, boots = dry_run(gen, 0)  # a refreshed value has consumed no level
     return InversePlan(sch.doublings, boots, ops.products, out, sch.error_bound)
 
 
-async def _drive(gen: Generator[Any, Any, Any], refresh: Refresh) -> Any:
-    """Run the iteration, answering each refresh request with ``await refresh(value)``."""
-    try:
-        pending = gen.send(None)
-        while True:
-            pending = gen.send(await refresh(pending))
-    except StopIteration as done:
-        return done.value
-
-
-def _run_without_suspending(coro: Any) -> Any:
-    """Run a coroutine that never really awaits (the symbolic dry run)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("the dry run awaited something")  # pragma: no cover
-
-
-async def inverse(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RANGE[0],
-                  hi: float = COUNT_RANGE[1], refresh: Refresh | None = None, *,
-                  rel_tol: float = 1e-6, out_scale: float = 1.0,
-                  keep_levels: int = 0) -> openfhe.Ciphertext:
-    """Encrypted ``out_scale / x`` for every slot x in [lo, hi].
+def inverse_core(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RANGE[0],
+                 hi: float = COUNT_RANGE[1], *, rel_tol: float = 1e-6,
+                 out_scale: float = 1.0, keep_levels: int = 0) -> Core[openfhe.Ciphertext]:
+    """Encrypted ``out_scale / x`` for every slot x in [lo, hi], as a crypto core: it
+    yields a ciphertext whenever levels run out and is resumed with it refreshed
+    (:func:`plan_inverse` tells how often).
 
     Relative error: ``rel_tol`` from the approximation (2.25e-7 by default on [1, 2^20]),
     plus CKKS noise of ~1e-11 to 4e-11 *absolute* on the output, so a tiny output such as
     1/2^20 gets up to 4e-5 relative error. If that matters, ask for ``out_scale = hi`` (outputs
     in [1, hi/lo]: measured max relative error 3.3e-7 over [1, 2^20]) and fold 1/hi into
     the factor the inverse multiplies next (free in depth if that factor is fresh).
-
-    ``refresh`` is the collective bootstrap, awaited whenever levels run out
-    (:func:`plan_inverse` tells how often; none needed means it may be ``None``).
     ``keep_levels`` levels are left on the result for the caller.
     """
     sch = _schedule(lo, hi, rel_tol)
     ctx.check_same_context(ct, "inverse input")
     budget = ctx.level_budget
-    plan = plan_inverse(budget, lo, hi, rel_tol=rel_tol, input_consumed=ctx.consumed(ct),
-                        keep_levels=keep_levels)
+    gen = _iterate(_CtOps(ctx), ct, sch, budget, _limits(budget, keep_levels), out_scale)
+    try:
+        request = gen.send(None)
+        while True:
+            request = gen.send((yield from fully_refreshed(ctx, request)))
+    except StopIteration as done:
+        return done.value
+
+
+async def inverse(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RANGE[0],
+                  hi: float = COUNT_RANGE[1], refresh: Refresh | None = None, *,
+                  rel_tol: float = 1e-6, out_scale: float = 1.0,
+                  keep_levels: int = 0) -> openfhe.Ciphertext:
+    """:func:`inverse_core`, each refresh awaited: ``refresh`` is the collective
+    bootstrap (none needed means it may be ``None``)."""
+    plan = plan_inverse(ctx.level_budget, lo, hi, rel_tol=rel_tol,
+                        input_consumed=ctx.consumed(ct), keep_levels=keep_levels)
     if plan.bootstraps and refresh is None:
         raise InputError(f"inverse needs {plan.bootstraps} collective bootstraps here: "
                          "pass a refresh callback")
-
-    async def checked_refresh(value: openfhe.Ciphertext) -> openfhe.Ciphertext:
-        fresh = await refresh(value)
-        if ctx.consumed(fresh) != 0:
-            raise LevelBudgetError("refresh did not return a fresh ciphertext")
-        return fresh
-
-    gen = _iterate(_CtOps(ctx), ct, sch, budget, _limits(budget, keep_levels), out_scale)
-    return await _drive(gen, checked_refresh)
+    core = inverse_core(ctx, ct, lo, hi, rel_tol=rel_tol, out_scale=out_scale,
+                        keep_levels=keep_levels)
+    return await drive(core, refresh)  # type: ignore[arg-type]

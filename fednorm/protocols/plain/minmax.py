@@ -18,7 +18,13 @@ from fednorm.protocols.base import (
     register,
     register_local,
 )
+from fednorm.protocols.ledger import declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
+
+LEDGER = declare("minmax", "plain", {
+    "minmax.local_extremes": ("min", "max"),
+    "minmax.result": ("min", "max"),
+})
 
 
 @message("minmax.local_extremes")

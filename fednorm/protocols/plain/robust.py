@@ -1,7 +1,7 @@
 """Federated robust scaling: pooled Q1, median and Q3 (paper Algorithm 3, plaintext).
 
 Round 1 gives the server each feature's pooled count and range; then the k-th
-ranked element search (:mod:`fednorm.protocols.rank`) finds the order
+ranked element search (:mod:`fednorm.protocols.plain.kth`) finds the order
 statistics around each quartile position, and the quartiles are interpolated
 from them as scikit-learn's ``RobustScaler`` does.
 """
@@ -20,18 +20,19 @@ from fednorm.protocols.base import (
     register,
     register_local,
 )
+from fednorm.protocols.ledger import declare
 from fednorm.protocols.normalizers import RobustNormalizer
+from fednorm.protocols.plain import kth
 from fednorm.protocols.plain.minmax import local_extremes
-from fednorm.protocols.rank import (
-    SortedColumns,
-    kth_party,
-    kth_server,
-    plan_quantiles,
-    probe_limit,
-    start_search,
-)
+from fednorm.protocols.rank import SortedColumns, plan_quantiles, probe_limit, start_search
 
 QUARTILES = (0.25, 0.5, 0.75)
+
+LEDGER = declare("robust", "plain", {
+    "robust.local_summary": ("count", "min", "max"),
+    **kth.PLAINTEXT,
+    "robust.result": ("q1", "median", "q3"),
+})
 
 
 @message("robust.local_summary")
@@ -59,7 +60,7 @@ async def server(ctx: RoleContext, options: FitOptions) -> RobustNormalizer:
     high = gathered_vectors(summaries, "max", len(count)).max(axis=0)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
     search = start_search(plan, count, low, high, options)
-    values = await kth_server(ctx, search)
+    values = await kth.kth_server(ctx, search)
     quartiles = plan.combine(values)
     quartiles[:, count == 0] = np.nan
     result = RobustResult(q1=quartiles[0], median=quartiles[1], q3=quartiles[2])
@@ -71,7 +72,7 @@ async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> RobustN
     X = check_party_data(X)
     low, high = local_extremes(X)
     await ctx.send(SERVER, LocalSummary(count=feature_counts(X), min=low, max=high))
-    await kth_party(ctx, SortedColumns(X, probe_limit(options, QUARTILES)))
+    await kth.kth_party(ctx, SortedColumns(X, probe_limit(options, QUARTILES)))
     result = await ctx.receive(SERVER, RobustResult)
     return _normalizer(np.vstack([result.q1, result.median, result.q3]))
 

@@ -22,7 +22,15 @@ from fednorm.protocols.base import (
     register,
     register_local,
 )
+from fednorm.protocols.ledger import declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
+
+LEDGER = declare("zscore", "plain", {
+    "zscore.local_sums": ("count", "total"),
+    "zscore.global_mean": ("mean",),
+    "zscore.local_deviations": ("squared", "linear"),
+    "zscore.result": ("mean", "var", "count"),
+})
 
 
 @message("zscore.local_sums")

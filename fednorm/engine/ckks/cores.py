@@ -1,0 +1,115 @@
+"""Crypto cores: multi-step encrypted computations as synchronous code without I/O.
+
+A deep computation (an inverse, a comparison, a tree of them) runs out of levels and
+needs the federation to refresh a ciphertext (a collective bootstrap: a network round).
+Written as a generator, it *yields* the ciphertext to refresh and is resumed with the
+fresh one; it never awaits anything, so the caller decides where the arithmetic runs
+(the PPF protocols run it in a worker thread, off the event loop, and answer each
+request with a collective round: :mod:`fednorm.protocols.ppf.driver`).  A core may yield
+other requests too (a protocol's core asks for decryptions); the engine's cores only
+ever yield ciphertexts to refresh.
+
+``x = yield from core`` composes cores; :func:`drive` runs one with an async ``refresh``
+callback, on the caller's task (tests, local runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar
+
+import openfhe
+
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresh, consumed_levels, levels_left
+from fednorm.engine.errors import InputError
+
+T = TypeVar("T")
+
+Core = Generator[Any, Any, T]
+"""A crypto core returning T: yields requests (a ciphertext: refresh it), gets answers."""
+
+
+def refreshed(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int
+              ) -> Core[openfhe.Ciphertext]:
+    """``ct`` if it has ``needed`` levels left, else ``ct`` refreshed (one request).
+
+    A ciphertext already past the budget cannot be refreshed (bootstrapping it would
+    return garbage), so that is a :class:`LevelBudgetError`, as is a refresh that does
+    not restore enough levels.
+    """
+    budget = ctx.level_budget
+    if not 0 <= needed <= budget:
+        raise InputError(f"needed={needed} levels, but the budget is {budget}")
+    left = levels_left(ct, budget)
+    if left >= needed:
+        return ct
+    if left < 0:
+        raise LevelBudgetError(
+            f"ciphertext consumed {consumed_levels(ct)} levels, past the bootstrap budget "
+            f"{budget}: it can no longer be refreshed")
+    fresh = yield ct
+    if levels_left(fresh, budget) < needed:
+        raise LevelBudgetError(
+            f"refresh returned a ciphertext with {levels_left(fresh, budget)} levels left, "
+            f"{needed} needed")
+    return fresh
+
+
+def fully_refreshed(ctx: CkksContext, ct: openfhe.Ciphertext) -> Core[openfhe.Ciphertext]:
+    """``ct`` refreshed to the full budget (one request), whatever it has left."""
+    if ctx.levels_left(ct) < 0:
+        raise LevelBudgetError("ciphertext is past the bootstrap budget")
+    fresh = yield ct
+    if ctx.consumed(fresh) != 0:
+        raise LevelBudgetError("refresh did not return a fresh ciphertext")
+    return fresh
+
+
+async def drive(core: Core[T], refresh: Refresh) -> T:
+    """Run ``core`` here, answering each request with ``await refresh(ciphertext)``."""
+    try:
+        request = core.send(None)
+        while True:
+            request = core.send(await refresh(request))
+    except StopIteration as done:
+        return done.value
+
+
+def dry_run(core: Core[T], answer: Any) -> tuple[T, int]:
+    """Run a core answering every request with ``answer`` (a symbolic run, e.g. on level
+    counts): its result, and how many requests it made."""
+    requests = 0
+    try:
+        core.send(None)
+        while True:
+            requests += 1
+            core.send(answer)
+    except StopIteration as done:
+        return done.value, requests
+
+
+def done(value: T) -> Core[T]:
+    """A core that needs nothing from the federation: ``value`` at once."""
+    return value
+    yield  # unreachable: it only makes this function a generator
+
+
+def pairwise(items: Sequence[T], combine: Callable[[T, T], Core[T]],
+             prepare: Callable[[T], Core[T]] | None = None) -> Core[T]:
+    """Reduce ``items`` pairwise in ⌈log2 n⌉ rounds (an odd one out waits for the next
+    round); ``prepare`` runs on every item at the start of each round (a refresh)."""
+    if not items:
+        raise InputError("need at least one item")
+    level = list(items)
+    while len(level) > 1:
+        if prepare is not None:
+            prepared = []
+            for item in level:
+                prepared.append((yield from prepare(item)))
+            level = prepared
+        pairs = []
+        for i in range(0, len(level) - 1, 2):
+            pairs.append((yield from combine(level[i], level[i + 1])))
+        level = pairs + level[len(level) - len(level) % 2:]
+    return level[0]

@@ -1,0 +1,88 @@
+"""What the PPF protocols check and set up alike: the agreed bound V_abs, the largest
+count, comparison precisions, key-setup arguments, and slot blocks.
+
+Every check runs on a party's own data *before* it encrypts anything, so bad input is an
+:class:`~fednorm.engine.errors.InputError` at once, never a failure halfway through a
+protocol run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import InputError
+from fednorm.protocols.base import FitOptions, feature_counts, require_within_vabs
+
+
+def vabs_vector(options: FitOptions, width: int) -> np.ndarray:
+    """The agreed per-feature bound V_abs (one value for all features, or one each)."""
+    if options.vabs is None:
+        raise InputError("PPF MinMax needs FitOptions(vabs=...): a bound on |x| every "
+                         "party agrees on, one value for all features or one per feature")
+    vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
+    if vabs.size not in (1, width):
+        raise InputError(f"vabs has {vabs.size} values for {width} features")
+    if not np.all(np.isfinite(vabs) & (vabs > 0)):
+        raise InputError("vabs values must be positive and finite")
+    return np.broadcast_to(vabs, (width,)).copy()
+
+
+def require_within_agreed_bound(X: np.ndarray, options: FitOptions) -> np.ndarray:
+    """V_abs per feature, once every value of ``X`` is known to lie within it."""
+    vabs = vabs_vector(options, X.shape[1])
+    require_within_vabs(X, vabs)
+    return vabs
+
+
+def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
+    """InputError if a feature of this party holds more than ``max_count`` values (the
+    encrypted inverse is only right on [1, max_count])."""
+    if feature_counts(X).max(initial=0) > options.max_count:
+        raise InputError(f"a party holds more than max_count={options.max_count} values")
+
+
+def compare_plan(bits: object, default: float, option: str) -> ckks.ComparePlan:
+    """The comparison of ``bits`` precision (``default`` if None), named ``option`` in
+    the error a bad value gets."""
+    bits = default if bits is None else bits
+    if not isinstance(bits, (int, float)) or isinstance(bits, bool):
+        raise InputError(f"{option} must be a number, got {bits!r}")
+    return ckks.plan_compare(float(bits))
+
+
+def setup_arguments(options: FitOptions, blocks: int) -> dict[str, object]:
+    """Keyword arguments for ``setup_server`` / ``setup_party`` of a protocol that
+    multiplies ciphertexts and rotates by one slot block (``blocks`` per ciphertext)."""
+    return {"relinearize": True, "rotations": (ckks.get_preset(options.preset).slots // blocks,)}
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """A ciphertext's slots cut into :attr:`blocks` equal blocks, for ``width`` features
+    (each protocol's layout says how many blocks and what goes where)."""
+
+    slots: int
+    width: int
+
+    @property
+    def blocks(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def block(self) -> int:
+        """Slots per block."""
+        return self.slots // self.blocks
+
+    def first(self, n: int) -> np.ndarray:
+        """1 on the first ``n`` slots, 0 elsewhere (a mask before decryption)."""
+        return (np.arange(self.slots) < n).astype(np.float64)
+
+    def placed(self, parts: dict[int, np.ndarray], length: int) -> np.ndarray:
+        """A vector of ``length`` slots with ``parts[b]`` at the start of block b."""
+        out = np.zeros(length)
+        for b, values in parts.items():
+            out[b * self.block:b * self.block + values.size] = values
+        return out

@@ -1,0 +1,64 @@
+"""Run a crypto core over the server's crypto: the one place where a PPF protocol's
+encrypted computations meet the network.
+
+A core (:mod:`fednorm.engine.ckks.cores`) is synchronous code that yields what it needs
+from the federation: a ciphertext to refresh (a collective bootstrap) or a
+:class:`Decrypt` request (a collective decryption).  :func:`run_core` runs the core's
+arithmetic between two requests in a worker thread (``RoleContext.run_sync``), so the
+event loop stays free for the parties' frames, and answers each request with one round
+of :class:`~fednorm.protocols.collective.ServerCrypto`, in the order the core asks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.ckks.cores import Core
+from fednorm.protocols.collective import ServerCrypto
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Decrypt:
+    """A core's request: the first ``width`` slots of ``ct``, decrypted collectively."""
+
+    ct: openfhe.Ciphertext
+    width: int
+
+
+def decrypted(ct: openfhe.Ciphertext, width: int) -> Core[np.ndarray]:
+    """Inside a core: ``values = yield from decrypted(ct, width)``."""
+    return (yield Decrypt(ct, width))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What a core did between two requests: its next request, or its result."""
+
+    request: Any = None
+    done: bool = False
+    value: Any = None
+
+
+def _advance(core: Core[Any], answer: Any) -> _Step:
+    try:
+        return _Step(request=core.send(answer))
+    except StopIteration as finished:
+        return _Step(done=True, value=finished.value)
+
+
+async def run_core(crypto: ServerCrypto, core: Core[T]) -> T:
+    """``core``'s result, its arithmetic off the event loop, each of its requests answered
+    by the federation (a bootstrap for a ciphertext, a decryption for :class:`Decrypt`)."""
+    answer: Any = None
+    while not (step := await crypto.rc.run_sync(_advance, core, answer)).done:
+        if isinstance(step.request, Decrypt):
+            answer = await crypto.decrypt(step.request.ct, step.request.width)
+        else:
+            answer = await crypto.bootstrap(step.request)
+    return step.value

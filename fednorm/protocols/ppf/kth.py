@@ -1,0 +1,131 @@
+"""PPF k-th ranked element (paper Algorithm 4): the search on encrypted pooled counts.
+
+The search itself is :mod:`fednorm.protocols.rank` (the server's brackets and probes,
+a party's sorted columns and its refusals); here each round every party encrypts its
+counts of values ≤ each probe point as a sum upload, the server adds the ciphertexts
+and the parties decrypt the pooled counts collectively (flooded): the server learns
+only the pooled counts at its probes.  All features and all ranks share one
+ciphertext per round.
+
+Algorithm 4 plans its ranks from the pooled count n_g, which this module also pools
+(:func:`reveal_pooled_counts` / :func:`share_pooled_counts`, Algorithm 3 lines 10–12).
+
+Entry points: the server runs :func:`kth_server` on a :class:`~fednorm.protocols.rank.
+RankSearch` (:func:`~fednorm.protocols.rank.start_search`) and every party
+:func:`kth_party` on its :class:`~fednorm.protocols.rank.SortedColumns`, both after
+collective key setup (no relinearization key needed: nothing is multiplied).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.collective import PartyCrypto, ServerCrypto
+from fednorm.protocols.ledger import Allowance
+from fednorm.protocols.ppf.phases import serve_phase
+from fednorm.protocols.rank import (
+    SEARCH_PLAINTEXT,
+    RankDone,
+    RankProbe,
+    RankSearch,
+    SortedColumns,
+    search_party,
+    search_server,
+)
+
+POOLED_COUNT = Allowance(sums=1)
+"""n_g: one flooded decryption of the pooled per-feature counts."""
+
+SEARCH_ROUND = Allowance(sums=1)
+"""Each search round: one flooded decryption of the pooled counts at the probes."""
+
+PLAINTEXT = {
+    **SEARCH_PLAINTEXT,
+    "ppf_robust.encrypted_counts": ("width",),
+    "ppf_robust.pooled_counts": ("count",),
+}
+"""The ledger's entry: the probes, the number of counts, and the revealed n_g."""
+
+
+@message("ppf_robust.pooled_counts")
+class PooledCounts(Message):
+    """n_g per feature, decrypted collectively (Algorithm 3, line 12)."""
+
+    count: np.ndarray
+
+
+@message("ppf_robust.encrypted_counts")
+class EncryptedCounts(Message):
+    """A party's counts (per feature, or per probe), encrypted under the joint key."""
+
+    counts: openfhe.Ciphertext
+    width: int
+
+
+async def pooled_counts(crypto: ServerCrypto, width: int | None = None) -> np.ndarray:
+    """Server: add every party's encrypted counts, decrypt the sum, round to integers.
+
+    ``width`` None: the first party's width, which every other party must match.
+    """
+    replies = await crypto.rc.gather(EncryptedCounts)
+    width = width if width is not None else replies[crypto.rc.parties[0]].width
+    for party, reply in replies.items():
+        if reply.width != width:
+            raise ProtocolError(f"party {party} sent {reply.width} counts, expected {width}")
+    total = await crypto.add_all({p: r.counts for p, r in replies.items()})
+    return np.rint(await crypto.decrypt_sum(total, width))
+
+
+async def send_counts(crypto: PartyCrypto, counts: np.ndarray) -> None:
+    """Party: this party's counts to the server, as a sum upload."""
+    ct = await crypto.encrypt_for_sum(counts)
+    await crypto.rc.send(SERVER, EncryptedCounts(counts=ct, width=len(counts)))
+
+
+async def reveal_pooled_counts(crypto: ServerCrypto) -> np.ndarray:
+    """Server: n_g per feature, pooled, decrypted and broadcast."""
+    count = await pooled_counts(crypto)
+    await crypto.rc.broadcast(PooledCounts(count=count))
+    return count
+
+
+async def share_pooled_counts(crypto: PartyCrypto, counts: np.ndarray) -> np.ndarray:
+    """Party side of :func:`reveal_pooled_counts`: send ``counts``, help decrypt n_g."""
+    await send_counts(crypto, counts)
+    return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count
+
+
+class EncryptedCountAggregator:
+    """The k-th search's counts, pooled under encryption (one decryption per round)."""
+
+    def __init__(self, crypto: ServerCrypto | PartyCrypto) -> None:
+        self._crypto = crypto
+        self._owed = Allowance()  # nothing before the first probe, then one round's
+
+    async def pooled(self, ctx: RoleContext, width: int) -> np.ndarray:
+        assert isinstance(self._crypto, ServerCrypto)
+        return await pooled_counts(self._crypto, width)
+
+    async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
+        assert isinstance(self._crypto, PartyCrypto)
+        await send_counts(self._crypto, counts)
+        self._owed = SEARCH_ROUND
+
+    async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
+        assert isinstance(self._crypto, PartyCrypto)
+        owed, self._owed = self._owed, Allowance()
+        return await serve_phase(self._crypto, (RankProbe, RankDone), owed)
+
+
+async def kth_server(crypto: ServerCrypto, search: RankSearch) -> np.ndarray:
+    """Server: every target of ``search`` found, on encrypted pooled counts."""
+    return await search_server(crypto.rc, search, EncryptedCountAggregator(crypto))
+
+
+async def kth_party(crypto: PartyCrypto, columns: SortedColumns) -> None:
+    """Party: answer the server's probes with encrypted counts until it is done."""
+    await search_party(crypto.rc, columns, EncryptedCountAggregator(crypto))

@@ -1,0 +1,24 @@
+"""A party's side of one phase of a PPF protocol, held to the phase's declared allowance.
+
+Between two of its own messages a party answers the server's collective requests
+(decryptions, sum decryptions, bootstraps); the ledger declares how many each phase
+may ask for (:class:`~fednorm.protocols.ledger.Allowance`, listed in each protocol's
+declaration), and a server asking for more is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from fednorm.engine.messages import Message
+from fednorm.protocols.collective import PartyCrypto, serve_until
+from fednorm.protocols.ledger import Allowance
+
+M = TypeVar("M", bound=Message)
+
+
+async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...],
+                      allowance: Allowance) -> M:
+    """Answer the server's requests within ``allowance`` until ``expected`` arrives."""
+    return await serve_until(crypto, expected, decryptions=allowance.decryptions,
+                             sums=allowance.sums, bootstraps=allowance.bootstraps)

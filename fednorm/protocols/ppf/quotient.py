@@ -1,0 +1,235 @@
+"""The two-pass quotient: numerator / n_g per feature, precise at every magnitude.
+
+A CKKS ciphertext holds every slot to about 2^-50 of its *largest* slot, so a feature of
+order 1e-4 packed beside one of order 1e12 would come out as noise.  A quotient is
+therefore decrypted twice: the coarse pass gives every feature's magnitude; the server
+sends per-feature powers of two (:class:`Scales`), the parties re-encrypt their
+numerators scaled by them (all slots now of one order), and the precise pass is exact in
+every slot.  Both passes reveal the same quantity (the first coarsely).  A coarse
+quotient too large to decode (beyond ~2^40) is decrypted once more, shifted by a public
+2^-40 (:func:`_coarse_quotient`).
+
+The denominator is the encrypted ⟨max_count / n_g⟩ (an encrypted inverse) or, with
+revealed counts, max_count / n_g in plaintext, where every numerator is a sum upload
+whose flooded decryption is divided in the clear.  PPF z-score (:mod:`.zscore`) and PPF
+Yeo-Johnson (:mod:`.yeojohnson`) both run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import openfhe
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.messages import Message, as_float_vector, message
+from fednorm.engine.runtime import SERVER
+from fednorm.protocols.base import FitOptions
+from fednorm.protocols.collective import PartyCrypto, ServerCrypto
+from fednorm.protocols.ledger import NOTHING, Allowance
+from fednorm.protocols.ppf.phases import serve_phase
+
+M = TypeVar("M", bound=Message)
+QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
+COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
+COARSE_DECRYPTIONS = 2  # so a party helps decrypt a coarse pass at most twice
+COARSE_NOISE_FLOOR = 2.0**-10  # |coarse mean| below this counts as zero for scales
+MAX_SCALED_VALUE = 2.0**50  # a party refuses scales pushing its |value · scale| beyond
+
+COARSE = Allowance(decryptions=COARSE_DECRYPTIONS)
+"""The coarse pass: the quotient, and once more shifted if it does not decode."""
+
+COARSE_FLOODED = Allowance(sums=1)
+"""The coarse pass with revealed counts: one flooded sum (it always decodes)."""
+
+PRECISE = Allowance(decryptions=1)
+"""The precise pass (with revealed counts: a flooded sum instead)."""
+
+PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
+"""The ledger's entry: the per-feature powers of two between the passes."""
+
+
+@message("ppf_zscore.encrypted_vector")
+class EncryptedVector(Message):
+    """A party's per-feature vector, encrypted (possibly scaled by the server's scales)."""
+
+    values: openfhe.Ciphertext
+
+
+@message("ppf_zscore.scales")
+class Scales(Message):
+    """Per-feature powers of two to re-encrypt with, from the coarse pass."""
+
+    scales: np.ndarray
+
+
+Denominator = openfhe.Ciphertext | np.ndarray
+"""⟨max_count / n_g⟩ under encryption, or max_count / n_g per slot (revealed counts)."""
+
+
+# -- server -------------------------------------------------------------------------------
+async def pooled_vector(crypto: ServerCrypto) -> openfhe.Ciphertext:
+    """⊕ of every party's :class:`EncryptedVector`."""
+    uploads = await crypto.rc.gather(EncryptedVector)
+    return await crypto.add_all({p: m.values for p, m in uploads.items()})
+
+
+async def pooled_quotient(crypto: ServerCrypto, scaled_inverse: Denominator, width: int,
+                          options: FitOptions, floor: float = COARSE_NOISE_FLOOR
+                          ) -> np.ndarray:
+    """The parties' next uploads, pooled, divided by n_g (:func:`precise_quotient`)."""
+    numerator = await pooled_vector(crypto)
+    return await precise_quotient(crypto, numerator, scaled_inverse, width, options, floor)
+
+
+async def precise_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
+    width: int, options: FitOptions, floor: float = COARSE_NOISE_FLOOR,
+) -> np.ndarray:
+    """numerator / n_g per feature, in two passes (coarse, then at per-feature scales);
+    the parties' side is :func:`precise_quotient_party`.  ``floor``: see
+    :func:`power_of_two_scales` (a numerator of non-negative terms cannot cancel, so its
+    floor may be far lower)."""
+    coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
+    scales = power_of_two_scales(coarse, floor)
+    await crypto.rc.broadcast(Scales(scales=scales))
+    numerator = await pooled_vector(crypto)
+    precise = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    return precise / scales
+
+
+def power_of_two_scales(coarse: np.ndarray, floor: float = COARSE_NOISE_FLOOR) -> np.ndarray:
+    """Per-feature powers of two bringing each |value| near 2^16.
+
+    Measured: the product with the encrypted inverse carries a small absolute error, so
+    quotients of order 2^10 and above keep the inverse's own relative precision (~1e-7)
+    while quotients of order one lose digits.  Values at the noise floor of the largest
+    are lifted only as far as that floor (what lies below it was never resolved), and a
+    value below ``floor`` counts as zero: lifting a near-zero mean by 2^49 would push the
+    parties' own scaled sums (which may be large while their pooled sum cancels, e.g.
+    standardized data split by label) past what CKKS encodes.
+    """
+    magnitude = np.abs(coarse)
+    floor = max(float(magnitude.max(initial=0.0)) * 2.0**-45, floor)
+    exponents = np.round(np.log2(np.maximum(magnitude, floor)))
+    return np.ldexp(1.0, (QUOTIENT_EXPONENT - exponents).astype(np.int64))
+
+
+async def _coarse_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
+    width: int, options: FitOptions,
+) -> np.ndarray:
+    """The coarse pass: numerator / n_g, decrypted once more at 2^-COARSE_SHIFT if too
+    large to decode (quotients beyond ~2^40, e.g. variances of values beyond ~1e6).
+
+    The second decryption reveals the same quotient, scaled by a public constant.
+    Shifting the numerator *before* the product keeps the product's noise small; the
+    shifted pass resolves quotients of ~2^14 … 2^54 (measured), enough for the scales.
+    """
+    if isinstance(scaled_inverse, np.ndarray):  # a flooded sum: it always decodes
+        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    try:
+        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    except ckks.DecodeOverflow:
+        shifted = await crypto.rc.run_sync(crypto.ckks.mul, numerator, 2.0**-COARSE_SHIFT)
+        quotient = await _decrypt_quotient(crypto, shifted, scaled_inverse, width, options)
+        return quotient * 2.0**COARSE_SHIFT
+
+
+async def _decrypt_quotient(
+    crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
+    width: int, options: FitOptions,
+) -> np.ndarray:
+    """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩; with
+    revealed counts, the numerator (a sum upload) is decrypted and divided in the clear."""
+    if isinstance(scaled_inverse, np.ndarray):
+        total = await crypto.decrypt_sum(numerator, width)
+        return total * (scaled_inverse[:width] / options.max_count)
+    context = crypto.ckks
+    # 1/max_count is applied after the product: before it, the numerator would be tiny
+    # and the product's absolute noise would swamp small-valued features.
+    ct = await crypto.rc.run_sync(
+        lambda: context.mul(context.mul(numerator, scaled_inverse), 1.0 / options.max_count))
+    return await crypto.decrypt(ct, width)
+
+
+# -- party --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Passes:
+    """How a party's side of the quotient passes travels.
+
+    With revealed counts every value is a sum upload whose decryption the party floods
+    (:meth:`ServerCrypto.decrypt_sum`); with the encrypted inverse it is a numerator the
+    server multiplies by ⟨max_count/n_g⟩ before a (not flooded, see docs/LEAKAGE.md)
+    decryption, which may be retried once at a smaller scale in a coarse pass.
+
+    ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
+    before the first pass (the ledger's count; none at all later, none with revealed
+    counts); None leaves them uncapped (a caller that bootstraps elsewhere).
+    """
+
+    revealed: bool = False
+    inverse_bootstraps: int | None = None
+
+    @property
+    def coarse(self) -> Allowance:
+        return COARSE_FLOODED if self.revealed else COARSE
+
+    async def upload(self, crypto: PartyCrypto, values: np.ndarray) -> openfhe.Ciphertext:
+        if self.revealed:
+            if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
+                raise InputError(
+                    "with revealed counts this party's sums travel as sum uploads, which "
+                    f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
+                    "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
+            return await crypto.encrypt_for_sum(values)
+        return await crypto.encrypt(values, numerator_level(crypto.ckks))
+
+    async def send(self, crypto: PartyCrypto, values: np.ndarray) -> None:
+        """``values`` to the server as this run's kind of :class:`EncryptedVector`."""
+        await crypto.rc.send(SERVER, EncryptedVector(values=await self.upload(crypto, values)))
+
+    async def serve(self, crypto: PartyCrypto, expected: type[M], allowance: Allowance,
+                    first: bool = False) -> M:
+        """Answer the server's requests within ``allowance`` (as flooded sums with revealed
+        counts, plus the inverse's bootstraps if this is the ``first`` phase) until
+        ``expected`` arrives."""
+        bootstraps = None if self.inverse_bootstraps is None else \
+            self.inverse_bootstraps if first else 0
+        allowance = allowance.with_bootstraps(bootstraps)
+        return await serve_phase(crypto, expected,
+                                 allowance.as_sums() if self.revealed else allowance)
+
+
+ENCRYPTED = Passes()
+"""Numerators over the encrypted inverse, its bootstraps capped elsewhere (or not)."""
+
+
+async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: int,
+                                 before: Allowance = NOTHING, passes: Passes = ENCRYPTED
+                                 ) -> None:
+    """Party side of a two-pass quotient, once ``local`` (its numerator) was sent: help
+    decrypt the coarse pass (after ``before``, the decryptions the server makes first),
+    re-encrypt scaled."""
+    first = before != NOTHING
+    scales = await passes.serve(crypto, Scales, passes.coarse + before, first=first)
+    factors = as_float_vector(scales.scales, width, "scales from the server")
+    if not np.all(np.isfinite(factors) & (factors > 0)):
+        raise ProtocolError("the server sent invalid scales")
+    if np.nanmax(np.abs(local * factors), initial=0.0) > MAX_SCALED_VALUE:
+        raise InputError(
+            "the precise pass cannot resolve a pooled mean this close to zero beside this "
+            "party's large sums (|sum × scale| would pass 2^50, what CKKS encodes): refused "
+            "(center or rescale the data first)")
+    await passes.send(crypto, local * factors)
+
+
+def numerator_level(context: ckks.CkksContext) -> int:
+    """The level parties encrypt numerators at: the server multiplies each twice (by the
+    inverse count, then by 1/max_count) before decrypting it, so the towers a fresh
+    ciphertext carries beyond that are dead weight on the wire (5 of 12 kept at the
+    paper preset; the count, inverted in depth, stays at full level)."""
+    return context.upload_level(2)

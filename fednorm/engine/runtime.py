@@ -268,7 +268,7 @@ class RoleContext:
 
         out, seconds = await trio.to_thread.run_sync(timed, limiter=self._limiter)
         self._tracers.emit("crypto_call", CryptoEvent(
-            role_name(self.me), self.protocol, call_name(fn), seconds))
+            role_name(self.me), self.protocol, call_name(fn), seconds, out))
         return out
 
 

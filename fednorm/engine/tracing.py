@@ -55,12 +55,14 @@ class PhaseEvent:
 
 @dataclass(frozen=True)
 class CryptoEvent:
-    """One heavy call a role ran in a worker thread (``RoleContext.run_sync``)."""
+    """One heavy call a role ran in a worker thread (``RoleContext.run_sync``) and what
+    it returned (a decryption's values, a ciphertext, ...; left out of comparisons)."""
 
     role: str
     protocol: str
     call: str
     seconds: float
+    result: Any = field(default=None, repr=False, compare=False)
 
 
 class Tracer:

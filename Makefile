@@ -44,7 +44,7 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 
 # The benchmark report against the paper (~40 min on a quiet 2-core machine): rewrites
-# bench/RESULTS.md from its generated part on, and bench/plots/. The plots need
+# bench/RESULTS.md (the generated report alone) and bench/plots/. The plots need
 # matplotlib (part of the train extra, installed here without torch).
 bench: $(VENV)/.installed-dev
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q 'matplotlib>=3.7'

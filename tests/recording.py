@@ -13,7 +13,6 @@ import pytest
 from fednorm.engine.codec import Header, decode_frame
 from fednorm.engine.messages import Message
 from fednorm.engine.tracing import FrameEvent, Tracer
-from fednorm.transport.trace import TracedLink
 
 
 @dataclass
@@ -25,22 +24,6 @@ class Recorder(Tracer):
 
     def decoded(self) -> list[tuple[Header, Message]]:
         return [decode_frame(frame) for frame in self.frames]
-
-
-def install(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Until every caller passes ``tracer=Recorder()``: record through the links."""
-    from fednorm.sim import federation
-    from fednorm.transport import memory
-
-    recorder = Recorder()
-
-    def recording_star_links(parties):
-        server_links, party_links = memory.star_links(parties)
-        return ({p: TracedLink(link, recorder, "") for p, link in server_links.items()},
-                party_links)
-
-    monkeypatch.setattr(federation, "star_links", recording_star_links)
-    return recorder
 
 
 def spy_secret_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:

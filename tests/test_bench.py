@@ -1,12 +1,13 @@
 """Smoke tests of ``fednorm bench``: the quick mode of two sections at the test preset,
-plus the pure parts (the paper's formulas, the RESULTS.md rewrite, input checks)."""
+plus the pure parts (the paper's formulas, input checks), and the time breakdown read from
+the role contexts' tracer hooks."""
 
 import json
 
 import numpy as np
 import pytest
 
-from fednorm.bench import communication, protocols, report
+from fednorm.bench import communication, kth, report
 from fednorm.cli import main
 from fednorm.engine.errors import InputError
 
@@ -38,12 +39,13 @@ def test_scaling_section_through_the_cli(tmp_path) -> None:
 def test_kth_rounds_grow_as_epsilon_shrinks() -> None:
     rng = np.random.default_rng(3)
     parts = [rng.uniform(0, 10, size=(9, 2)) for _ in range(2)]
-    section, records = protocols.kth_vs_epsilon((1.0, 1e-2), preset="test", parts=parts)
+    section, records = kth.kth_vs_epsilon((1.0, 1e-2), preset="test", parts=parts)
     coarse, fine = sorted(section.rows, key=lambda r: -r["epsilon"])
     assert fine["rounds"] > coarse["rounds"] >= 1
     assert fine["rounds"] <= coarse["rounds"] + 8  # log2(1 / 1e-2) < 7 more halvings
     for row in (coarse, fine):
         assert row["error_over_epsilon"] <= 0.5 + 1e-6  # the median is within ε/2
+        assert 0 < row["kth_s"] < row["total_s"]  # the server's kth phase, from its tracer
     assert all(r.bytes_protocol > 0 for r in records)
 
 
@@ -58,14 +60,6 @@ def test_paper_formulas_grow_with_parties_and_rounds() -> None:
     assert communication.paper_bytes("zscore", 10, c, p) == pytest.approx(174 * c)
 
 
-def test_results_rewrite_keeps_the_hand_written_part(tmp_path) -> None:
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# Results\n\nanalysis\n\n" + report.GENERATED_MARKER + "\n\nold\n")
-    report.replace_generated_part(str(results), report.GENERATED_MARKER + "\n\nnew\n")
-    assert results.read_text() == "# Results\n\nanalysis\n\n" + report.GENERATED_MARKER + (
-        "\n\nnew\n")
-
-
 def test_bad_bench_input_is_rejected_before_work(tmp_path) -> None:
     with pytest.raises(InputError):
         report.BenchPlan(sections=("tables",))
@@ -74,3 +68,19 @@ def test_bad_bench_input_is_rejected_before_work(tmp_path) -> None:
     with pytest.raises(InputError):
         report.BenchPlan(epsilons=(0.0,))
     assert main(["bench", "--quick", "--results", str(tmp_path / "RESULTS.md")]) == 2
+
+
+def test_zscore_breakdown_and_noise_come_from_the_tracer_hooks() -> None:
+    from fednorm.bench import noise, zscore
+
+    section = zscore.table_v(repeats=1, parties=3, preset="test", modes=("default",))
+    (row,) = section.rows
+    assert {"setup", "decrypt", zscore.OUTSIDE} <= set(row["phases"])
+    assert row["phase_counts"]["decrypt"] == 5  # presence, two passes of mean and variance
+    assert row["calls"]["encode_body"] > 0 and len(row["calls"]) > 5
+    assert sum(row["phases"].values()) == pytest.approx(row["median_s"], rel=1e-6)
+    assert max(row["err_mean"], row["err_var"]) < 1e-5
+    probe = noise.noise_probe(preset="test", parties=3)
+    coarse = next(r for r in probe.rows if r["what"] == "coarse pass")
+    assert coarse["mean_final_rel_error"] < 1e-5 and coarse["var_final_rel_error"] < 1e-5
+    assert 0 < coarse["mean_precise_min"] <= coarse["mean_precise_max"]

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from fednorm.bench.inputs import bcw_split, col_context
 from fednorm.bench.measure import Section, finish, load_average, now, section_meta
 from fednorm.bench.paper import PAPER_K_INV, PAPER_K_MM, TABLE_V_ROBUST_EPSILON
-from fednorm.bench.protocols import METHOD_NAMES, VARIANTS, RunRecord, bcw_split
-from fednorm.bench.zscore import col_context
+from fednorm.bench.protocols import METHOD_NAMES, VARIANTS, RunRecord
 from fednorm.engine import ckks
 
 

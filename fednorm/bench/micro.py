@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import trio
 
+from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
     Sample,
     Section,
@@ -30,8 +31,8 @@ from fednorm.bench.measure import (
     section_meta,
     step,
 )
+from fednorm.bench.noise import prepare_decryption
 from fednorm.bench.paper import PAPER_TABLE_IV_MS, PAPER_TABLE_IV_NAMES
-from fednorm.bench.zscore import col_context, prepare_decryption
 from fednorm.engine import ckks
 from fednorm.engine.ckks import collective as col
 
@@ -58,31 +59,33 @@ def _keygen(ctx: ckks.CkksContext, n: int, ops: dict[str, OpSamples]
         k, s = measure(lambda: ckks.PartyKeys.generate(ctx, lead.public_key_share))
         keys.append(k)
         per_party.append(s)
-    joint, fold = measure(lambda: col.aggregate_public_key(
-        ctx, [p.public_key_share for p in keys]))
+    public = col.PublicKeyGen(ctx)
+    joint, fold = measure(lambda: public.finalize(public.aggregate_shares(
+        [public.generate_share(p) for p in keys])))
     ops["skgen"].total += per_party
     ops["pkgen"].total.append(sum(per_party, Sample()) + fold)
     ops["pkgen"].party_each += [s.wall for s in per_party]
     ops["pkgen"].server.append(fold.wall)
 
     share_time = [Sample() for _ in keys]
-    lead_share, s = measure(lead.relin_share)
+    relin_gen = col.RelinKeyGen(ctx)
+    lead_share, s = measure(lambda: relin_gen.generate_share(lead))
     share_time[0] += s
     round1 = [lead_share]
     for i, party in enumerate(keys[1:], 1):
-        share, s = measure(lambda p=party: p.relin_share(lead_share))
+        share, s = measure(lambda p=party: relin_gen.generate_share(p, lead_share))
         round1.append(share)
         share_time[i] += s
-    agg1, s1 = measure(lambda: col.aggregate_relin_round1(ctx, joint, round1))
+    agg1, s1 = measure(lambda: relin_gen.aggregate_shares(joint, round1))
     round1.clear()
     round2 = []
     for i, party in enumerate(keys):
-        share, s = measure(lambda p=party: p.relin_mult_share(agg1))
+        share, s = measure(lambda p=party: relin_gen.generate_round_two_share(p, agg1))
         round2.append(share)
         share_time[i] += s
-    relin, s2 = measure(lambda: col.aggregate_relin_round2(ctx, joint, round2))
+    relin, s2 = measure(lambda: relin_gen.aggregate_shares(joint, round2))
     round2.clear()
-    _, s3 = measure(lambda: ctx.install_relin_key(relin, joint.tag))
+    _, s3 = measure(lambda: relin_gen.finalize(joint, relin))
     ops["relkgen"].total.append(sum(share_time, Sample()) + s1 + s2 + s3)
     ops["relkgen"].party_each += [s.wall for s in share_time]
     ops["relkgen"].server.append(s1.wall + s2.wall + s3.wall)
@@ -91,26 +94,30 @@ def _keygen(ctx: ckks.CkksContext, n: int, ops: dict[str, OpSamples]
 
 def _decrypt(ctx, joint, keys, ct, ops: dict[str, OpSamples]) -> None:
     ct, prep = measure(lambda: prepare_decryption(ctx, ct))
+    decryption = col.Decryption(ctx)
     shares, times = [], []
     for party in keys:
-        share, s = measure(lambda p=party: p.decrypt_share(ct))
+        share, s = measure(lambda p=party: decryption.generate_share(p, ct))
         shares.append(share)
         times.append(s)
-    _, fuse = measure(lambda: col.fuse_decryption(ctx, joint, ct, shares, ctx.slots))
+    _, fuse = measure(lambda: decryption.finalize(
+        decryption.aggregate_shares(joint, ct, shares), ctx.slots))
     ops["decrypt"].total.append(sum(times, Sample()) + prep + fuse)
     ops["decrypt"].party_each += [s.wall for s in times]
     ops["decrypt"].server.append(prep.wall + fuse.wall)
 
 
 def _bootstrap(ctx, joint, keys, ct, ops: dict[str, OpSamples]) -> None:
-    rnd, start = measure(lambda: col.start_bootstrap(ctx, joint, ct, next(_BOOTSTRAP_INDEX)))
+    boot = col.Bootstrap(ctx)
+    rnd, start = measure(lambda: boot.prepare(joint, ct, next(_BOOTSTRAP_INDEX)))
     shares, times = [], []
     for party in keys:
-        share, s = measure(lambda p=party: p.boot_share(rnd.c1, rnd.a))
+        share, s = measure(lambda p=party: boot.generate_share(p, joint.public_key, rnd.c1,
+                                                               rnd.index))
         shares.append(share)
         times.append(s)
-    _, finish = measure(lambda: col.finish_bootstrap(
-        ctx, joint, rnd, col.aggregate_boot_shares(ctx, joint, rnd, shares)))
+    _, finish = measure(lambda: boot.finalize(joint, rnd,
+                                              boot.aggregate_shares(joint, rnd, shares)))
     ops["bootstrap"].total.append(sum(times, Sample()) + start + finish)
     ops["bootstrap"].party_each += [s.wall for s in times]
     ops["bootstrap"].server.append(start.wall + finish.wall)
@@ -277,7 +284,7 @@ def wire_sizes(preset: str = "paper", parties: int = 3, command: str = "") -> Se
     deep = ct
     while ctx.consumed(deep) < ctx.level_budget:
         deep = ctx.mul(deep, 1.0)
-    rnd = col.start_bootstrap(ctx, joint, deep, next(_BOOTSTRAP_INDEX))
+    rnd = col.Bootstrap(ctx).prepare(joint, deep, next(_BOOTSTRAP_INDEX))
     h0, h1 = keys[1].boot_share(rnd.c1, rnd.a)
     lead_relin = keys[0].relin_share()
     items = {

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from fednorm.bench.inputs import bcw_split, col_context, synthetic_split
 from fednorm.bench.measure import (
     Sample,
     Section,
@@ -38,6 +39,7 @@ from fednorm.bench.measure import (
     section_meta,
     step,
 )
+from fednorm.bench.oracle import agreed_bound, errors_text, estimate_errors
 from fednorm.bench.paper import (
     PAPER_TABLE_V_S,
     PAPER_TABLE_VI,
@@ -47,32 +49,13 @@ from fednorm.bench.paper import (
     TABLE_VI_MEDIAN_EPSILON,
     TARGET_TABLE_V_S,
 )
-from fednorm.bench.zscore import col_context, synthetic
+from fednorm.bench.timeline import Timeline
 from fednorm.engine.errors import InputError
-from fednorm.engine.runtime import SERVER, RoleContext, role_name
+from fednorm.engine.runtime import SERVER, role_name
 from fednorm.protocols import FitOptions, get_protocol
-from fednorm.protocols.base import Protocol, feature_counts
-from fednorm.protocols.collective import serve_until, setup_party, setup_server
-from fednorm.protocols.normalizers import Normalizer, RobustNormalizer
-from fednorm.protocols.ppf.kth import (
-    EncryptedCountAggregator,
-    EncryptedCounts,
-    PooledCounts,
-    pooled_counts,
-)
-from fednorm.protocols.rank import (
-    SortedColumns,
-    plan_quantiles,
-    probe_limit,
-    search_party,
-    search_server,
-    start_search,
-)
-from fednorm.sim.datasets import load_dataset
+from fednorm.protocols.base import Protocol
 from fednorm.sim.federation import SimulationResult, run_federation
-from fednorm.sim.partition import partition
 
-MEDIAN = (0.5,)  # the k-th timing searches the median alone
 METHOD_NAMES = {"zscore": "PPF z-score", "zscore_reveal": "PPF z-score, reveal_counts",
                 "minmax": "PPF MinMax", "robust": "PPF robust",
                 "yeojohnson": "PPF Yeo-Johnson", "kth": "PPF k-th (median)"}
@@ -148,11 +131,13 @@ def record(method: str, preset: str, result: SimulationResult, sample: Sample) -
 
 
 def run_protocol(protocol: Protocol, method: str, parts: Sequence[np.ndarray],
-                 options: FitOptions) -> tuple[SimulationResult, RunRecord]:
-    """One federation run of ``protocol``, measured; errors are filled in by the caller."""
+                 options: FitOptions, timeline: Timeline | None = None
+                 ) -> tuple[SimulationResult, RunRecord]:
+    """One federation run of ``protocol``, measured (``timeline``: the server's phases and
+    every role's calls); errors are filled in by the caller."""
     col_context(options.preset)  # context and codec warm-up stay outside the timing
-    result, sample = measure(lambda: trio.run(
-        lambda: run_federation(protocol, parts, options, timeout=None)))
+    result, sample = measure(lambda: trio.run(lambda: run_federation(
+        protocol, parts, options, timeout=None, tracer=timeline, party_tracer=timeline)))
     return result, record(method, options.preset, result, sample)
 
 
@@ -165,13 +150,6 @@ def available(method: str) -> bool:
     return True
 
 
-# -- data, bounds and the numpy oracle ----------------------------------------------------
-def agreed_bound(X: np.ndarray) -> tuple[float, ...]:
-    """A per-feature V_abs the parties could announce: |x| rounded up to a power of two."""
-    top = np.nanmax(np.abs(X), axis=0)
-    return tuple(float(v) for v in 2.0 ** np.ceil(np.log2(np.maximum(top, 1e-300))))
-
-
 def options_for(method: str, X: np.ndarray, preset: str, epsilon: float | None = None
                 ) -> FitOptions:
     """The options each protocol needs: V_abs for MinMax/robust, ε for robust."""
@@ -179,47 +157,6 @@ def options_for(method: str, X: np.ndarray, preset: str, epsilon: float | None =
     return FitOptions(preset=preset, epsilon=epsilon,
                       vabs=agreed_bound(X) if needs_bound else None,
                       **VARIANTS.get(method, (method, {}))[1])
-
-
-def oracle(method: str, X: np.ndarray) -> dict[str, np.ndarray]:
-    """The statistics a protocol estimates, computed by numpy / scikit-learn on pooled X."""
-    if method in ("zscore", "zscore_reveal"):
-        return {"mean": np.nanmean(X, axis=0), "var": np.nanvar(X, axis=0)}
-    if method == "minmax":
-        return {"min": np.nanmin(X, axis=0), "max": np.nanmax(X, axis=0)}
-    if method in ("robust", "kth"):
-        q1, q2, q3 = np.nanquantile(X, [0.25, 0.5, 0.75], axis=0)
-        return {"median": q2} if method == "kth" else {"q1": q1, "median": q2, "q3": q3}
-    if method == "yeojohnson":
-        from sklearn.preprocessing import PowerTransformer
-
-        return {"lambda": PowerTransformer(standardize=False).fit(X).lambdas_}
-    raise InputError(f"no oracle for {method!r}")
-
-
-def estimate_errors(method: str, fitted: Normalizer, X: np.ndarray
-                    ) -> tuple[dict[str, float], dict[str, float]]:
-    """Per statistic, max over features of |ours − numpy| / |numpy| (numpy ≠ 0), and of
-    |ours − numpy|."""
-    ours = fitted.params()
-    relative, absolute = {}, {}
-    for name, ref in oracle(method, X).items():
-        got = np.asarray(ours[name], dtype=np.float64)
-        keep = np.isfinite(ref) & (ref != 0)
-        miss = np.abs(got[keep] - ref[keep])
-        relative[name] = float(np.max(miss / np.abs(ref[keep])))
-        absolute[name] = float(np.max(miss))
-    return relative, absolute
-
-
-def errors_text(relative: dict[str, float], absolute: dict[str, float]) -> str:
-    return ", ".join(f"{k} {sci(v)} (abs. {sci(absolute[k])})" for k, v in relative.items())
-
-
-def bcw_split(parties: int, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
-    ds = load_dataset("bcw")
-    parts = [p.X for p in partition(ds.X, ds.y, parties, "iid", seed=seed)]
-    return parts, np.vstack(parts)
 
 
 def run_method(method: str, parts: list[np.ndarray], pooled: np.ndarray, preset: str,
@@ -336,8 +273,7 @@ def precision(repeats: int, parties: int = 10, preset: str = "paper", command: s
     failures: list[str] = []
     for seed in range(repeats):
         for kind in TABLE_VI_DATA:
-            X = synthetic(kind, seed)
-            parts = [p.X for p in partition(X, None, parties, "iid", seed=seed)]
+            parts, X = synthetic_split(kind, seed, parties)
             for method, eps, params in PRECISION_CASES:
                 rec = attempt(f"Table VI {METHOD_NAMES[method]} seed {seed} {kind}", failures,
                               functools.partial(run_method, method, parts, X, preset, eps))
@@ -372,112 +308,6 @@ def precision(repeats: int, parties: int = 10, preset: str = "paper", command: s
               "paper (Table VI)", "no worse than paper"]
     return finish(Section("precision", "Table VI — PPF MinMax and robust precision, "
                           f"{parties} parties", rows, [("", header, cells)], notes, meta), t0)
-
-
-# -- runtime vs ε of the k-th search -------------------------------------------------------
-@dataclass
-class KthTiming:
-    """What the server of :func:`kth_protocol` measured about its search."""
-
-    seconds: float = 0.0
-    rounds: int = 0
-
-
-def kth_protocol(low: np.ndarray, high: np.ndarray, timing: KthTiming) -> Protocol:
-    """PPF k-th (Algorithm 4) of the median alone, on public bounds [low, high].
-
-    Algorithm 4 takes the bounds as inputs (Algorithm 3 gets them from PPF MinMax); here
-    they are given, so the run times the search itself: key generation without a
-    relinearization key (the search never multiplies ciphertexts), the encrypted
-    pooled count n_g, then one encrypted count per party and one collective decryption
-    per round.
-    """
-
-    async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
-        crypto = await setup_server(rc, options.preset, relinearize=False)
-        count = await pooled_counts(crypto)
-        await rc.broadcast(PooledCounts(count=count))
-        plan = plan_quantiles(count, MEDIAN, options.quantile_rule)
-        search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
-        started = time.perf_counter()
-        values = await search_server(rc, search, EncryptedCountAggregator(crypto))
-        timing.seconds, timing.rounds = time.perf_counter() - started, search.rounds
-        found = plan.combine(values)[0]
-        return RobustNormalizer(q1=found, median=found, q3=found)
-
-    async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
-        crypto = await setup_party(rc, options.preset, relinearize=False)
-        await rc.send(SERVER, EncryptedCounts(
-            counts=await crypto.encrypt_for_sum(feature_counts(X)), width=X.shape[1]))
-        await serve_until(crypto, PooledCounts, decryptions=0, sums=1)
-        await search_party(rc, SortedColumns(X, probe_limit(options, MEDIAN)),
-                        EncryptedCountAggregator(crypto))
-        nothing = np.full(X.shape[1], np.nan)
-        return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)
-
-    return Protocol("kth-mhe", "robust", "mhe", server, party)
-
-
-def kth_vs_epsilon(epsilons: Sequence[float], parties: int = 10, preset: str = "paper",
-                   repeats: int = 1, command: str = "",
-                   parts: list[np.ndarray] | None = None) -> tuple[Section, list[RunRecord]]:
-    """Runtime and rounds of the PPF k-th search against ε (the paper's supplementary
-    figure), on BCW over ``parties`` unless ``parts`` are given."""
-    started, t0 = now()
-    meta = section_meta(command, started, load_average())
-    data = "BCW"
-    if parts is None:
-        parts, pooled = bcw_split(parties)
-    else:
-        parts, pooled, data = list(parts), np.vstack(parts), "the given data"
-        parties = len(parts)
-    low, high = np.nanmin(pooled, axis=0), np.nanmax(pooled, axis=0)
-    widest = float(np.max(high - low))
-    records = []
-    for rep in range(repeats):
-        for eps in epsilons:
-            timing = KthTiming()
-            result, rec = run_protocol(kth_protocol(low, high, timing), "kth", parts,
-                                       FitOptions(preset=preset, epsilon=eps))
-            rec.errors, rec.abs_errors = estimate_errors("kth", result.normalizer, pooled)
-            rec.extra = {"epsilon": eps, "error_over_epsilon": rec.abs_errors["median"] / eps,
-                         "kth_s": timing.seconds, "kth_rounds": timing.rounds,
-                         "paper_x": math.ceil(math.log2(widest / eps))}
-            records.append(rec)
-            step(f"k-th ε={eps:g} run {rep + 1}/{repeats}: {timing.rounds} rounds",
-                 rec.seconds)
-    rows, cells = [], []
-    for eps in epsilons:
-        recs = [r for r in records if r.extra["epsilon"] == eps]
-        row = {"epsilon": eps, "kth_s": median([r.extra["kth_s"] for r in recs]),
-               "total_s": median([r.seconds for r in recs]),
-               "rounds": recs[0].extra["kth_rounds"], "paper_x": recs[0].extra["paper_x"],
-               "bytes_protocol": recs[0].bytes_protocol,
-               "foreign_load": foreign_load([r.sample for r in recs]),
-               "median_rel_error": max(r.errors["median"] for r in recs),
-               "error_over_epsilon": max(r.extra["error_over_epsilon"] for r in recs)}
-        row["s_per_round"] = row["kth_s"] / max(row["rounds"], 1)
-        rows.append(row)
-        cells.append([f"{eps:g}", f"{row['kth_s']:.1f}", str(row["rounds"]),
-                      str(row["paper_x"]), f"{row['s_per_round']:.2f}",
-                      f"{row['total_s']:.1f}", f"{row['bytes_protocol'] / 1e6:.0f}",
-                      f"{row['error_over_epsilon']:.2f}", sci(row["median_rel_error"]),
-                      f"{row['foreign_load']:.2f}"])
-    notes = [f"{data} over {parties} parties (IID, seed 0), preset `{preset}`, the median of "
-             "every feature searched at once; bounds [min, max] of each feature given to "
-             "the search (Algorithm 4's inputs; in PPF robust they come from PPF MinMax). "
-             "'k-th s' is the server's time from the first probe to the end of the search; "
-             "'total s' adds key generation and the encrypted pooled count. X = "
-             f"⌈log2(max_j range_j / ε)⌉ with max_j range_j = {widest:.4g} is the paper's "
-             "round count; ours stops a feature as soon as its bracket is narrower than ε. "
-             "Errors of the medians against numpy: absolute (at most ε/2 by design, so the "
-             "ratio stays ≤ 0.5) and relative (large for features whose values are small "
-             "against an absolute ε)."]
-    header = ["ε", "k-th s", "rounds", "paper's X", "s per round", "total s",
-              "MB after key setup", "max abs. error / ε", "max rel. error", "foreign load"]
-    section = Section("kth_epsilon", f"Runtime vs ε — PPF k-th element, {parties} parties",
-                      rows, [("", header, cells)], notes, meta)
-    return finish(section, t0), records
 
 
 # -- totals vs P -------------------------------------------------------------------------

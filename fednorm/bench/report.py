@@ -4,8 +4,8 @@
 :meth:`BenchPlan.quick`, a smoke run at the test preset); :func:`run_plan` runs its
 sections in order under one progress bar; :func:`render` turns them into Markdown (a
 header with machine, date, command and load, links to the plots, a summary against the
-paper, then every section); :func:`replace_generated_part` puts that into RESULTS.md from
-the ``## Part 2 — generated report`` line on, leaving the hand-written part above it.
+paper, then every section).  ``bench/RESULTS.md`` is this report alone, regenerated whole;
+the history of the speed work is docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fednorm.bench import communication, micro, protocols, zscore
+from fednorm.bench import communication, kth, micro, noise, protocols, zscore
+from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
     Section,
     environment,
@@ -35,7 +36,7 @@ from fednorm.bench.paper import PAPER_TABLE_V_S, TARGET_REL_ERROR
 from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
-GENERATED_MARKER = "## Part 2 — generated report"
+GENERATED_MARKER = "# PPF benchmark report"
 SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
@@ -141,7 +142,7 @@ def run_plan(plan: BenchPlan, progress: Progress | None = None,
     brought up to date), so a report can be written as it grows: an interrupted run
     still leaves what it measured.
     """
-    zscore.col_context(plan.preset)
+    col_context(plan.preset)
     start, t0 = now()
     run = BenchRun(plan, started=start.strftime("%Y-%m-%d %H:%M UTC"),
                    load_before=load_average(), fednorm=git_state())
@@ -204,7 +205,7 @@ def _precision(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 
 def _epsilon(plan: BenchPlan, run: BenchRun) -> list[Section]:
-    section, records = protocols.kth_vs_epsilon(plan.epsilons, plan.parties, plan.preset,
+    section, records = kth.kth_vs_epsilon(plan.epsilons, plan.parties, plan.preset,
                                                 command=plan.command)
     run.records += records
     return [section]
@@ -220,7 +221,7 @@ def _scaling(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 def _noise(plan: BenchPlan, run: BenchRun) -> list[Section]:
     t = time.perf_counter()
-    section = zscore.noise_probe(plan.preset, plan.parties, plan.command)
+    section = noise.noise_probe(plan.preset, plan.parties, plan.command)
     step("noise probe", time.perf_counter() - t)
     return [section]
 
@@ -236,7 +237,7 @@ _SHOWN_IN_HEADER = ("command", "machine", "versions", "fednorm")
 
 
 def render(run: BenchRun, plots: dict[str, str] | None = None, relative_to: str = ".") -> str:
-    """The generated report: header, plots, summary, every section (level-3 headings)."""
+    """The generated report: header, plots, summary, every section (level-2 headings)."""
     env = environment()
     plan = run.plan
     lines = [GENERATED_MARKER, "",
@@ -259,19 +260,19 @@ def render(run: BenchRun, plots: dict[str, str] | None = None, relative_to: str 
         lines += [f"**Incomplete run**: sections {', '.join(todo)} were not measured (the "
                   "run was written after each section and stopped before them).", ""]
     if plots:
-        lines += ["### Plots", ""]
+        lines += ["## Plots", ""]
         for caption, path in plots.items():
             lines += [f"![{caption}]({os.path.relpath(path, relative_to)})", ""]
     lines += [summary(run.sections, plan.parties), ""]
     # Communication last: it covers the runs of every section before it.
     ordered = sorted(run.sections.items(), key=lambda item: item[0] == "communication")
-    lines += [section.markdown(level=3, skip=_SHOWN_IN_HEADER) for _, section in ordered]
+    lines += [section.markdown(level=2, skip=_SHOWN_IN_HEADER) for _, section in ordered]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
     """Headline figures against the paper and the issues' targets."""
-    out = ["### Summary", "", "| what | ours | paper | target | met |", "|---|---:|---:|---:|---|"]
+    out = ["## Summary", "", "| what | ours | paper | target | met |", "|---|---:|---:|---:|---|"]
     for r in sections.get("totals", Section("", "", [], [])).rows:
         paper = "–" if math.isnan(r["paper_s"]) else f"{r['paper_s']:.0f} s"
         target = "–" if math.isnan(r["target_s"]) else f"≤ {r['target_s']:.1f} s"
@@ -297,18 +298,3 @@ def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
             out.append(f"| bytes {protocols.METHOD_NAMES[r['method']]}, P=10, after key setup "
                        f"| {r['bytes_protocol'] / 1e6:.0f} MB | {formula} MB (formula) | – | – |")
     return "\n".join(out) + "\n"
-
-
-def replace_generated_part(results_path: str, generated: str) -> None:
-    """Write ``generated`` over RESULTS.md from the marker line on; keep what is above."""
-    try:
-        with open(results_path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = ""
-    head, marker, _ = text.partition(GENERATED_MARKER)
-    if not marker:
-        head = text.rstrip("\n") + ("\n\n" if text else "")
-    with open(results_path, "w", encoding="utf-8") as f:
-        f.write(head + generated)
-

@@ -54,8 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "robust, yeojohnson (default zscore,zscore_reveal)")
     p.add_argument("--epsilons", type=_list_of(float, "--epsilons"),
                    help="ε grid of the k-th search (default 1e-1,...,1e-6)")
-    p.add_argument("--results", help="replace this RESULTS.md from its "
-                                     "'## Part 2 — generated report' line on")
+    p.add_argument("--results", help="write the report here as the project's results "
+                                     "(bench/RESULTS.md; refused with --quick)")
     p.add_argument("--out", help="write the generated report here (default: stdout, "
                                  "unless --results is given)")
     p.add_argument("--plots", help="directory of the PNG plots (default: plots/ beside "
@@ -120,11 +120,10 @@ def bench_command(args: argparse.Namespace) -> int:
         written.update(plots.write_plots(run.sections, plot_dir) if plot_dir else {})
         base = os.path.dirname(os.path.abspath(target)) if target else "."
         text = report.render(run, written, relative_to=base)
-        if args.results:
-            report.replace_generated_part(args.results, text)
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text)
+        for path in (args.results, args.out):
+            if path:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
         if not target and run.complete:
             print(text)
         if args.json:

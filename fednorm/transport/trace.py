@@ -6,10 +6,8 @@ tracer (:mod:`fednorm.engine.tracing`) that a role context feeds: the phases the
 protocol opens (key setup, the encrypted inverse, a search with its planned rounds)
 and every frame's kind and size; it turns them into one line a terminal or a log can
 show.  Between frames and outside any named phase, the phase is what the wire said
-last, with the clock still running.
-
-:class:`TracedLink` wraps a :class:`~fednorm.engine.runtime.Link` and feeds the same
-``frame`` hook from the frame's header, for code that still traces at the link.
+last, with the clock still running.  (Links are not wrapped: the role context
+reports what it sends and receives, with the decoded header.)
 """
 
 from __future__ import annotations
@@ -19,56 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgpack
+from fednorm.engine.tracing import FrameEvent, PhaseEvent, Tracer
 
-from fednorm.engine.runtime import Link
-from fednorm.engine.tracing import Direction, FrameEvent, PhaseEvent, Tracer
-
-__all__ = ["FrameEvent", "LineTracer", "StateTracer", "TraceState", "TracedLink", "Tracer",
-           "human_bytes", "phase_of"]
-_PEEK_BYTES = 512  # the header fields come first and are short
-
-
-def peek_header(frame: bytes) -> tuple[str, str, int]:
-    """(protocol, kind, round) of an encoded frame, from its first bytes only."""
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(frame[:_PEEK_BYTES])
-    try:
-        unpacker.read_array_header()
-        _version, protocol, _session, round_, _sender, kind = (unpacker.unpack()
-                                                               for _ in range(6))
-    except Exception:  # a truncated or foreign frame: trace it without a phase
-        return "", "", -1
-    if not (isinstance(protocol, str) and isinstance(kind, str) and isinstance(round_, int)):
-        return "", "", -1
-    return protocol, kind, round_
-
-
-class TracedLink:
-    """A link that reports every frame it carries to ``tracer``, then behaves as ``link``
-    (the role context's own tracer hook reports more: prefer ``RoleContext(tracer=)``)."""
-
-    def __init__(self, link: Link, tracer: Tracer, peer: str) -> None:
-        self.link = link
-        self.tracer = tracer
-        self.peer = peer
-
-    async def send(self, frame: bytes) -> None:
-        await self.link.send(frame)
-        self._trace("sent", frame)
-
-    async def receive(self) -> bytes:
-        frame = await self.link.receive()
-        self._trace("received", frame)
-        return frame
-
-    async def aclose(self) -> None:
-        await self.link.aclose()
-
-    def _trace(self, direction: Direction, frame: bytes) -> None:
-        protocol, kind, round_ = peek_header(frame)
-        self.tracer.frame(FrameEvent(direction, self.peer, len(frame), protocol, kind, round_,
-                                     frame=frame))
+__all__ = ["FrameEvent", "LineTracer", "StateTracer", "TraceState", "Tracer", "human_bytes",
+           "phase_of"]
 
 
 def phase_of(protocol: str, kind: str) -> str:

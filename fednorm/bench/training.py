@@ -1,21 +1,24 @@
 """Batched (all clients at once) vs one-client-at-a-time FedAvg training, side by side.
 
+Needs the train extra (torch); not part of ``fednorm bench``.
+
 The same BCW run — 30 clients, IID split, federated z-score, the paper's MLP, batch 8 —
 is trained for a fixed number of rounds (no early stopping, so both do identical work)
 by :class:`BatchedRound` and by :class:`SequentialRound`, alternating repeat by repeat so
 that both see the same machine load. Prints the median seconds of each and their ratio,
 and checks that both ended at the same weights.
 
-    .venv/bin/python bench/bench_training.py [--rounds 20] [--repeats 5] [--threads 1]
+    .venv/bin/python -m fednorm.bench.training [--rounds 20] [--repeats 5] [--threads 1]
 
 ``--parkinsons`` times instead the study's slowest partition, Parkinson's with 10
 clients (IID, seed 0), for a fixed number of rounds (no early stopping): one run
 (federated z-score) alone, then all 13 normalizations run one at a time and stacked
 (runs of one architecture trained together), alternating repeat by repeat. The
-one-run timing uses only ``run_cell``, so it also runs against an older checkout:
+one-run timing uses only ``run_cell``, so it also runs against an older checkout that
+has this module (before it moved here, it was ``bench/bench_training.py``):
 
     git archive <commit> fednorm | tar -x -C /tmp/before
-    PYTHONPATH=/tmp/before .venv/bin/python bench/bench_training.py --parkinsons
+    PYTHONPATH=/tmp/before .venv/bin/python -m fednorm.bench.training --parkinsons
 """
 
 from __future__ import annotations
@@ -30,13 +33,7 @@ import torch
 
 from fednorm.sim.datasets import load_dataset
 from fednorm.training.data import make_clients, merge_eval
-from fednorm.training.fedavg import (
-    BatchedRound,
-    ClientTensors,
-    SequentialRound,
-    TrainConfig,
-    train_federated,
-)
+from fednorm.training.fedavg import ClientTensors, TrainConfig, train_federated
 from fednorm.training.grid import Cell
 from fednorm.training.models import build_model, model_spec
 from fednorm.training.normalization import (
@@ -44,6 +41,7 @@ from fednorm.training.normalization import (
     NormalizationSpec,
     normalize_clients,
 )
+from fednorm.training.rounds import BatchedRound, SequentialRound
 from fednorm.training.runner import RunSettings, client_tensors, eval_tensors, run_cell
 
 

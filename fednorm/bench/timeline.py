@@ -1,0 +1,73 @@
+"""Where a protocol run's time goes, from the role contexts' tracer hooks.
+
+:class:`Timeline` is a tracer (:mod:`fednorm.engine.tracing`): given to the server it
+sums the server's phases (key setup, decryptions, bootstraps, the k-th search, named
+steps such as the encrypted inverse), each exclusive of the phases inside it; given to
+every role it also sums the worker-thread calls by name (encryption, decryption shares,
+serialization, ...), and keeps the plaintext vectors the server's calls returned (what
+its decryptions revealed, in order).  Nothing is wrapped or patched: the benchmark
+reads the run the way a progress display does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fednorm.engine.runtime import SERVER, role_name
+from fednorm.engine.tracing import CryptoEvent, PhaseEvent, Tracer
+
+SERVER_NAME = role_name(SERVER)
+
+
+@dataclass
+class _Open:
+    name: str
+    inner: float = 0.0  # seconds of the phases nested inside
+
+
+@dataclass
+class Timeline(Tracer):
+    """Phase and call totals of one run (seconds): ``phases`` each without the phases
+    nested in it, ``inclusive`` with them."""
+
+    phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    inclusive: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    phase_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    call_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    revealed: list[np.ndarray] = field(default_factory=list)
+    _open: list[_Open] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def phase_started(self, event: PhaseEvent) -> None:
+        if event.role == SERVER_NAME:
+            self._open.append(_Open(event.name))
+
+    def phase_ended(self, event: PhaseEvent) -> None:
+        if event.role != SERVER_NAME or not self._open:
+            return
+        done = self._open.pop()
+        self.phases[event.name] += event.seconds - done.inner
+        self.inclusive[event.name] += event.seconds
+        self.phase_counts[event.name] += 1
+        if self._open:
+            self._open[-1].inner += event.seconds
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        with self._lock:
+            self.calls[event.call] += event.seconds
+            self.call_counts[event.call] += 1
+        if event.role == SERVER_NAME and _is_plaintext(event.result):
+            self.revealed.append(np.asarray(event.result))
+
+    def outside_phases(self, total: float) -> float:
+        """The server's time in no phase at all (local sums, broadcasts, waiting)."""
+        return total - sum(self.phases.values())
+
+
+def _is_plaintext(value: object) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim == 1

@@ -122,3 +122,17 @@ def test_the_progress_line_counts_search_rounds_against_the_plan() -> None:
     assert state.line().startswith("rank search round 3 of ~14 ·")
     state.phase_ended(search)
     assert "of ~" not in state.line()
+
+
+def test_a_party_counts_its_rounds_of_a_planned_search_by_what_it_sends() -> None:
+    state = TraceState()
+    state.phase_started(PhaseEvent("party 1", "yeojohnson-mhe", "search", False,
+                                   planned_rounds=9))
+    for round_ in range(4):
+        state.frame(FrameEvent("received", "server", 50, "yeojohnson-mhe",
+                               "ppf_yeojohnson.candidates", round_))
+        state.frame(FrameEvent("sent", "server", 900, "yeojohnson-mhe",
+                               "ppf_yeojohnson.encrypted_terms", round_))
+        state.frame(FrameEvent("sent", "server", 300, "yeojohnson-mhe/decrypt",
+                               "ckks.decrypt_share", round_))
+    assert state.line().startswith("search round 4 of ~9 ·")

@@ -72,6 +72,7 @@ class TraceState:
     _wire_phase: str = field(default="waiting for the first message", repr=False)
     _scopes: list[tuple[str, str, int | None]] = field(default_factory=list, repr=False)
     _probes: dict[str, int] = field(default_factory=dict, repr=False)
+    _round_marker: tuple[str, str] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def frame(self, event: FrameEvent) -> None:
@@ -84,16 +85,29 @@ class TraceState:
                 self.rounds = max(self.rounds, event.round + 1)
             if event.kind:
                 self._wire_phase = phase_of(event.protocol, event.kind)
-            if event.kind == "rank.probe":  # one per search round on each link
+            if self.planned_rounds is not None:
+                self._count_planned_round(event)
+            elif event.kind == "rank.probe":  # one per search round on each link
                 self._probes[event.peer] = self._probes.get(event.peer, 0) + 1
                 self.search_rounds = max(self._probes.values())
             self._update_phase()
+
+    def _count_planned_round(self, event: FrameEvent) -> None:
+        """In a phase with planned rounds, a round is each repeat of the first message the
+        role sent in it (to the same peer): a probe on the server, counts on a party."""
+        if event.direction != "sent":
+            return
+        if self._round_marker is None:
+            self._round_marker = (event.peer, event.kind)
+        if (event.peer, event.kind) == self._round_marker:
+            self.search_rounds += 1
 
     def phase_started(self, event: PhaseEvent) -> None:
         with self._lock:
             self._scopes.append((event.name, scope_label(event), event.planned_rounds))
             if event.planned_rounds is not None:
                 self._probes.clear()
+                self._round_marker = None
                 self.search_rounds = 0
             self._update_phase()
 

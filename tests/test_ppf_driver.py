@@ -1,0 +1,97 @@
+"""The crypto-core driver of the PPF protocols: a core's arithmetic runs in a worker
+thread, off the event loop, and its requests are answered by the federation in order."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from fednorm.engine.ckks.cores import dry_run, pairwise
+from fednorm.protocols.ppf.driver import Decrypt, decrypted, run_core
+
+
+class FakeContext:
+    """A role context whose run_sync, like the real one, goes through a worker thread."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def run_sync(self, fn, *args):
+        self.calls += 1
+        return await trio.to_thread.run_sync(fn, *args)
+
+
+class FakeCrypto:
+    """Answers bootstraps and decryptions on the event loop, and logs them in order."""
+
+    def __init__(self) -> None:
+        self.rc = FakeContext()
+        self.log: list[tuple[str, object, bool]] = []
+
+    async def bootstrap(self, ct):
+        self.log.append(("bootstrap", ct, _on_main_thread()))
+        return f"fresh {ct}"
+
+    async def decrypt(self, ct, width):
+        self.log.append(("decrypt", (ct, width), _on_main_thread()))
+        return [1.0] * width
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+async def test_a_core_runs_off_the_event_loop_and_its_requests_in_order() -> None:
+    threads: list[bool] = []
+
+    def core():
+        threads.append(_on_main_thread())
+        fresh = yield "a"
+        threads.append(_on_main_thread())
+        values = yield from decrypted(fresh, 2)
+        threads.append(_on_main_thread())
+        again = yield "b"
+        return fresh, values, again
+
+    crypto = FakeCrypto()
+    result = await run_core(crypto, core())
+    assert result == ("fresh a", [1.0, 1.0], "fresh b")
+    assert threads == [False, False, False]  # every step of the arithmetic off the loop
+    assert crypto.log == [("bootstrap", "a", True), ("decrypt", ("fresh a", 2), True),
+                          ("bootstrap", "b", True)]
+    assert crypto.rc.calls == 4  # three requests, then the step that returns
+
+
+async def test_a_core_that_fails_fails_its_caller() -> None:
+    def core():
+        yield "a"
+        raise ValueError("bad level")
+
+    with pytest.raises(ValueError, match="bad level"):
+        await run_core(FakeCrypto(), core())
+
+
+def test_a_decryption_request_names_its_ciphertext_and_width() -> None:
+    request = decrypted("ct", 3).send(None)
+    assert request == Decrypt("ct", 3)
+
+
+def test_pairwise_prepares_every_item_each_round_then_combines_in_pairs() -> None:
+    log: list[str] = []
+
+    def prepare(item):
+        log.append(f"prepare {item}")
+        return (yield item)
+
+    def combine(a, b):
+        log.append(f"combine {a} {b}")
+        return a + b
+        yield
+
+    total, requests = dry_run(pairwise(["a", "b", "c"], combine, prepare), "x")
+    # Round 1 prepares a, b, c (three requests, answered "x"); round 2 the two left.
+    assert log == ["prepare a", "prepare b", "prepare c", "combine x x",
+                   "prepare xx", "prepare x", "combine x x"]
+    assert (total, requests) == ("xx", 5)

@@ -22,7 +22,8 @@ from fednorm.training.grid import (
     ResultStore,
     build_grid,
 )
-from fednorm.training.report import count_pairs, mean_scores, read_results, training_health
+from fednorm.training.report import training_health
+from fednorm.training.scores import count_pairs, mean_scores, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "3",

@@ -24,10 +24,7 @@ from fednorm.training.data import (  # noqa: E402
     split_sizes,
 )
 from fednorm.training.fedavg import (  # noqa: E402
-    BatchedRound,
     ClientTensors,
-    SequentialRound,
-    StackedRound,
     TrainConfig,
     clone_state,
     predict,
@@ -47,6 +44,7 @@ from fednorm.training.normalization import (  # noqa: E402
     normalize_clients,
     study_bound,
 )
+from fednorm.training.rounds import BatchedRound, SequentialRound, StackedRound  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -504,7 +502,7 @@ def test_class_weighted_cross_entropy_is_torchs_weighted_loss_per_row():
 def test_class_weights_are_sklearns_balanced_weights_from_the_summed_client_counts(bcw):
     from sklearn.utils.class_weight import compute_class_weight
 
-    from fednorm.training.runner import class_weights
+    from fednorm.training.tensors import class_weights
 
     clients = make_clients(bcw, 5, "label:0.5", seed=2)
     pooled = np.concatenate([c.y_train for c in clients])
@@ -571,7 +569,7 @@ def test_validation_f1_is_sklearns_and_only_computed_when_selecting_by_it():
 
 
 def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):
-    from fednorm.training.runner import standardize_targets
+    from fednorm.training.tensors import standardize_targets
 
     regression = Dataset("r", bcw.X[:, 1:], bcw.X[:, 0] * 10 + 30, bcw.feature_names[1:],
                          "radius", "regression")
@@ -588,7 +586,7 @@ def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):
 def test_a_regression_run_reports_its_scores_in_the_targets_own_units(bcw, monkeypatch):
     """The run's R² and MAE equal sklearn's on the original targets and the model's
     predictions mapped back."""
-    from fednorm.training import runner
+    from fednorm.training import runner, tensors
 
     regression = Dataset("r", bcw.X[:, 1:], bcw.X[:, 0] * 10 + 30, bcw.feature_names[1:],
                          "radius", "regression")
@@ -598,7 +596,7 @@ def test_a_regression_run_reports_its_scores_in_the_targets_own_units(bcw, monke
 
     def spy(model, outcome, test, task, config, scale=None):
         seen["y"], seen["prediction"] = scale.invert(test.y), scale.invert(
-            runner.predict(model, outcome.state, runner.eval_tensors(test, task)[0]
+            tensors.predict(model, outcome.state, tensors.eval_tensors(test, task)[0]
                            ).numpy().reshape(-1).astype(float))
         return original(model, outcome, test, task, config, scale)
 

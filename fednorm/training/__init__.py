@@ -7,9 +7,10 @@ Modules, in the order a run uses them:
   ``pooled_<m>``, ``<layer>_norm``) and the centralized references (``central_model``,
   ``central_linear``) applied to the clients;
 * ``models``: the paper's MLPs and CNNs with a choice of activation normalization;
-* ``fedavg``: FedAvg with all clients of a round trained together (and a one-by-one
-  reference), early stopping on the server's validation loss, the kept weights chosen
-  by validation loss or F1;
+* ``fedavg``: FedAvg's loop, early stopping on the server's validation loss, the kept
+  weights chosen by validation loss or F1;
+* ``rounds``: a FedAvg round with all clients (and several runs) trained together, and
+  the one-by-one reference;
 * ``metrics``: test F1 / precision / recall / accuracy, MAE and R²;
 * ``grid``, ``runner``, ``progress``: the resumable experiment grid;
 * ``report``: Table III, per-method means and figures.

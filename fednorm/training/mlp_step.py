@@ -12,7 +12,7 @@ a graph of a handful of operations.
 
 It applies to :class:`FedNet` MLPs only (Dense, ReLU, dropout, at most the norm layers
 the study uses); :func:`supports` says whether a model qualifies, otherwise
-:class:`fednorm.training.fedavg.StackedRound` keeps ``functional_call`` and autograd.
+:class:`fednorm.training.rounds.StackedRound` keeps ``functional_call`` and autograd.
 The results equal autograd's within float rounding (``tests/test_training.py``).
 """
 

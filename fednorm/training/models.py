@@ -27,7 +27,7 @@ On these small models that grouped computation is about 4× faster than
 ``torch.func.vmap`` over ``functional_call`` (measured: 1.1 vs 4.1 ms per forward and
 backward step of the Parkinson's MLP for 10 clients), whose per-call overhead dominates.
 Several runs of one architecture can share the stack as well (client-major slots,
-``forward(x, mask, runs)``); see :class:`fednorm.training.fedavg.StackedRound`.
+``forward(x, mask, runs)``); see :class:`fednorm.training.rounds.StackedRound`.
 The mask marks real rows in a padded batch, and batch normalization computes its
 statistics over real rows only; the statistics come back as outputs (instead of
 updating buffers in place) so that stacked and single-model runs share one code path.

@@ -1,8 +1,9 @@
 """Running the grid: each cell goes data → normalization → FedAvg → test metrics → CSV row.
 
-Two choices made here keep the networks' numbers meaningful:
+Two choices keep the networks' numbers meaningful:
 
-* **Regression targets are standardized with federated statistics**: the plain z-score
+* **Regression targets are standardized with federated statistics**
+  (:mod:`fednorm.training.tensors`): the plain z-score
   protocol (:func:`fednorm.sim.federation.simulate`) fits the mean and standard
   deviation of the clients' training targets, every client scales its targets with
   them, and the model's predictions are mapped back, so test MAE and R² are in the
@@ -32,23 +33,16 @@ from functools import lru_cache
 from multiprocessing import get_context
 from typing import Literal, TextIO
 
-import numpy as np
 import torch
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.sim.datasets import Dataset, load_dataset
-from fednorm.sim.federation import simulate
-from fednorm.training.data import ClientData, EvalSet, make_clients, merge_eval
+from fednorm.training.data import ClientData, make_clients, merge_eval
 from fednorm.training.fedavg import (
-    BatchedRound,
     ClientTensors,
-    SequentialRound,
-    StackedRound,
     TrainConfig,
     TrainOutcome,
-    mean_loss,
-    predict,
     train_federated,
     train_stacked,
 )
@@ -60,7 +54,6 @@ from fednorm.training.grid import (
     ResultStore,
     Selection,
 )
-from fednorm.training.metrics import classification_metrics, regression_metrics
 from fednorm.training.models import (
     FedNet,
     MLPSpec,
@@ -75,12 +68,20 @@ from fednorm.training.normalization import (
     normalize_clients,
 )
 from fednorm.training.progress import Progress
+from fednorm.training.rounds import BatchedRound, SequentialRound, StackedRound
+from fednorm.training.tensors import (
+    TargetScale,
+    class_weights,
+    client_tensors,
+    eval_tensors,
+    linear_reference_scores,
+    n_outputs,
+    score_on_test,
+    standardize_targets,
+)
 
 Trainer = Literal["batched", "sequential"]
 
-# Training needs finite inputs: a local Yeo-Johnson fitted on a handful of rows can map
-# another client's test rows to huge values, and NaN (missing) has no learned meaning.
-FEATURE_LIMIT = 1e6
 
 
 @dataclass(frozen=True)
@@ -125,39 +126,10 @@ class RunSettings:
         return config
 
 
-def class_weights(clients: list[ClientData], n_classes: int) -> tuple[float, ...]:
-    """n / (K · n_k) per class k from the clients' summed training class counts (1 for
-    a class no client trains on)."""
-    counts = np.sum([np.bincount(c.y_train, minlength=n_classes) for c in clients], axis=0)
-    present = counts > 0
-    weights = np.ones(n_classes)
-    weights[present] = counts.sum() / (present.sum() * counts[present])
-    return tuple(float(w) for w in weights)
 
 
-@dataclass(frozen=True)
-class TargetScale:
-    """The federation's training-target mean and standard deviation."""
-
-    mean: float
-    sd: float
-
-    def apply(self, y: np.ndarray) -> np.ndarray:
-        return (y - self.mean) / self.sd
-
-    def invert(self, y: np.ndarray) -> np.ndarray:
-        return y * self.sd + self.mean
 
 
-def standardize_targets(clients: list[ClientData]) -> tuple[list[ClientData], TargetScale]:
-    """Scale every client's targets by the federated z-score of the training targets
-    (the plain protocol over each client's ``y_train``; nothing is pooled)."""
-    fitted = simulate([c.y_train.reshape(-1, 1) for c in clients], "zscore").normalizer
-    mean, var = float(fitted.mean[0]), float(fitted.var[0])
-    scale = TargetScale(mean, math.sqrt(var) if var > 0 else 1.0)
-    scaled = [replace(c, y_train=scale.apply(c.y_train), y_val=scale.apply(c.y_val),
-                      y_test=scale.apply(c.y_test)) for c in clients]
-    return scaled, scale
 
 
 @dataclass
@@ -290,24 +262,11 @@ def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettin
 
 
 def _fit_linear(dataset: Dataset, run: PreparedRun, scale: TargetScale | None) -> None:
-    """The ``central_linear`` reference: logistic regression (classification) or ridge
-    regression on the pooled, z-scored training rows, scored like a trained model."""
-    from sklearn.linear_model import LogisticRegression, Ridge
-
+    """The ``central_linear`` reference on the run's one pooled client, timed."""
     started = time.perf_counter()
     assert run.normalized is not None
     (pooled,) = run.normalized.clients
-    X_train = _finite(pooled.X_train)
-    if dataset.task == "classification":
-        model = LogisticRegression(max_iter=2000).fit(X_train, pooled.y_train)
-        scores = np.full((len(pooled.y_test), n_outputs(dataset)), -1.0)  # absent classes
-        scores[:, model.classes_] = model.predict_proba(_finite(pooled.X_test))
-        metrics = classification_metrics(pooled.y_test, scores)
-    else:
-        model = Ridge(alpha=1.0).fit(X_train, pooled.y_train)
-        metrics = _regression_scores(pooled.y_test, model.predict(_finite(pooled.X_test)),
-                                     scale)
-    run.row.update(metrics)
+    run.row.update(linear_reference_scores(dataset, pooled, scale))
     run.row.update(status="ok", seconds=round(float(run.row["norm_seconds"])
                                              + time.perf_counter() - started, 3))
 
@@ -366,59 +325,20 @@ def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: i
                        n_outputs(dataset), activation, dataset.image_shape)
 
 
-def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str,
-                  config: TrainConfig, scale: TargetScale | None = None) -> dict[str, float]:
-    """Test loss and scores of the best-validation weights (regression scores in the
-    target's own units when its targets were standardized by ``scale``)."""
-    test_X, test_y = eval_tensors(test, task)
-    test_output = predict(model, outcome.state, test_X)
-    metrics = {"test_loss": mean_loss(test_output, test_y, task, config)}
-    scores = test_output.numpy().astype(np.float64)
-    if task == "classification":
-        metrics.update(classification_metrics(test.y, scores))
-    else:
-        metrics.update(_regression_scores(test.y, scores, scale))
-    return metrics
 
 
-def _regression_scores(y: np.ndarray, predictions: np.ndarray, scale: TargetScale | None
-                       ) -> dict[str, float]:
-    if scale is None:
-        return regression_metrics(y, predictions)
-    return regression_metrics(scale.invert(y), scale.invert(predictions))
 
 
-def n_outputs(dataset: Dataset) -> int:
-    """One logit per class, or one output for regression."""
-    assert dataset.y is not None
-    if dataset.task == "regression":
-        return 1
-    return len(dataset.class_names) if dataset.class_names else int(dataset.y.max()) + 1
 
 
-def client_tensors(clients: list[ClientData], task: str) -> ClientTensors:
-    """The clients' training rows as model inputs, concatenated client after client."""
-    return ClientTensors(
-        _features(np.concatenate([c.X_train for c in clients])),
-        _targets(np.concatenate([c.y_train for c in clients]), task),
-        [len(c.y_train) for c in clients],
-    )
 
 
-def eval_tensors(rows: EvalSet, task: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _features(rows.X), _targets(rows.y, task)
 
 
-def _features(X: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(_finite(X).astype(np.float32))
 
 
-def _finite(X: np.ndarray) -> np.ndarray:
-    return np.clip(np.nan_to_num(X, nan=0.0), -FEATURE_LIMIT, FEATURE_LIMIT)
 
 
-def _targets(y: np.ndarray, task: str) -> torch.Tensor:
-    return torch.from_numpy(y.astype(np.int64 if task == "classification" else np.float32))
 
 
 def run_grid(

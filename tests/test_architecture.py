@@ -1,0 +1,113 @@
+"""The shape docs/ARCHITECTURE.md promises, checked on every module of the package: the
+import direction between layers, module sizes, heavy dependencies kept to their layers,
+and no attribute patching."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "fednorm"
+MAX_LINES = 400
+
+# What each layer may import besides itself (docs/ARCHITECTURE.md, "Import direction").
+ALLOWED = {
+    "engine": set(),
+    "transport": {"engine"},
+    "protocols": {"engine"},
+    "session": {"engine", "protocols"},
+    "sim": {"engine", "transport", "protocols", "session"},
+    "multihost": {"engine", "transport", "protocols", "session", "sim"},
+    "flower": {"engine", "transport", "protocols", "session"},
+    "training": {"engine", "protocols", "sim"},
+    "bench": {"engine", "transport", "protocols", "session", "sim", "training"},
+    "cli": {"engine", "transport", "protocols", "session", "sim", "multihost", "flower",
+            "training", "bench"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+# Third-party packages a layer may not import (the core runs without torch; a transport
+# knows bytes, not crypto).
+FORBIDDEN = {
+    "engine": {"torch", "flwr"},
+    "transport": {"openfhe", "torch", "flwr"},
+    "protocols": {"torch", "flwr", "socket", "ssl"},
+    "session": {"torch", "flwr"},
+    "sim": {"torch", "flwr"},
+    "multihost": {"torch", "flwr"},
+}
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE).with_suffix("").parts[0], path
+
+
+def imported(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+MODULES = list(modules())
+
+
+def _id(item: tuple[str, Path]) -> str:
+    return str(item[1].relative_to(PACKAGE))
+
+
+@pytest.mark.parametrize("item", MODULES, ids=_id)
+def test_imports_follow_the_layers(item: tuple[str, Path]) -> None:
+    layer, path = item
+    for name in imported(path):
+        top = name.split(".")
+        if top[0] == "fednorm" and len(top) > 1 and top[1] != layer:
+            assert top[1] in ALLOWED[layer], f"{layer} may not import {name}"
+        assert top[0] not in FORBIDDEN.get(layer, set()), f"{layer} may not import {name}"
+
+
+@pytest.mark.parametrize("item", MODULES, ids=_id)
+def test_modules_stay_short(item: tuple[str, Path]) -> None:
+    lines = len(item[1].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{lines} lines: split the module"
+
+
+def _patches(path: Path) -> list[int]:
+    """Lines that replace an attribute of an imported module or class at run time."""
+    tree = ast.parse(path.read_text())
+    imported_names = {alias.asname or alias.name.split(".")[0]
+                      for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                      for alias in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr":
+            target = node.args[0] if node.args else None
+            if isinstance(target, ast.Name) and target.id in imported_names:
+                found.append(node.lineno)
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id in imported_names):
+                    found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("item", MODULES, ids=_id)
+def test_no_attribute_patching(item: tuple[str, Path]) -> None:
+    assert not _patches(item[1]), "patches an imported module or class: use a tracer hook"
+
+
+def test_the_patching_check_can_fail(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("import fednorm.engine.ckks as ckks\nckks.fuse = print\n"
+                      "setattr(ckks, 'x', 1)\n")
+    assert _patches(sample) == [2, 3]
+
+
+def test_every_layer_is_known() -> None:
+    assert {layer for layer, _ in MODULES} <= set(ALLOWED)

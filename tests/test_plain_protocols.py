@@ -210,3 +210,24 @@ def test_fit_options_refuse_what_no_protocol_can_use(options, message) -> None:
 def test_complex_party_data_is_refused_not_truncated() -> None:
     with pytest.raises(InputError, match="complex"):
         fit_local("zscore", np.ones((3, 2)) + 1j)
+
+
+@pytest.mark.parametrize("probes", [1, 3, 15])
+def test_the_search_announces_the_rounds_it_then_takes(probes: int) -> None:
+    """The rank search's planned rounds (shown as 'round k of ~n' by the progress line)
+    are within one round of what it takes, and within the parties' round limit."""
+    from fednorm.protocols.rank import SortedColumns, plan_quantiles, round_limit, start_search
+
+    X = np.random.default_rng(6).normal(size=(500, 3)) * [1.0, 1e-3, 1e6]
+    options = FitOptions(epsilon=None, relative_epsilon=1e-6, rank_probes=probes)
+    count = np.full(3, 500.0)
+    low, high = X.min(axis=0), X.max(axis=0)
+    plan = plan_quantiles(count, (0.25, 0.5, 0.75))
+    search = start_search(plan, count, low, high, options)
+    planned = search.planned_rounds
+    columns = SortedColumns(X, 1000)
+    while not search.finished:
+        probe = search.probe()
+        search.update(probe, columns.count_at_most(probe))
+    assert planned - 1 <= search.rounds <= planned + 1
+    assert planned <= round_limit(low, high, options)

@@ -1,9 +1,11 @@
 """The crypto-core driver of the PPF protocols: a core's arithmetic runs in a worker
-thread, off the event loop, and its requests are answered by the federation in order."""
+thread, off the event loop, inside a named protocol step, and its requests are answered
+by the federation in order."""
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import trio
@@ -16,11 +18,23 @@ class FakeContext:
     """A role context whose run_sync, like the real one, goes through a worker thread."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls: list[str] = []
+        self.phases: list[str] = []
+        self.in_phase = False
 
     async def run_sync(self, fn, *args):
-        self.calls += 1
+        assert self.in_phase
+        self.calls.append(fn.__qualname__)
         return await trio.to_thread.run_sync(fn, *args)
+
+    @contextmanager
+    def phase(self, name):
+        self.phases.append(name)
+        self.in_phase = True
+        try:
+            yield
+        finally:
+            self.in_phase = False
 
 
 class FakeCrypto:
@@ -56,12 +70,15 @@ async def test_a_core_runs_off_the_event_loop_and_its_requests_in_order() -> Non
         return fresh, values, again
 
     crypto = FakeCrypto()
-    result = await run_core(crypto, core())
+    result = await run_core(crypto, core(), "step")
     assert result == ("fresh a", [1.0, 1.0], "fresh b")
     assert threads == [False, False, False]  # every step of the arithmetic off the loop
     assert crypto.log == [("bootstrap", "a", True), ("decrypt", ("fresh a", 2), True),
                           ("bootstrap", "b", True)]
-    assert crypto.rc.calls == 4  # three requests, then the step that returns
+    # Three requests, then the step that returns; each worker call named after the core,
+    # all inside the named protocol step.
+    assert crypto.rc.calls == [core.__qualname__] * 4
+    assert crypto.rc.phases == ["step"]
 
 
 async def test_a_core_that_fails_fails_its_caller() -> None:
@@ -70,7 +87,7 @@ async def test_a_core_that_fails_fails_its_caller() -> None:
         raise ValueError("bad level")
 
     with pytest.raises(ValueError, match="bad level"):
-        await run_core(FakeCrypto(), core())
+        await run_core(FakeCrypto(), core(), "step")
 
 
 def test_a_decryption_request_names_its_ciphertext_and_width() -> None:

@@ -166,6 +166,14 @@ class RankSearch:
     def finished(self) -> bool:
         return bool(self.done.all())
 
+    @property
+    def planned_rounds(self) -> int:
+        """The rounds this search expects: its open brackets cut down to their ε (a target
+        between two order statistics may stop a round early or take one more)."""
+        open_ = ~self.done
+        width = np.where(np.isfinite(self.hi - self.lo), self.hi - self.lo, 0.0)
+        return rounds_to_narrow(width[open_], self.epsilon[open_], self.probes)
+
     def _finish(self, mask: np.ndarray, values: np.ndarray) -> None:
         mask = mask & ~self.done
         self.value[mask] = values[mask]
@@ -228,9 +236,15 @@ def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
     cuts a bracket into ``rank_probes`` + 1 cells, plus two rounds of slack (a target
     between two order statistics, a bracket that stops a little short)."""
     width = np.where(np.isfinite(high - low), high - low, 0.0)
-    epsilon = feature_epsilon(low, high, options)
-    cuts = np.log(np.maximum(width / epsilon, 1.0)) / np.log(options.rank_probes + 1)
-    return int(np.ceil(cuts.max(initial=0.0))) + 2
+    return rounds_to_narrow(width, feature_epsilon(low, high, options),
+                            options.rank_probes) + 2
+
+
+def rounds_to_narrow(width: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
+    """Rounds until brackets ``width`` wide are at most ``epsilon``, each round cutting
+    every bracket into ``probes`` + 1 cells."""
+    cuts = np.log(np.maximum(width / epsilon, 1.0)) / np.log(probes + 1)
+    return int(np.ceil(cuts.max(initial=0.0)))
 
 
 class SortedColumns:
@@ -300,7 +314,7 @@ class CountAggregator(Protocol):
 async def search_server(ctx: RoleContext, search: RankSearch, counts: CountAggregator
                         ) -> np.ndarray:
     """Server side of Algorithm 4: probe, pool the counts, narrow; until all are found."""
-    with ctx.subprotocol("kth"):
+    with ctx.subprotocol("kth", planned_rounds=search.planned_rounds):
         while not search.finished:
             probe = search.probe()
             await ctx.broadcast(probe)

@@ -45,20 +45,30 @@ class _Step:
     value: Any = None
 
 
-def _advance(core: Core[Any], answer: Any) -> _Step:
-    try:
-        return _Step(request=core.send(answer))
-    except StopIteration as finished:
-        return _Step(done=True, value=finished.value)
+class _Resume:
+    """Resumes a core with an answer (in a worker thread), up to its next request; it
+    carries the core's name, so a tracer's worker-call events tell the cores apart."""
+
+    def __init__(self, core: Core[Any]) -> None:
+        self._core = core
+        self.__qualname__ = getattr(core, "__qualname__", type(core).__name__)
+
+    def __call__(self, answer: Any) -> _Step:
+        try:
+            return _Step(request=self._core.send(answer))
+        except StopIteration as finished:
+            return _Step(done=True, value=finished.value)
 
 
-async def run_core(crypto: ServerCrypto, core: Core[T]) -> T:
+async def run_core(crypto: ServerCrypto, core: Core[T], phase: str) -> T:
     """``core``'s result, its arithmetic off the event loop, each of its requests answered
-    by the federation (a bootstrap for a ciphertext, a decryption for :class:`Decrypt`)."""
-    answer: Any = None
-    while not (step := await crypto.rc.run_sync(_advance, core, answer)).done:
-        if isinstance(step.request, Decrypt):
-            answer = await crypto.decrypt(step.request.ct, step.request.width)
-        else:
-            answer = await crypto.bootstrap(step.request)
+    by the federation (a bootstrap for a ciphertext, a decryption for :class:`Decrypt`);
+    tracers see it as the protocol step ``phase``."""
+    advance, answer = _Resume(core), None
+    with crypto.rc.phase(phase):
+        while not (step := await crypto.rc.run_sync(advance, answer)).done:
+            if isinstance(step.request, Decrypt):
+                answer = await crypto.decrypt(step.request.ct, step.request.width)
+            else:
+                answer = await crypto.bootstrap(step.request)
     return step.value

@@ -178,7 +178,8 @@ async def _global_top(crypto: ServerCrypto, layout: Layout,
     for chunk in range(layout.chunks):
         packed = await _packed(crypto, layout, replies, chunk)
         parts.append(await run_core(crypto, top_of_blocks_core(
-            crypto.ckks, layout, packed, chunk, len(crypto.rc.parties), settings.plan)))
+            crypto.ckks, layout, packed, chunk, len(crypto.rc.parties), settings.plan),
+            "extremes"))
     return layout.put(parts)
 
 

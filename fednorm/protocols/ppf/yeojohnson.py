@@ -197,7 +197,7 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     for party, msg in start.items():
         crypto.check_joint(msg.absent, f"ciphertext from party {party}")
     flags = await run_core(crypto, sign_flags_core(
-        crypto.ckks, [m.absent for m in start.values()], width))
+        crypto.ckks, [m.absent for m in start.values()], width), "sign flags")
     await rc.broadcast(Flags(empty=flags.empty.astype(np.float64),
                              negative=flags.negative.astype(np.float64),
                              positive=flags.positive.astype(np.float64)))
@@ -205,7 +205,7 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     count = await crypto.add_all({p: m.counts for p, m in start.items()})
     logs = await crypto.add_all({p: m.log_sums for p, m in start.items()})
     pooled = await run_core(crypto, pooled_core(crypto.ckks, count, logs, plan.layout,
-                                                flags.empty, options.max_count))
+                                                flags.empty, options.max_count), "inverse")
 
     search = SignBisection(plan, ~flags.empty)
     sign = sign_plan(options)
@@ -214,7 +214,7 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
         replies = await rc.gather(EncryptedMoments)
         moments = await crypto.add_all({p: m.values for p, m in replies.items()})
         search.update(await run_core(crypto, soft_signs_core(
-            crypto.ckks, moments, pooled, plan.layout, sign, options.max_count)))
+            crypto.ckks, moments, pooled, plan.layout, sign, options.max_count), "soft signs"))
     lambdas = search.lambdas
     await rc.broadcast(Lambdas(lambdas=lambdas))
 

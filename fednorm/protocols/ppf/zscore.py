@@ -149,7 +149,8 @@ async def _count_inverse(
     if options.reveal_counts:
         pooled = np.rint(await crypto.decrypt_sum(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
-    return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options))
+    return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options),
+                          "inverse")
 
 
 def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.InversePlan:

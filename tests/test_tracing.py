@@ -11,7 +11,7 @@ import trio
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, PhaseEvent, Tracer, Tracers
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.sim.federation import run_federation, simulate
-from fednorm.transport.trace import TraceState
+from fednorm.transport.trace import StateTracer, TraceState
 
 
 class Everything(Tracer):
@@ -136,3 +136,37 @@ def test_a_party_counts_its_rounds_of_a_planned_search_by_what_it_sends() -> Non
         state.frame(FrameEvent("sent", "server", 300, "yeojohnson-mhe/decrypt",
                                "ckks.decrypt_share", round_))
     assert state.line().startswith("search round 4 of ~9 ·")
+
+
+class PhaseLog(StateTracer):
+    """Every progress line a display would have drawn, one per change of phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def changed(self, phase_before: str) -> None:
+        if self.state.phase != phase_before or self.state.search_rounds:
+            self.lines.append(self.state.line())
+
+
+def test_a_ppf_run_shows_key_setup_the_inverse_and_decryptions() -> None:
+    log = PhaseLog()
+    simulate(_parts(), "zscore", "mhe", FitOptions(preset="test"), timeout=300, tracer=log)
+    shown = " | ".join(log.lines)
+    for phase in ("key setup", "inverse", "inverse › ciphertext refresh", "decryption"):
+        assert f"{phase} ·" in shown, shown
+
+
+def test_a_ppf_search_shows_its_round_against_the_plan() -> None:
+    from fednorm.bench.kth import KthRounds, kth_protocol
+
+    parts = _parts()
+    pooled = np.vstack(parts)
+    found, log = KthRounds(), PhaseLog()
+    trio.run(lambda: run_federation(
+        kth_protocol(pooled.min(axis=0), pooled.max(axis=0), found), parts,
+        FitOptions(preset="test", epsilon=1e-3), timeout=300, tracer=log))
+    planned = [line for line in log.lines if " of ~" in line]
+    assert planned and found.rounds >= 5
+    assert f"rank search round {found.rounds} of ~" in planned[-1]

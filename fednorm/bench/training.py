@@ -42,7 +42,8 @@ from fednorm.training.normalization import (
     normalize_clients,
 )
 from fednorm.training.rounds import BatchedRound, SequentialRound
-from fednorm.training.runner import RunSettings, client_tensors, eval_tensors, run_cell
+from fednorm.training.runner import RunSettings, run_cell
+from fednorm.training.tensors import client_tensors, eval_tensors
 
 
 def setup(clients: int) -> tuple[ClientTensors, tuple]:

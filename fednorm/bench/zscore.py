@@ -159,7 +159,8 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
 PHASE_LABELS = {
     "setup": "collective key generation (pk + relin keys, all parties)",
     "upload": "encrypted uploads (encrypt + serialize + send + parse)",
-    "inverse": "encrypted inverse, server arithmetic (without its bootstraps)",
+    "inverse": "encrypted inverse and presence bit, server arithmetic (the refreshes and "
+               "the decryption inside it are counted below)",
     "bootstrap": "collective bootstraps",
     "decrypt": "collective decryptions (request, P shares, fusion)",
     "decrypt_sum": "flooded sum decryptions (request, P shares, fusion)",

@@ -45,6 +45,7 @@ from fednorm.engine.ckks.compare import (
     tree_maximum,
 )
 from fednorm.engine.ckks.context import MAX_SUM_VALUE, CkksContext, sum_rotation_indices
+from fednorm.engine.ckks.cores import ensure_levels
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import Flooding, check_security_bits
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
@@ -53,7 +54,6 @@ from fednorm.engine.ckks.levels import (
     LevelBudgetError,
     Refresh,
     consumed_levels,
-    ensure_levels,
     levels_left,
 )
 from fednorm.engine.ckks.local import (

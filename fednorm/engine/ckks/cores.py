@@ -76,6 +76,12 @@ async def drive(core: Core[T], refresh: Refresh) -> T:
         return done.value
 
 
+async def ensure_levels(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int,
+                        refresh: Refresh) -> openfhe.Ciphertext:
+    """:func:`refreshed` with the refresh answered by ``await refresh(ct)``."""
+    return await drive(refreshed(ctx, ct, needed), refresh)
+
+
 def dry_run(core: Core[T], answer: Any) -> tuple[T, int]:
     """Run a core answering every request with ``answer`` (a symbolic run, e.g. on level
     counts): its result, and how many requests it made."""

@@ -170,3 +170,40 @@ def test_a_ppf_search_shows_its_round_against_the_plan() -> None:
     planned = [line for line in log.lines if " of ~" in line]
     assert planned and found.rounds >= 5
     assert f"rank search round {found.rounds} of ~" in planned[-1]
+
+
+def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_role() -> None:
+    """Server and parties both show 'λ search round k of ~n', k the probes actually sent
+    and n the public plan's bound."""
+    server, party = PhaseLog(), PhaseLog()
+
+    class Probes(Tracer):
+        sent = 0
+
+        def frame(self, event: FrameEvent) -> None:
+            if event.direction == "sent" and event.peer == "party 1" and \
+                    event.kind == "ppf_yeojohnson.probes":
+                Probes.sent += 1
+
+    rng = np.random.default_rng(5)
+    parts = [rng.gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)]
+    class PartyOne(Tracer):  # every party's context shares party_tracer: keep party 1's
+        def phase_started(self, event: PhaseEvent) -> None:
+            if event.role == "party 1":
+                party.phase_started(event)
+
+        def phase_ended(self, event: PhaseEvent) -> None:
+            if event.role == "party 1":
+                party.phase_ended(event)
+
+        def frame(self, event: FrameEvent) -> None:
+            if event.role == "party 1":
+                party.frame(event)
+
+    trio.run(lambda: run_federation(
+        get_protocol("yeojohnson", "mhe"), parts, FitOptions(preset="test", vabs=(32.0,)),
+        timeout=600, tracer=[server, Probes()], party_tracer=PartyOne()))
+    assert Probes.sent >= 3
+    for log in (server, party):
+        searched = [line for line in log.lines if line.startswith("λ search")]
+        assert searched and f"round {Probes.sent} of ~" in searched[-1], log.lines

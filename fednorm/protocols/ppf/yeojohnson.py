@@ -209,12 +209,14 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
 
     search = SignBisection(plan, ~flags.empty)
     sign = sign_plan(options)
-    while not search.finished:
-        await rc.broadcast(Probes(lambdas=search.probe()))
-        replies = await rc.gather(EncryptedMoments)
-        moments = await crypto.add_all({p: m.values for p, m in replies.items()})
-        search.update(await run_core(crypto, soft_signs_core(
-            crypto.ckks, moments, pooled, plan.layout, sign, options.max_count), "soft signs"))
+    with rc.phase("λ search", planned_rounds=plan.rounds):
+        while not search.finished:
+            await rc.broadcast(Probes(lambdas=search.probe()))
+            replies = await rc.gather(EncryptedMoments)
+            moments = await crypto.add_all({p: m.values for p, m in replies.items()})
+            search.update(await run_core(crypto, soft_signs_core(
+                crypto.ckks, moments, pooled, plan.layout, sign, options.max_count),
+                "soft signs"))
     lambdas = search.lambdas
     await rc.broadcast(Lambdas(lambdas=lambdas))
 
@@ -268,15 +270,16 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
         width=width))
     flags = _received_flags(await serve_phase(crypto, Flags, FLAGS), mine)
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
-    owed, rounds = POOLING, 0
-    while isinstance(msg := await serve_phase(crypto, (Probes, Lambdas), owed), Probes):
-        rounds += 1
-        if rounds > plan.rounds:
-            raise ProtocolError(f"the server's λ search exceeds {plan.rounds} rounds")
-        sums = plan.scaled_sums(X, _checked_probes(msg.lambdas, plan))
-        await rc.send(SERVER, EncryptedMoments(
-            values=await crypto.encrypt(layout.packed(list(sums)))))
-        owed = SEARCH_ROUND
+    msg, rounds = await serve_phase(crypto, (Probes, Lambdas), POOLING), 0
+    with rc.phase("λ search", planned_rounds=plan.rounds):
+        while isinstance(msg, Probes):
+            rounds += 1
+            if rounds > plan.rounds:
+                raise ProtocolError(f"the server's λ search exceeds {plan.rounds} rounds")
+            sums = plan.scaled_sums(X, _checked_probes(msg.lambdas, plan))
+            await rc.send(SERVER, EncryptedMoments(
+                values=await crypto.encrypt(layout.packed(list(sums)))))
+            msg = await serve_phase(crypto, (Probes, Lambdas), SEARCH_ROUND)
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
     await _zscore_party(crypto, yeo_johnson(X, lambdas), width)

@@ -178,12 +178,15 @@ def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_rol
     server, party = PhaseLog(), PhaseLog()
 
     class Probes(Tracer):
-        sent = 0
+        def __init__(self) -> None:
+            self.sent = 0
 
         def frame(self, event: FrameEvent) -> None:
             if event.direction == "sent" and event.peer == "party 1" and \
                     event.kind == "ppf_yeojohnson.probes":
-                Probes.sent += 1
+                self.sent += 1
+
+    probes = Probes()
 
     rng = np.random.default_rng(5)
     parts = [rng.gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)]
@@ -202,8 +205,8 @@ def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_rol
 
     trio.run(lambda: run_federation(
         get_protocol("yeojohnson", "mhe"), parts, FitOptions(preset="test", vabs=(32.0,)),
-        timeout=600, tracer=[server, Probes()], party_tracer=PartyOne()))
-    assert Probes.sent >= 3
+        timeout=600, tracer=[server, probes], party_tracer=PartyOne()))
+    assert probes.sent >= 3
     for log in (server, party):
         searched = [line for line in log.lines if line.startswith("λ search")]
-        assert searched and f"round {Probes.sent} of ~" in searched[-1], log.lines
+        assert searched and f"round {probes.sent} of ~" in searched[-1], log.lines

@@ -36,6 +36,23 @@ def test_scaling_section_through_the_cli(tmp_path) -> None:
     assert "](plots/bytes_vs_parties.png)" in text
 
 
+def test_plain_section_times_each_protocol_beside_sklearn(tmp_path) -> None:
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    assert main(["bench", "--quick", "--sections", "plain", "--out", str(out),
+                 "--json", str(rows)]) == 0
+    data = json.loads(rows.read_text())["plain"]
+    assert [r["method"] for r in data] == ["zscore", "minmax", "robust", "yeojohnson"]
+    for row in data:
+        assert row["fednorm_s"] > 0 and row["sklearn_s"] > 0
+        assert row["ratio"] == pytest.approx(row["fednorm_s"] / row["sklearn_s"])
+        # Plain federated fits are the pooled ones: quartiles within ε = 1e-9 × range,
+        # Yeo-Johnson's λ within the README's 1e-4 of scikit-learn's (both maximize a
+        # likelihood that is flat at the top), the rest to rounding.
+        bound = {"robust": 1e-6, "yeojohnson": 1e-4}.get(row["method"], 1e-9)
+        assert max(row["relative_error"].values()) < bound
+    assert "Plain protocols against scikit-learn" in out.read_text()
+
+
 def test_kth_rounds_grow_as_epsilon_shrinks() -> None:
     rng = np.random.default_rng(3)
     parts = [rng.uniform(0, 10, size=(9, 2)) for _ in range(2)]

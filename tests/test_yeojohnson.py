@@ -185,7 +185,7 @@ def test_fit_local_matches_power_transformer(parts: list[np.ndarray]) -> None:
 
 
 def test_round_bound_is_stated_and_holds_for_the_widest_bracket() -> None:
-    assert yj.MAX_SEARCH_ROUNDS == 7 and yj.MAX_ROUNDS == 10
+    assert yj.MAX_SEARCH_ROUNDS == 11 and yj.MAX_ROUNDS == 14
     # Values near 1e-13 make SciPy's bounds (±1.7e13) exceed the cap: the widest search.
     # sklearn's λ is −6e12 there, ours −1e12; at that scale λ barely bends the data, and
     # the statistics and transforms still agree.

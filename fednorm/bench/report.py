@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fednorm.bench import communication, kth, micro, noise, protocols, zscore
+from fednorm.bench import communication, kth, micro, noise, plain, protocols, zscore
 from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
     Section,
@@ -37,7 +37,7 @@ from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
 GENERATED_MARKER = "# PPF benchmark report"
-SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise")
+SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise", "plain")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
 
@@ -63,6 +63,7 @@ class BenchPlan:
     scaling_parties: tuple[int, ...] = (3, 10, 25, 50, 100)
     scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
     scaling_caps: tuple[tuple[str, int], ...] = (("zscore", 50),)
+    plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
     quiet_below: float = 0.5
     max_wait: float = 0.0
     command: str = ""
@@ -75,7 +76,8 @@ class BenchPlan:
                    fast_repeats=3, slow_repeats=2, zscore_modes=("default",),
                    precision_seeds=1, costly_seeds=1, precision_modes=("default",),
                    epsilons=(1e-1, 1e-3),
-                   scaling_parties=(2, 4), scaling_methods=("zscore",), quick=True)
+                   scaling_parties=(2, 4), scaling_methods=("zscore",),
+                   plain_shapes=plain.QUICK_SHAPES, quick=True)
         return replace(base, **changes)
 
     def __post_init__(self) -> None:
@@ -111,6 +113,7 @@ class BenchPlan:
             "epsilon": len(self.epsilons),
             "scaling": scaled,
             "noise": 1,
+            "plain": len(self.plain_shapes) * len(plain.METHODS),
         }
         return sum(count[s] for s in self.sections) + 1  # + communication
 
@@ -226,9 +229,14 @@ def _noise(plan: BenchPlan, run: BenchRun) -> list[Section]:
     return [section]
 
 
+def _plain(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    return [plain.plain_vs_sklearn(plan.plain_shapes, plan.parties, plan.fast_repeats,
+                                   plan.command)]
+
+
 _RUNNERS: dict[str, Callable[[BenchPlan, BenchRun], list[Section]]] = {
     "micro": _micro, "totals": _totals, "zscore": _zscore, "precision": _precision,
-    "epsilon": _epsilon, "scaling": _scaling, "noise": _noise,
+    "epsilon": _epsilon, "scaling": _scaling, "noise": _noise, "plain": _plain,
 }
 
 

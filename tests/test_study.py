@@ -391,12 +391,16 @@ def test_training_flags_override_the_datasets_defaults(monkeypatch):
     assert chosen.class_weights is not None and len(chosen.class_weights) == 2
     assert default.min_rounds == expected.min_rounds
     assert RunSettings(min_rounds=40).train_config(bcw, 0, clients).min_rounds == 40
+    # Adam state: fresh for BCW, kept across rounds for HCV (measured, results/README.md).
+    assert not default.persist_optimizer
+    assert RunSettings(persist_optimizer=True).train_config(bcw, 0, clients).persist_optimizer
+    assert DATASETS["hcv"].persist_optimizer
 
 
 @pytest.mark.parametrize("flags", [["--lr", "2"], ["--select", "accuracy"],
                                    ["--class-weights", "maybe"], ["--min-rounds", "-1"],
                                    ["--min-rounds", "60", "--max-rounds", "50"],
-                                   ["--min-rounds", "501"]])
+                                   ["--min-rounds", "501"], ["--persist-optimizer", "yes"]])
 def test_bad_training_flags_exit_2(tmp_path, capsys, flags):
     out = tmp_path / "results.csv"
     try:

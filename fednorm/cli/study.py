@@ -34,6 +34,11 @@ def _integers(text: str) -> list[int]:
             from None
 
 
+def _on_off(value: str | None) -> bool | None:
+    """An on/off flag; None (not given) leaves the dataset's default."""
+    return None if value is None else value == "on"
+
+
 def experiment_command(args: argparse.Namespace) -> int:
     request = GridRequest(
         preset=args.preset, datasets=args.datasets, skews=args.skews, clients=args.clients,
@@ -54,9 +59,10 @@ def experiment_command(args: argparse.Namespace) -> int:
     settings = RunSettings(
         data_dir=args.data_dir, max_rounds=args.max_rounds, patience=args.patience,
         min_rounds=args.min_rounds, batch_size=args.batch_size, lr=args.lr, trainer=args.trainer,
-        persist_optimizer=args.persist_optimizer, threads=args.threads, stack=not args.no_stack,
+        persist_optimizer=_on_off(args.persist_optimizer),
+        threads=args.threads, stack=not args.no_stack,
         fit_options=options, regression_loss=args.regression_loss, select=args.select,
-        class_weighted=None if args.class_weights is None else args.class_weights == "on",
+        class_weighted=_on_off(args.class_weights),
     )
     # `kill <pid>` then stops the workers too, and leaves the results file complete.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -148,8 +154,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="loss on the standardized regression target (default: the "
                    "dataset's setting)")
     p.add_argument("--trainer", choices=("batched", "sequential"), default="batched")
-    p.add_argument("--persist-optimizer", action="store_true",
-                   help="keep each client's Adam state across rounds (default: fresh)")
+    p.add_argument("--persist-optimizer", nargs="?", const="on", choices=("on", "off"),
+                   help="keep each client's Adam state across rounds (alone: on; default: "
+                   "the dataset's setting, kept for HCV, fresh otherwise)")
     p.add_argument("--no-stack", action="store_true",
                    help="train every run on its own (default: the runs of one partition "
                    "whose networks are identical train together, with identical results)")

@@ -95,7 +95,7 @@ class RunSettings:
     batch_size: int | None = None
     lr: float | None = None
     trainer: Trainer = "batched"
-    persist_optimizer: bool = False
+    persist_optimizer: bool | None = None  # None: the dataset's default
     threads: int = 1
     stack: bool = True  # train a partition's same-architecture runs together
     fit_options: FitOptions | None = None  # protocol options of federated_<m> (ε, CKKS preset…)
@@ -111,13 +111,14 @@ class RunSettings:
         base = TrainConfig() if defaults is None else TrainConfig(
             batch_size=defaults.batch_size, max_rounds=defaults.max_rounds,
             patience=defaults.patience, min_rounds=defaults.min_rounds, lr=defaults.lr,
-            select=defaults.select, regression_loss=defaults.regression_loss)
+            select=defaults.select, regression_loss=defaults.regression_loss,
+            persist_optimizer=defaults.persist_optimizer)
         overrides = {"batch_size": self.batch_size, "max_rounds": self.max_rounds,
                      "patience": self.patience, "min_rounds": self.min_rounds,
                      "lr": self.lr, "select": self.select,
-                     "regression_loss": self.regression_loss}
-        config = replace(base, seed=seed, persist_optimizer=self.persist_optimizer,
-                         **{k: v for k, v in overrides.items() if v is not None})
+                     "regression_loss": self.regression_loss,
+                     "persist_optimizer": self.persist_optimizer}
+        config = replace(base, seed=seed, **{k: v for k, v in overrides.items() if v is not None})
         weighted = self.class_weighted
         if weighted is None:
             weighted = defaults is not None and defaults.class_weighted

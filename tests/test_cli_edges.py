@@ -263,8 +263,10 @@ def test_the_demo_ends_with_a_summary_per_method_and_privacy(
     summary = out[out.index("Summary"):].splitlines()
     assert len(summary) <= 24  # one screen
     rows = {tuple(line.split()[:2]): line.split() for line in summary[2:] if line.strip()}
-    assert set(rows) == {("zscore", "plain"), ("minmax", "plain"), ("zscore", "mhe"),
-                         ("minmax", "mhe")}
+    assert set(rows) == {("zscore", "plain"), ("minmax", "plain"), ("(keys)", "mhe"),
+                         ("zscore", "mhe"), ("minmax", "mhe")}
+    keys = rows.pop(("(keys)", "mhe"))  # one joint key setup for both PPF methods
+    assert keys[2:4] == ["-", "-"] and int(keys[4]) >= 2
     for (_, privacy), cells in rows.items():
         relative, rounds, size, seconds = (float(cells[3]), int(cells[4]), float(cells[5]),
                                            float(cells[7]))
@@ -309,3 +311,30 @@ def test_every_decryption_kind_shows_as_a_decryption(protocol, kind, phase) -> N
     from fednorm.transport.trace import phase_of
 
     assert phase_of(protocol, kind) == phase
+
+
+# -- several methods on one key setup -------------------------------------------------
+def test_simulate_runs_several_methods_on_one_key_setup(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    code, out, err = run_cli(["simulate", "--parties", "3", "--method", "zscore,minmax",
+                              "--privacy", "mhe", "--preset", "test",
+                              "--vabs", makefile_bcw_vabs(), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["methods"] == ["zscore", "minmax"]
+    assert [run["method"] for run in report["runs"]] == ["zscore", "minmax"]
+    setup = report["setup"]
+    assert setup["bytes"] > 0 and setup["rounds"] >= 2
+    zscore_run, minmax_run = report["runs"]
+    assert zscore_run["max_rel_error"] < 1e-5 and minmax_run["max_rel_error"] < 1e-5
+    # The key shares (MBs per party at ring 2^14) crossed once, in the setup.
+    assert setup["bytes"] > zscore_run["bytes"]
+
+
+@pytest.mark.parametrize("methods", ["zscore,zscore", "zscore,median", ","])
+def test_a_bad_method_list_exits_2(methods: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["simulate", "--method", methods], capsys)
+    assert code == 2 and out == "" and "each once" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import trio
@@ -23,6 +25,7 @@ from fednorm.protocols.collective import (
 )
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
+from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")
@@ -75,22 +78,47 @@ def test_ppf_zscore_at_the_paper_preset_with_ten_parties() -> None:
 
 
 # -- keys reused across protocols of one session ----------------------------------------
+def _kinds(report) -> set[str]:
+    return {kind for stats in report.traffic.values() for kind in stats.by_kind}
+
+
 def test_a_session_generates_the_joint_keys_once() -> None:
     rng = np.random.default_rng(7)
     parts = [rng.normal(5, 2, size=(10, 3)) for _ in range(3)]
     pooled = np.vstack(parts)
     options = FitOptions(preset="test", reveal_counts=True)
-    first, second = simulate_session(parts, ["zscore", "zscore"], "mhe", options)
-    for result in (first, second):
+    session = simulate_session(parts, ["zscore", "zscore"], "mhe", options)
+    for result in session.results:
         np.testing.assert_allclose(result.normalizer.mean, pooled.mean(axis=0), rtol=RTOL)
         np.testing.assert_allclose(result.normalizer.var, pooled.var(axis=0), rtol=RTOL)
+        assert "ckks.lead_keys" not in _kinds(result.report)
+    assert "ckks.lead_keys" in _kinds(session.setup)
+    # reveal_counts: z-score multiplies nothing, so no relinearization round.
+    assert "ckks.relin_round2" not in _kinds(session.setup)
+    alone = simulate(parts, "zscore", "mhe", options).report
+    first = session.results[0].report
+    assert first.bytes_total + session.setup.bytes_total == pytest.approx(alone.bytes_total,
+                                                                          rel=0.01)
+    assert first.rounds < alone.rounds
 
-    def kinds(result):
-        return {kind for stats in result.report.traffic.values() for kind in stats.by_kind}
 
-    assert "ckks.lead_keys" in kinds(first) and "ckks.lead_keys" not in kinds(second)
-    assert second.report.bytes_total < first.report.bytes_total
-    assert second.report.rounds < first.report.rounds
+def test_one_key_setup_covers_every_method_of_a_session() -> None:
+    options = FitOptions(preset="test")
+    needs = key_needs(["zscore", "minmax", "yeojohnson"], options)
+    assert needs["relinearize"] and len(needs["rotations"]) == 2  # MinMax's and YJ's blocks
+    assert key_needs(["zscore"], FitOptions(reveal_counts=True)) == {
+        "relinearize": False, "rotations": ()}
+    rng = np.random.default_rng(8)
+    parts = [rng.normal(5, 2, size=(12, 2)) for _ in range(3)]
+    pooled = np.vstack(parts)
+    session = simulate_session(parts, ["zscore", "minmax"], "mhe", replace(options, vabs=(16.0,)))
+    zs, mm = (r.normalizer for r in session.results)
+    np.testing.assert_allclose(zs.mean, pooled.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(mm.min, pooled.min(axis=0), rtol=1e-3)
+    np.testing.assert_allclose(mm.max, pooled.max(axis=0), rtol=1e-3)
+    for result in session.results:
+        assert "ckks.lead_keys" not in _kinds(result.report)
+    assert "ckks.relin_round2" in _kinds(session.setup)
 
 
 def test_keys_are_reused_only_when_they_cover_the_request() -> None:

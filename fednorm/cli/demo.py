@@ -1,7 +1,8 @@
 """``fednorm demo``: every normalization, plain then PPF, on one dataset, then a summary.
 
-What ``make demo`` runs: for each method and privacy mode the ``simulate`` report (the
-federated parameters beside the pooled ones), and at the end one screen that answers
+What ``make demo`` runs: per privacy mode one ``simulate`` session of every method (in
+PPF mode on one joint key setup, reported as its own "(keys)" line), each with its
+report (the federated parameters beside the pooled ones), and at the end one screen that answers
 "did it work and what did it cost": per method and privacy the worst relative error
 against the pooled fit, the protocol rounds, the bytes on the wire and the seconds.
 """
@@ -12,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 
 from fednorm.cli.progress import add_quiet_option
-from fednorm.cli.simulate import human_report, run_simulation
+from fednorm.cli.simulate import human_session_report, run_simulation
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS
 from fednorm.transport.trace import human_bytes
@@ -24,8 +25,8 @@ class DemoRow:
 
     method: str
     privacy: str
-    worst_absolute_error: float
-    worst_relative_error: float
+    worst_absolute_error: float | None  # None: the key setup, which fits nothing
+    worst_relative_error: float | None
     rounds: int
     bytes_total: int
     seconds: float
@@ -38,22 +39,26 @@ def demo_command(args: argparse.Namespace) -> int:
         raise InputError(f"--methods takes some of {', '.join(METHODS)}, not {args.methods!r}")
     rows = []
     for privacy in ("plain", "mhe"):
-        for method in methods:
-            run = _simulate_args(args, method, privacy)
-            features, result, comparison = run_simulation(run)
-            print(human_report(run, features, result, comparison), end="\n\n", flush=True)
-            report = result.report
-            rows.append(DemoRow(method, privacy, comparison.max_abs_error,
+        session = _simulate_args(args, tuple(methods), privacy)
+        outcome = run_simulation(session)
+        print(human_session_report(session, outcome), end="\n\n", flush=True)
+        if outcome.setup is not None:
+            rows.append(DemoRow("(keys)", privacy, None, None, outcome.setup.rounds,
+                                outcome.setup.bytes_total, outcome.setup.seconds))
+        for run in outcome.runs:
+            report, comparison = run.result.report, run.comparison
+            rows.append(DemoRow(run.method, privacy, comparison.max_abs_error,
                                 comparison.max_rel_error, report.rounds,
                                 report.bytes_total, report.seconds))
     print(summary(rows, args))
     return 0
 
 
-def _simulate_args(args: argparse.Namespace, method: str, privacy: str) -> argparse.Namespace:
+def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: str
+                   ) -> argparse.Namespace:
     return argparse.Namespace(
         dataset=args.dataset, target=None, parties=args.parties, split="iid", seed=0,
-        method=method, privacy=privacy, epsilon=None, ckks_preset=args.preset,
+        method=methods, privacy=privacy, epsilon=None, ckks_preset=args.preset,
         rank_probes=1, reveal_counts=False, vabs=args.vabs, json=False, quiet=args.quiet)
 
 
@@ -64,10 +69,14 @@ def summary(rows: list[DemoRow], args: argparse.Namespace) -> str:
              f"{'method':<11} {'privacy':<8} {'abs error':>10} {'rel error':>10} "
              f"{'rounds':>6} {'bytes':>10} {'seconds':>8}"]
     for row in rows:
-        lines.append(f"{row.method:<11} {row.privacy:<8} {row.worst_absolute_error:>10.2e} "
-                     f"{row.worst_relative_error:>10.2e} {row.rounds:>6} "
+        lines.append(f"{row.method:<11} {row.privacy:<8} {_error(row.worst_absolute_error)} "
+                     f"{_error(row.worst_relative_error)} {row.rounds:>6} "
                      f"{human_bytes(row.bytes_total):>10} {row.seconds:>8.2f}")
     return "\n".join(lines)
+
+
+def _error(value: float | None) -> str:
+    return f"{'-':>10}" if value is None else f"{value:>10.2e}"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

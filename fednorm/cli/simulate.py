@@ -18,7 +18,13 @@ from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
 from fednorm.multihost.files import load_csv
 from fednorm.protocols import METHODS, Normalizer, fit_local
-from fednorm.sim.federation import SimulationResult, simulate
+from fednorm.sim.federation import (
+    SessionResult,
+    SimulationReport,
+    SimulationResult,
+    simulate,
+    simulate_session,
+)
 from fednorm.sim.partition import SplitSpec, partition
 
 
@@ -50,36 +56,87 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
     return {k: [v if np.isfinite(v) else None for v in vs] for k, vs in params.items()}
 
 
+def parse_methods(text: str) -> tuple[str, ...]:
+    """``zscore,minmax``: methods in the order given, each once."""
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods or len(set(methods)) != len(methods):
+        raise argparse.ArgumentTypeError(
+            f"takes one or more of {', '.join(METHODS)}, each once, separated by commas; "
+            f"got {text!r}")
+    return methods
+
+
+@dataclass
+class MethodRun:
+    """One method of a ``simulate`` session, with its comparison to the pooled fit."""
+
+    method: str
+    result: SimulationResult
+    comparison: Comparison
+
+
+@dataclass
+class SimulateOutcome:
+    """A ``simulate`` session: the features, the key setup's cost (mhe), each method."""
+
+    features: list[str]
+    setup: SimulationReport | None
+    runs: list[MethodRun]
+
+
 def simulate_command(args: argparse.Namespace) -> int:
-    features, result, comparison = run_simulation(args)
+    outcome = run_simulation(args)
     if args.json:
-        print(json.dumps(_json_report(args, features, result, comparison)))
+        print(json.dumps(json_report(args, outcome)))
     else:
-        print(human_report(args, features, result, comparison))
+        print(human_session_report(args, outcome))
     return 0
 
 
-def run_simulation(args: argparse.Namespace
-                   ) -> tuple[list[str], SimulationResult, Comparison]:
-    """One ``simulate`` run from its options: the features, the result, the comparison."""
+def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
+    """One ``simulate`` run from its options, compared with the pooled fit. One method
+    runs alone (in mhe mode its report includes its key setup); several run as a session:
+    in mhe mode one key setup, reported apart, then every method on those keys."""
     split = SplitSpec.parse(args.split)
     options = fit_options(args)
     dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
-    progress = progress_for(args, f"fednorm simulate {args.method}-{args.privacy}")
+    label = ",".join(args.method)
+    progress = progress_for(args, f"fednorm simulate {label}-{args.privacy}")
     # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
     with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
-        result = simulate([p.X for p in parts], args.method, args.privacy, options,
-                          features=dataset.feature_names, tracer=progress)
-        pooled = fit_local(args.method, dataset.X, options)
-    return dataset.feature_names, result, compare(result.normalizer, pooled)
+        arrays = [p.X for p in parts]
+        if len(args.method) == 1:
+            session = SessionResult(None, [simulate(arrays, args.method[0], args.privacy, options,
+                                                    features=dataset.feature_names,
+                                                    tracer=progress)])
+        else:
+            session = simulate_session(arrays, args.method, args.privacy, options,
+                                       features=dataset.feature_names, tracer=progress)
+        runs = [MethodRun(method, result,
+                          compare(result.normalizer, fit_local(method, dataset.X, options)))
+                for method, result in zip(args.method, session.results, strict=True)]
+    return SimulateOutcome(dataset.feature_names, session.setup, runs)
 
 
-def _json_report(
-    args: argparse.Namespace, features: list[str], result: SimulationResult, cmp: Comparison
-) -> dict[str, object]:
+def json_report(args: argparse.Namespace, outcome: SimulateOutcome) -> dict[str, object]:
+    """One method: its report; several: the key setup and one report per method."""
+    runs = [_json_run(args, outcome.features, run) for run in outcome.runs]
+    if len(runs) == 1:
+        return runs[0]
+    setup = None if outcome.setup is None else {
+        "rounds": outcome.setup.rounds, "bytes": outcome.setup.bytes_total,
+        "seconds": outcome.setup.seconds}
+    return {"methods": list(args.method), "privacy": args.privacy, "parties": args.parties,
+            "split": args.split, "features": outcome.features, "setup": setup, "runs": runs}
+
+
+def _json_run(args: argparse.Namespace, features: list[str], run: MethodRun
+              ) -> dict[str, object]:
+    cmp, report = run.comparison, run.result.report
     return {
-        "method": args.method,
+        "method": run.method,
         "privacy": args.privacy,
         "parties": args.parties,
         "split": args.split,
@@ -88,19 +145,31 @@ def _json_report(
         "pooled": _json_floats(cmp.pooled),
         "max_abs_error": cmp.max_abs_error,
         "max_rel_error": cmp.max_rel_error,
-        "rounds": result.report.rounds,
-        "bytes": result.report.bytes_total,
-        "seconds": result.report.seconds,
+        "rounds": report.rounds,
+        "bytes": report.bytes_total,
+        "seconds": report.seconds,
     }
 
 
-def human_report(
-    args: argparse.Namespace, features: list[str], result: SimulationResult, cmp: Comparison
-) -> str:
+def human_session_report(args: argparse.Namespace, outcome: SimulateOutcome) -> str:
+    """Each method's table; in mhe mode the key setup's cost first."""
+    blocks = []
+    if outcome.setup is not None:
+        setup = outcome.setup
+        blocks.append(f"joint key setup ({_privacy_label(args)}) for "
+                      f"{', '.join(args.method)}: {setup.rounds} rounds, "
+                      f"{setup.bytes_total:,} bytes, {setup.seconds:.3f} s "
+                      "(each method below reuses the keys)")
+    blocks += [human_report(args, outcome.features, run) for run in outcome.runs]
+    return "\n\n".join(blocks)
+
+
+def human_report(args: argparse.Namespace, features: list[str], run: MethodRun) -> str:
+    cmp = run.comparison
     names = list(cmp.federated)
     width = max(len(f) for f in features)
     lines = [
-        f"{args.method} ({_privacy_label(args)}) on {args.dataset}: {args.parties} parties, "
+        f"{run.method} ({_privacy_label(args)}) on {args.dataset}: {args.parties} parties, "
         f"split {args.split}, seed {args.seed}",
         "  ".join([f"{'feature':<{width}}"]
                   + [f"{n + ' fed':>14} {n + ' pooled':>14} {'abs err':>9}" for n in names]),
@@ -111,7 +180,7 @@ def human_report(
             a, b = cmp.federated[n][j], cmp.pooled[n][j]
             cells.append(f"{a:>14.6g} {b:>14.6g} {abs(a - b):>9.2e}")
         lines.append("  ".join(cells))
-    report = result.report
+    report = run.result.report
     lines.append(
         f"max abs error {cmp.max_abs_error:.3e}, max rel error {cmp.max_rel_error:.3e}; "
         f"{report.rounds} rounds, {report.bytes_total:,} bytes, {report.seconds:.3f} s"
@@ -130,7 +199,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--parties", type=int, default=10)
     p.add_argument("--split", default="iid", help="iid | label:β | quantity:β | feature:σ")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--method", choices=METHODS, default="zscore")
+    p.add_argument("--method", type=parse_methods, default=("zscore",),
+                   help=f"one of {', '.join(METHODS)}, or several separated by commas: "
+                   "with --privacy mhe they share one joint key setup (default zscore)")
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -22,6 +22,7 @@ from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
+from fednorm.protocols.ppf.keys import setup_protocol
 from fednorm.session import (
     check_federation_data,
     check_fit_options,
@@ -136,7 +137,8 @@ async def run_federation(
     traffic = {role_name(SERVER): server_ctx.stats}
     traffic.update({role_name(p): party_ctxs[p].stats for p in party_ids})
     report = SimulationReport(server_ctx.stats.rounds, seconds, traffic)
-    check_no_overflow(results[SERVER], protocol.method, features)
+    if results[SERVER] is not None:  # the key-setup step fits nothing
+        check_no_overflow(results[SERVER], protocol.method, features)
     return SimulationResult(results[SERVER], {p: results[p] for p in party_ids}, report)
 
 
@@ -158,6 +160,15 @@ def simulate(
                                            features=features, tracer=tracer))
 
 
+@dataclass
+class SessionResult:
+    """Several protocols over one federation: the key setup's cost (None in plain
+    mode), then each protocol's result, in the order asked."""
+
+    setup: SimulationReport | None
+    results: list[SimulationResult]
+
+
 def simulate_session(
     party_data: Sequence[np.ndarray],
     methods: Sequence[str],
@@ -165,16 +176,25 @@ def simulate_session(
     options: FitOptions | None = None,
     *,
     timeout: float | None = 120.0,
-) -> list[SimulationResult]:
-    """Fit several methods in turn over the same federation, generating the joint keys
-    once: a later PPF protocol reuses them when they cover its needs (put the method
-    needing the most keys first, e.g. ``robust`` or ``minmax`` before ``zscore``)."""
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
+) -> SessionResult:
+    """Fit several methods in turn over the same federation. In ``mhe`` mode the joint
+    keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
+    keys`); each protocol then reuses them, so its report holds its own cost only."""
     protocols = [get_protocol(method, privacy) for method in methods]
     check_federation_data(party_data)
     keys = FederationKeys()
 
-    async def run_all() -> list[SimulationResult]:
-        return [await run_federation(protocol, party_data, options, timeout=timeout, keys=keys)
-                for protocol in protocols]
+    async def run_all() -> SessionResult:
+        setup = None
+        if privacy == "mhe":
+            step = setup_protocol([p.method for p in protocols])
+            setup = (await run_federation(step, party_data, options, timeout=timeout,
+                                          keys=keys, tracer=tracer)).report
+        results = [await run_federation(protocol, party_data, options, timeout=timeout,
+                                        keys=keys, features=features, tracer=tracer)
+                   for protocol in protocols]
+        return SessionResult(setup, results)
 
     return trio.run(run_all)

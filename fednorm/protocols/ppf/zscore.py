@@ -114,9 +114,14 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
     return X
 
 
+def setup_arguments(options: FitOptions) -> dict[str, object]:
+    """Relinearization for the encrypted inverse; none when the counts are revealed."""
+    return {"relinearize": not options.reveal_counts}
+
+
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
-    crypto = await setup_server(rc, options.preset, relinearize=not options.reveal_counts)
+    crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     sums = await rc.gather(EncryptedSums)
     width = agreed_width(sums)
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
@@ -178,7 +183,7 @@ def _inverse_and_presence(context: ckks.CkksContext, count: openfhe.Ciphertext, 
 # -- party --------------------------------------------------------------------------------
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
     X = check_ppf_values(X, options)
-    crypto = await setup_party(rc, options.preset, relinearize=not options.reveal_counts,
+    crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                flooding_bits=options.flooding_bits)
     passes = Passes(revealed=options.reveal_counts,
                     inverse_bootstraps=0 if options.reveal_counts

@@ -1,0 +1,59 @@
+"""Joint keys for a session of PPF protocols: one collective key setup that covers every
+protocol the federation will run, so that each of them reuses the keys.
+
+Key generation does not depend on the data, and it is the costliest step of a short
+protocol (most of PPF z-score's bytes are its relinearization shares). A federation that
+normalizes with several methods, or runs one again, generates the keys once: the union of
+what the methods need (relinearization, and each method's rotation by its slot block), in
+a setup step of its own, so its time and bytes are reported apart from the protocols'
+(the paper's complexity table, too, leaves one-time operations out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fednorm.engine.errors import InputError
+from fednorm.engine.runtime import RoleContext
+from fednorm.protocols.base import METHODS, FitOptions, Protocol
+from fednorm.protocols.collective import setup_party, setup_server
+from fednorm.protocols.ppf import minmax_layout, yeojohnson, zscore
+
+KeyNeeds = Callable[[FitOptions], dict[str, object]]
+
+NEEDS: dict[str, KeyNeeds] = {
+    "zscore": zscore.setup_arguments,
+    "minmax": minmax_layout.setup_arguments,
+    "robust": minmax_layout.setup_arguments,  # PPF robust starts with PPF MinMax
+    "yeojohnson": yeojohnson.setup_arguments,
+}
+
+
+def key_needs(methods: Sequence[str], options: FitOptions) -> dict[str, object]:
+    """The keys that cover every method: relinearization if any needs it, and the union
+    of their rotations."""
+    unknown = [m for m in methods if m not in NEEDS]
+    if unknown or not methods:
+        raise InputError(f"a key session needs methods among {', '.join(METHODS)}, "
+                         f"got {list(methods)}")
+    needs = [NEEDS[m](options) for m in methods]
+    rotations = {rotation for n in needs for rotation in n.get("rotations", ())}
+    return {"relinearize": any(bool(n.get("relinearize")) for n in needs),
+            "rotations": tuple(sorted(rotations))}
+
+
+def setup_protocol(methods: Sequence[str]) -> Protocol:
+    """The key-setup step of a session that will run ``methods`` (each role returns
+    None and keeps the keys in ``RoleContext.crypto``)."""
+    methods = tuple(methods)
+
+    async def server(rc: RoleContext, options: FitOptions) -> None:
+        await setup_server(rc, options.preset, **key_needs(methods, options))
+
+    async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> None:
+        await setup_party(rc, options.preset, **key_needs(methods, options),
+                          flooding_bits=options.flooding_bits)
+
+    return Protocol("keys-mhe", "keys", "mhe", server, party)

@@ -53,6 +53,15 @@ def test_plain_section_times_each_protocol_beside_sklearn(tmp_path) -> None:
     assert "Plain protocols against scikit-learn" in out.read_text()
 
 
+def test_threads_section_runs_each_layout_in_its_own_process(tmp_path) -> None:
+    rows = tmp_path / "rows.json"
+    assert main(["bench", "--quick", "--sections", "threads", "--out",
+                 str(tmp_path / "r.md"), "--json", str(rows)]) == 0
+    data = json.loads(rows.read_text())["threads"]
+    assert [(r["workers"], r["omp"]) for r in data] == [(1, 1), (2, 1)]
+    assert all(r["median_s"] > 0 for r in data)
+
+
 def test_kth_rounds_grow_as_epsilon_shrinks() -> None:
     rng = np.random.default_rng(3)
     parts = [rng.uniform(0, 10, size=(9, 2)) for _ in range(2)]
@@ -101,3 +110,20 @@ def test_zscore_breakdown_and_noise_come_from_the_tracer_hooks() -> None:
     coarse = next(r for r in probe.rows if r["what"] == "coarse pass")
     assert coarse["mean_final_rel_error"] < 1e-5 and coarse["var_final_rel_error"] < 1e-5
     assert 0 < coarse["mean_precise_min"] <= coarse["mean_precise_max"]
+
+
+def test_the_limit_is_the_runs_crypto_work_spread_over_the_workers() -> None:
+    from fednorm.bench import protocols
+    from fednorm.bench.timeline import Timeline
+    from fednorm.engine.tracing import CryptoEvent
+
+    timeline = Timeline()
+    for call, seconds in (("CkksContext.encrypt", 3.0), ("decode_frame", 5.0),
+                          ("encode_body", 1.0), ("Bootstrap.generate_share", 1.0)):
+        timeline.crypto_call(CryptoEvent("party 1", "zscore-mhe", call, seconds))
+    assert timeline.limit_seconds(cores=2) == pytest.approx(2.0)  # (3 + 1) / 2, no bytes
+    section, _ = protocols.totals(["zscore"], repeats=1, parties=3, preset="test")
+    (row,) = section.rows
+    # At most two calls run at once, so their summed time fits twice the wall time.
+    assert 0 < row["limit_s"] <= row["median_s"]
+    assert "total / limit" in section.tables[0][1] and "× paper" in section.tables[0][1]

@@ -45,6 +45,7 @@ from fednorm.engine.ckks import (
     decrypt_locally,
     ensure_levels,
     get_preset,
+    in_process_run,
     inverse,
     local_refresh,
     plan_inverse,
@@ -483,6 +484,31 @@ def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> 
     for kind, blob, message in cases:
         with pytest.raises(ProtocolError, match=message):
             ctx.from_bytes(kind, blob)
+
+
+def test_a_broadcasts_readers_in_one_process_share_one_parse(fed: Fed) -> None:
+    """In a simulation every reader of a broadcast gets one parse of its bytes; outside
+    one (a role per process) nothing is kept."""
+    ctx = fed.ctx
+    values = np.array([1.5, -2.0, 3.25])
+    data = ctx.to_bytes(fed.encrypt(values))
+    ctx.from_bytes("ciphertext", data)
+    assert ctx.kept_bytes == 0  # one role per process: nobody here reads a frame twice
+    with in_process_run():
+        first = ctx.from_bytes("ciphertext", data)
+        assert ctx.kept_bytes == len(data)
+        assert ctx.from_bytes("ciphertext", bytes(data)) is first  # equal bytes, no parse
+        fresh = serial.load("ciphertext", serial.unframe("ciphertext", data,
+                                                          ctx.preset.fingerprint))
+        framed = ctx.to_bytes(fresh)
+        assert ctx.to_bytes(first) == framed  # as a parse of its own would serialize
+        np.testing.assert_allclose(fed.decrypt(first, 3), values, atol=FRESH_ABS_TOL)
+        # The same bytes with one payload byte flipped are parsed, and refused.
+        flipped = bytearray(data)
+        flipped[-100] ^= 0xFF
+        with pytest.raises(ProtocolError, match="digest"):
+            ctx.from_bytes("ciphertext", bytes(flipped))
+    assert ctx.kept_bytes == 0  # the last run's objects are let go
 
 
 def test_codec_registration(fed: Fed) -> None:

@@ -338,3 +338,11 @@ def test_simulate_runs_several_methods_on_one_key_setup(
 def test_a_bad_method_list_exits_2(methods: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["simulate", "--method", methods], capsys)
     assert code == 2 and out == "" and "each once" in err
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_worker_thread_count_exits_2(value: str, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FEDNORM_WORKER_THREADS", value)
+    code, out, err = run_cli(["simulate", "--parties", "2"], capsys)
+    assert code == 2 and out == "" and "FEDNORM_WORKER_THREADS must be a positive" in err

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fednorm.bench import communication, kth, micro, noise, plain, protocols, zscore
+from fednorm.bench import communication, kth, micro, noise, plain, protocols, threads, zscore
 from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
     Section,
@@ -37,7 +37,8 @@ from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
 GENERATED_MARKER = "# PPF benchmark report"
-SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise", "plain")
+SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise", "plain",
+            "threads")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
 
@@ -64,6 +65,7 @@ class BenchPlan:
     scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
     scaling_caps: tuple[tuple[str, int], ...] = (("zscore", 50),)
     plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
+    thread_layouts: tuple[tuple[int, int], ...] = threads.LAYOUTS
     quiet_below: float = 0.5
     max_wait: float = 0.0
     command: str = ""
@@ -77,7 +79,8 @@ class BenchPlan:
                    precision_seeds=1, costly_seeds=1, precision_modes=("default",),
                    epsilons=(1e-1, 1e-3),
                    scaling_parties=(2, 4), scaling_methods=("zscore",),
-                   plain_shapes=plain.QUICK_SHAPES, quick=True)
+                   plain_shapes=plain.QUICK_SHAPES, thread_layouts=((1, 1), (2, 1)),
+                   quick=True)
         return replace(base, **changes)
 
     def __post_init__(self) -> None:
@@ -114,6 +117,7 @@ class BenchPlan:
             "scaling": scaled,
             "noise": 1,
             "plain": len(self.plain_shapes) * len(plain.METHODS),
+            "threads": self.repeats * len(self.thread_layouts),
         }
         return sum(count[s] for s in self.sections) + 1  # + communication
 
@@ -234,9 +238,15 @@ def _plain(plan: BenchPlan, run: BenchRun) -> list[Section]:
                                    plan.command)]
 
 
+def _threads(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    return [threads.threads_layout("zscore", plan.parties, plan.preset, plan.repeats,
+                                   plan.command, plan.thread_layouts)]
+
+
 _RUNNERS: dict[str, Callable[[BenchPlan, BenchRun], list[Section]]] = {
     "micro": _micro, "totals": _totals, "zscore": _zscore, "precision": _precision,
     "epsilon": _epsilon, "scaling": _scaling, "noise": _noise, "plain": _plain,
+    "threads": _threads,
 }
 
 

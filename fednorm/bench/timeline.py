@@ -21,6 +21,9 @@ from fednorm.engine.runtime import SERVER, role_name
 from fednorm.engine.tracing import CryptoEvent, PhaseEvent, Tracer
 
 SERVER_NAME = role_name(SERVER)
+SERIALIZATION_CALLS = frozenset({"encode_body", "decode_frame"})
+"""Worker calls that turn messages into bytes and back: work a run in one process could
+avoid, so they are not part of :meth:`Timeline.limit_seconds`."""
 
 
 @dataclass
@@ -63,6 +66,15 @@ class Timeline(Tracer):
             self.call_counts[event.call] += 1
         if event.role == SERVER_NAME and _is_plaintext(event.result):
             self.revealed.append(np.asarray(event.result))
+
+    def limit_seconds(self, cores: int = 2) -> float:
+        """The run's unavoidable work on ``cores`` cores: every role's crypto calls (key
+        and decryption shares, encryptions, the server's aggregations and homomorphic
+        operations, the bootstraps' shares) timed as the run made them, summed, spread
+        over the cores; serialization, transport and waiting left out. A wall time
+        cannot go below it on this machine unless the calls themselves get faster."""
+        work = sum(s for call, s in self.calls.items() if call not in SERIALIZATION_CALLS)
+        return work / cores
 
     def outside_phases(self, total: float) -> float:
         """The server's time in no phase at all (local sums, broadcasts, waiting)."""

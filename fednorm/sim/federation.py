@@ -8,6 +8,7 @@ the first real cause (not the dropouts it triggered) is raised.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
+from fednorm.engine.ckks import in_process_run
+from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
@@ -33,6 +36,15 @@ from fednorm.session import (
     root_cause,
 )
 from fednorm.transport.memory import star_links
+
+
+def worker_threads() -> int:
+    """Crypto calls a simulation runs at once, in worker threads: ``FEDNORM_WORKER_THREADS``,
+    default 2 (the layout docs/PERFORMANCE.md measured fastest on a 2-core machine)."""
+    value = os.environ.get("FEDNORM_WORKER_THREADS", "2")
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"FEDNORM_WORKER_THREADS must be a positive integer, got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -106,7 +118,7 @@ async def run_federation(
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     server_links, party_links = star_links(party_ids)
-    limiter = trio.CapacityLimiter(2)
+    limiter = trio.CapacityLimiter(worker_threads())
 
     def context(me: int, links: dict[int, Link], tracer: Tracer | None) -> RoleContext:
         return role_context(me, links, session, protocol, timeout=timeout, tracer=tracer,
@@ -123,10 +135,11 @@ async def run_federation(
 
     started = time.perf_counter()
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_role, SERVER)
-            for party in party_ids:
-                nursery.start_soon(run_role, party, arrays[party - 1])
+        with in_process_run():  # a receiver may take the object its sender framed
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_role, SERVER)
+                for party in party_ids:
+                    nursery.start_soon(run_role, party, arrays[party - 1])
     except BaseExceptionGroup as group:
         raise root_cause(group) from None
     seconds = time.perf_counter() - started

@@ -44,7 +44,12 @@ from fednorm.engine.ckks.compare import (
     rotation_plan,
     tree_maximum,
 )
-from fednorm.engine.ckks.context import MAX_SUM_VALUE, CkksContext, sum_rotation_indices
+from fednorm.engine.ckks.context import (
+    MAX_SUM_VALUE,
+    CkksContext,
+    in_process_run,
+    sum_rotation_indices,
+)
 from fednorm.engine.ckks.cores import ensure_levels
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import Flooding, check_security_bits
@@ -112,6 +117,7 @@ __all__ = [
     "fold_maximum",
     "fold_rotations",
     "get_preset",
+    "in_process_run",
     "inverse",
     "joint_tag_for",
     "levels_left",

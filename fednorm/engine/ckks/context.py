@@ -11,7 +11,9 @@ each call, so on a small machine use threads *or* OpenMP (OMP_NUM_THREADS), not 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -34,7 +36,10 @@ SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
 MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()
-_RECENT_OBJECTS = 8  # decoded objects kept to serve repeated (broadcast) bytes
+RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
+_IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
+_IN_PROCESS_LOCK = threading.Lock()
+_CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
   # OpenFHE's eval-key maps are process-wide std::maps
 
 
@@ -72,7 +77,9 @@ class CkksContext:
         self.raw = _build_crypto_context(self.preset)
         self._templates = serial.templates_for(self.raw, self.preset)
         self._recent: dict[tuple[str, bytes | None], tuple[bytes, Any]] = {}
+        self._recent_bytes = 0
         self._recent_lock = threading.Lock()
+        _CONTEXTS.add(self)
 
     def __repr__(self) -> str:
         return f"CkksContext({self.preset.name!r})"
@@ -283,13 +290,17 @@ class CkksContext:
     def from_bytes(self, kind: str, data: bytes) -> Any:
         """Load a ``kind`` object from :meth:`to_bytes` output; malformed -> ProtocolError.
 
-        A broadcast delivers the same bytes to every party; when all roles share one
-        process (a simulation), parsing them once and handing out copies saves most of
-        the deserialization time.  A hit is confirmed by comparing the bytes themselves.
-        Readers therefore may share a decoded object: code that mutates one (e.g.
+        A broadcast delivers the same bytes to every party; while all roles share one
+        process (a simulation, :func:`in_process_run`), the object parsed for the first
+        reader is handed to the others whose bytes are identical (the digest finds it, a
+        comparison of every byte confirms it). They get the parse itself: the sender's
+        object would not do, as a parsed object serializes differently (632 more bytes
+        per ciphertext at openfhe 1.6.1) and a forwarded one would change the wire.
+        Readers may therefore share an object: code that mutates one (e.g.
         ``RemoveElement``) works on a ``Clone()``, as every caller in fednorm does.
         """
-        cached = self._recent.get((kind, serial.digest_of(data)))
+        key = (kind, serial.digest_of(data))
+        cached = self._recent.get(key)
         if cached is not None and cached[0] == data:
             return cached[1]
         payload = serial.unframe(kind, data, self.preset.fingerprint)
@@ -297,14 +308,31 @@ class CkksContext:
         obj = serial.load(kind, payload)
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
-        self._remember((kind, serial.digest_of(data)), bytes(data), obj)
+        if _IN_PROCESS_RUNS:  # a broadcast's other readers get this object
+            self._remember(key, bytes(data), obj)
         return obj
 
-    def _remember(self, key: tuple[str, bytes | None], data: bytes, obj: Any) -> None:
+    @property
+    def kept_bytes(self) -> int:
+        """Framed bytes of the objects kept for in-process readers."""
+        return self._recent_bytes
+
+    def forget_objects(self) -> None:
+        """Drop the objects kept for readers (the memory of the last simulation)."""
         with self._recent_lock:
+            self._recent.clear()
+            self._recent_bytes = 0
+
+    def _remember(self, key: tuple[str, bytes | None], data: bytes, obj: Any) -> None:
+        """Keep ``obj`` for readers of ``data``; the oldest go beyond :data:`RECENT_BYTES`."""
+        with self._recent_lock:
+            old = self._recent.pop(key, None)
+            self._recent_bytes -= len(old[0]) if old else 0
             self._recent[key] = (data, obj)
-            while len(self._recent) > _RECENT_OBJECTS:
-                self._recent.pop(next(iter(self._recent)))
+            self._recent_bytes += len(data)
+            while self._recent_bytes > RECENT_BYTES and len(self._recent) > 1:
+                oldest = self._recent.pop(next(iter(self._recent)))
+                self._recent_bytes -= len(oldest[0])
 
     def register_codec_types(
         self, register: Callable[[int, type, Callable[[Any], bytes], Callable[[bytes], Any]],
@@ -316,6 +344,25 @@ class CkksContext:
 
     def _loader(self, kind: str) -> Callable[[bytes], Any]:
         return lambda data: self.from_bytes(kind, data)
+
+
+@contextmanager
+def in_process_run() -> Iterator[None]:
+    """Mark a run whose roles all share this process (a simulation): while one is under
+    way, :meth:`CkksContext.from_bytes` keeps what it parsed for a broadcast's other
+    readers, up to :data:`RECENT_BYTES`, and the last run to end lets it all go.
+    Elsewhere (one role per process) no bytes are read twice, and nothing is kept."""
+    global _IN_PROCESS_RUNS
+    with _IN_PROCESS_LOCK:
+        _IN_PROCESS_RUNS += 1
+    try:
+        yield
+    finally:
+        with _IN_PROCESS_LOCK:
+            _IN_PROCESS_RUNS -= 1
+            if not _IN_PROCESS_RUNS:
+                for context in list(_CONTEXTS):
+                    context.forget_objects()
 
 
 def sum_rotation_indices(width: int) -> list[int]:

@@ -97,6 +97,25 @@ async def test_messages_flow_and_bytes_are_counted() -> None:
     assert party.stats.bytes_sent == server.stats.bytes_received > 0
 
 
+async def test_a_broadcast_is_one_frame_object_for_every_party_at_the_same_round() -> None:
+    """In one process a broadcast to P parties waits in their links as one copy; the
+    bytes counted per link are still the frame's own."""
+    links = {p: link_pair(SERVER, p) for p in (1, 2, 3)}
+    server = RoleContext(SERVER, {p: ends[0] for p, ends in links.items()}, "s1",
+                         protocol="proto", timeout=5.0)
+    await server.send(3, Other(n=0))  # party 3 is one round ahead of the others
+    await server.broadcast(Payload(values=np.arange(1000.0), note="all"))
+    frames = {}
+    for party, (_, party_end) in links.items():
+        if party == 3:
+            await party_end.receive()  # the message before the broadcast
+        frames[party] = await party_end.receive()
+    assert frames[1] is frames[2] and frames[3] is not frames[1]  # its header differs
+    assert decode_frame(frames[3])[0].round == 1 and decode_frame(frames[1])[0].round == 0
+    assert server.stats.bytes_sent == sum(len(f) for f in frames.values()) + len(
+        encode_frame(Header("proto", "s1", 0, SERVER, "test.other"), Other(n=0)))
+
+
 async def test_wrong_kind_is_a_protocol_error() -> None:
     server, party, _ = _pair()
     await party.send(SERVER, Other(n=7))

@@ -155,13 +155,19 @@ class RoleContext:
         except KeyError:
             raise ValueError(f"{role_name(self.me)} has no link to {role_name(peer)}") from None
 
-    async def send(self, peer: int, msg: Message, body: bytes | None = None) -> None:
-        """Send one message to ``peer`` (``body``: its pre-encoded body, for broadcasts)."""
+    async def send(self, peer: int, msg: Message, body: bytes | None = None,
+                   frames: dict[int, bytes] | None = None) -> None:
+        """Send one message to ``peer`` (``body``: its pre-encoded body, for broadcasts;
+        ``frames``: the broadcast's frames so far, by send round)."""
         link = self._link(peer)
         header = Header(self.protocol, self.session, self._send_round[peer], self.me, msg.KIND)
         if body is None:
             body = await self.run_sync(encode_body, msg)
-        frame = encode_frame(header, msg, body)
+        frame = frames.get(header.round) if frames is not None else None
+        if frame is None:
+            frame = encode_frame(header, msg, body)
+            if frames is not None:
+                frames[header.round] = frame
         self._send_round[peer] += 1
         self.stats.count_sent(msg.KIND, len(frame))
         await link.send(frame)
@@ -231,10 +237,16 @@ class RoleContext:
         await self.forward(msg, self.parties)
 
     async def forward(self, msg: Message, peers: list[int]) -> None:
-        """Send the same message to each of ``peers``, encoding its body once."""
+        """Send the same message to each of ``peers``, encoding its body once.
+
+        Peers at the same round of this role's conversation with them get one and the
+        same frame object (its bytes are identical): in one process, a broadcast to P
+        parties waits in their links as one copy instead of P.
+        """
         body = await self.run_sync(encode_body, msg)
+        frames: dict[int, bytes] = {}
         for peer in peers:
-            await self.send(peer, msg, body)
+            await self.send(peer, msg, body, frames)
 
     async def gather(self, expected: type[M]) -> dict[int, M]:
         """Server: one message of type ``expected`` from every party (a protocol round).

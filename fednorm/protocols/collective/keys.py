@@ -52,15 +52,8 @@ async def setup_server(
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
     with rc.subprotocol("setup"):
-        lead = await rc.receive(LEAD, LeadKeys)
-        await rc.forward(lead, rc.parties[1:])
-        messages = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
-        shares = [msg.shares(setup) for msg in messages]
-        round_one = await rc.run_sync(setup.aggregate_shares, shares)
-        await rc.broadcast(JointRound1.of(round_one))
+        round_one = await _round_one(rc, setup)
         joint = round_one.joint
-        if setup.rotation:
-            await rc.run_sync(setup.finalize_rotations, joint, shares)
         if setup.relin:
             round_two = await rc.gather(RelinRound2)
             await rc.run_sync(setup.finalize, joint,
@@ -69,6 +62,21 @@ async def setup_server(
     rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
                              rotations=tuple(rotations))
     return rc.crypto
+
+
+async def _round_one(rc: RoleContext, setup: ckks.KeySetup) -> ckks.JointRoundOne:
+    """Server: the lead's keys to the others, every party's shares aggregated and the
+    joint keys of round one broadcast, rotation keys finalized. The P shares (25 MB
+    each at ring 2^15) are let go when this returns, before round two's arrive."""
+    lead = await rc.receive(LEAD, LeadKeys)
+    await rc.forward(lead, rc.parties[1:])
+    messages = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
+    shares = [msg.shares(setup) for msg in messages]
+    round_one = await rc.run_sync(setup.aggregate_shares, shares)
+    await rc.broadcast(JointRound1.of(round_one))
+    if setup.rotation:
+        await rc.run_sync(setup.finalize_rotations, round_one.joint, shares)
+    return round_one
 
 
 async def setup_party(
@@ -90,18 +98,31 @@ async def setup_party(
     with rc.subprotocol("setup"):
         lead = None if rc.me == LEAD else (await rc.receive(SERVER, LeadKeys)).shares(setup)
         keys = await rc.run_sync(setup.generate_keys, lead)
-        mine = await rc.run_sync(setup.generate_shares, keys, lead)
-        await rc.send(SERVER, (KeyShares if lead else LeadKeys).of(mine))
+        await _send_shares(rc, setup, keys, lead)
         round_one = (await rc.receive(SERVER, JointRound1)).round_one()
         if setup.relin:
-            share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
-            await rc.send(SERVER, RelinRound2(share=share.key))
+            await _send_round_two_share(rc, setup, keys, round_one)
         await rc.receive(SERVER, SetupDone)
     joint = round_one.joint
     rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
                             rotations=tuple(rotations), n_parties=joint.n_parties,
                             flooding_bits=flooding_bits)
     return rc.crypto
+
+
+async def _send_shares(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
+                       lead: object) -> None:
+    """Party: its shares of every key operation to the server (kept no longer: at
+    ring 2^15 they are ~31 MB a party, and a simulation holds P parties)."""
+    mine = await rc.run_sync(setup.generate_shares, keys, lead)
+    await rc.send(SERVER, (KeyShares if lead else LeadKeys).of(mine))
+
+
+async def _send_round_two_share(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
+                                round_one: ckks.JointRoundOne) -> None:
+    """Party: its round-two relinearization share (25 MB at ring 2^15), not kept either."""
+    share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
+    await rc.send(SERVER, RelinRound2(share=share.key))
 
 
 C = TypeVar("C", ServerCrypto, PartyCrypto)

@@ -44,7 +44,6 @@ def test_plain_section_times_each_protocol_beside_sklearn(tmp_path) -> None:
     assert [r["method"] for r in data] == ["zscore", "minmax", "robust", "yeojohnson"]
     for row in data:
         assert row["fednorm_s"] > 0 and row["sklearn_s"] > 0
-        assert row["ratio"] == pytest.approx(row["fednorm_s"] / row["sklearn_s"])
         # Plain federated fits are the pooled ones: quartiles within ε = 1e-9 × range,
         # Yeo-Johnson's λ within the README's 1e-4 of scikit-learn's (both maximize a
         # likelihood that is flat at the top), the rest to rounding.

@@ -502,6 +502,9 @@ def test_a_broadcasts_readers_in_one_process_share_one_parse(fed: Fed) -> None:
                                                           ctx.preset.fingerprint))
         framed = ctx.to_bytes(fresh)
         assert ctx.to_bytes(first) == framed  # as a parse of its own would serialize
+        # ... which is not the sender's bytes: a parse serializes longer than the original
+        # (why readers get a parse, never the sender's object; see from_bytes).
+        assert len(framed) > len(data)
         np.testing.assert_allclose(fed.decrypt(first, 3), values, atol=FRESH_ABS_TOL)
         # The same bytes with one payload byte flipped are parsed, and refused.
         flipped = bytearray(data)

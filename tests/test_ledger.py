@@ -18,10 +18,10 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import BootRequest, serve_until
-from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ledger import COLLECTIVE, PLAINTEXT, undeclared
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
-from fednorm.sim.federation import run_federation, simulate
+from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
@@ -215,3 +215,28 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
     with pytest.raises(ProtocolError, match="more search rounds"):
         await run_federation(cheat, [rng.normal(size=(6, 1)) for _ in range(3)], options,
                              timeout=120)
+
+
+def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> None:
+    """A session's own key-setup step (``keys-mhe``) carries only what every PPF
+    protocol's key setup declares, and each protocol after it stays within its own
+    entry; no frame carries secret-key bytes."""
+    secrets = spy_secret_keys(monkeypatch)
+    recorder = Recorder()
+    options = FitOptions(preset="test", vabs=(16.0,), **CHEAP_MINMAX)
+    session = simulate_session(list(_normal()), ["zscore", "minmax"], "mhe", options,
+                               tracer=recorder)
+    assert session.setup is not None
+    setup_kinds = set()
+    for header, msg in recorder.decoded():
+        method = header.protocol.split("/")[0].removesuffix("-mhe")
+        fields = _plaintext_fields(msg)
+        if method == "keys":
+            setup_kinds.add(header.kind)
+            assert fields <= COLLECTIVE.get(header.kind, frozenset()), (header.kind, fields)
+        else:
+            assert not undeclared(method, "mhe", header.kind, fields), (header.kind, fields)
+            assert header.kind not in {"ckks.lead_keys", "ckks.key_shares"}  # keys reused
+    assert {"ckks.lead_keys", "ckks.joint_round1", "ckks.relin_round2"} <= setup_kinds
+    assert len(secrets) == 3
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)

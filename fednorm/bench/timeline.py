@@ -67,12 +67,12 @@ class Timeline(Tracer):
         if event.role == SERVER_NAME and _is_plaintext(event.result):
             self.revealed.append(np.asarray(event.result))
 
-    def limit_seconds(self, cores: int = 2) -> float:
-        """The run's unavoidable work on ``cores`` cores: every role's crypto calls (key
-        and decryption shares, encryptions, the server's aggregations and homomorphic
-        operations, the bootstraps' shares) timed as the run made them, summed, spread
-        over the cores; serialization, transport and waiting left out. A wall time
-        cannot go below it on this machine unless the calls themselves get faster."""
+    def limit_seconds(self, cores: int) -> float:
+        """The run's crypto work spread over ``cores`` cores: every role's crypto calls
+        (key and decryption shares, encryptions, the server's aggregations and homomorphic
+        operations, the bootstraps' shares) summed; serialization, transport and waiting
+        left out. The calls are timed as the run made them, two at a time, so this is
+        the wall time the run would take if nothing but those calls cost anything."""
         work = sum(s for call, s in self.calls.items() if call not in SERIALIZATION_CALLS)
         return work / cores
 

@@ -135,7 +135,7 @@ async def run_federation(
 
     started = time.perf_counter()
     try:
-        with in_process_run():  # a receiver may take the object its sender framed
+        with in_process_run():  # a broadcast's readers share one parse of its bytes
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run_role, SERVER)
                 for party in party_ids:

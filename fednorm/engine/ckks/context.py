@@ -35,12 +35,11 @@ Operand = openfhe.Ciphertext | np.ndarray | float | int
 SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
 MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
-KEY_MAP_LOCK = threading.Lock()
+KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
 RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
 _IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
 _IN_PROCESS_LOCK = threading.Lock()
 _CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
-  # OpenFHE's eval-key maps are process-wide std::maps
 
 
 def _build_crypto_context(preset: CkksPreset) -> openfhe.CryptoContext:
@@ -294,8 +293,8 @@ class CkksContext:
         process (a simulation, :func:`in_process_run`), the object parsed for the first
         reader is handed to the others whose bytes are identical (the digest finds it, a
         comparison of every byte confirms it). They get the parse itself: the sender's
-        object would not do, as a parsed object serializes differently (632 more bytes
-        per ciphertext at openfhe 1.6.1) and a forwarded one would change the wire.
+        object would not do, as a parsed object serializes longer than the original (at
+        openfhe 1.6.1; tested), so a forwarded one would change the wire.
         Readers may therefore share an object: code that mutates one (e.g.
         ``RemoveElement``) works on a ``Clone()``, as every caller in fednorm does.
         """

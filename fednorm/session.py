@@ -15,8 +15,8 @@ everyone stops promptly and names the same culprit.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import fields
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import msgpack
@@ -27,8 +27,9 @@ from exceptiongroup import BaseExceptionGroup
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.tracing import Tracer
-from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import Protocol, check_party_data
+from fednorm.protocols import FitOptions, Normalizer, get_protocol
+from fednorm.protocols.base import METHODS, Protocol, check_party_data
+from fednorm.protocols.ppf.keys import setup_protocol
 
 T = TypeVar("T")
 VABS_METHODS = ("minmax", "robust", "yeojohnson")  # their PPF protocols need V_abs
@@ -64,6 +65,79 @@ async def play(ctx: RoleContext, protocol: Protocol, options: FitOptions,
     if X is None:
         raise ValueError(f"{role_name(ctx.me)} needs its data to play its role")
     return await protocol.party(ctx, X, options)
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one session of a federation fits: one or several methods, one privacy mode.
+
+    Several PPF methods share one collective key setup (:mod:`fednorm.protocols.ppf.keys`),
+    its own first step, so no protocol of the session generates keys again; a single
+    method runs as its protocol alone, keys included.
+    """
+
+    methods: tuple[str, ...]
+    privacy: str
+
+    def __post_init__(self) -> None:
+        duplicated = sorted({m for m in self.methods if self.methods.count(m) > 1})
+        if not self.methods or duplicated:
+            raise InputError(f"a session fits one or more of {', '.join(METHODS)}, each "
+                             f"once; got {list(self.methods)}")
+        self.protocols  # noqa: B018 - unknown methods and modes fail here, not mid-run
+
+    @property
+    def protocols(self) -> tuple[Protocol, ...]:
+        return tuple(get_protocol(method, self.privacy) for method in self.methods)
+
+    @property
+    def key_setup(self) -> Protocol | None:
+        """The session's own key-setup step, when several PPF methods share the keys."""
+        if self.privacy != "mhe" or len(self.methods) == 1:
+            return None
+        return setup_protocol(self.methods)
+
+    @property
+    def name(self) -> str:
+        """The session's protocols as a party may pin them (``zscore-mhe+minmax-mhe``)."""
+        return "+".join(protocol.name for protocol in self.protocols)
+
+
+ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far) -> context
+
+
+async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitOptions,
+                       X: np.ndarray | None = None,
+                       features: Sequence[str] | None = None) -> list[Normalizer]:
+    """Play one role through every step of ``plan`` over the same links, in order.
+
+    Each step gets a context of its own (its frames carry its protocol's name, its rounds
+    count from 0) holding what the previous step left in ``RoleContext.crypto``: the joint
+    keys.  A failing step tells the peers why (:func:`run_role`).  The server refuses an
+    overflowed fit inside the run, so that every party gets the cause as an Abort; a
+    party refuses it after its run, on its own console (inside, its refusal would reach
+    the others as "input rejected").
+    """
+    crypto = None
+    if plan.key_setup is not None:
+        ctx = context_for(plan.key_setup, crypto)
+        await run_role(ctx, play(ctx, plan.key_setup, options, X))
+        crypto = ctx.crypto
+    fitted = []
+    for protocol in plan.protocols:
+        ctx = context_for(protocol, crypto)
+        normalizer = await run_role(ctx, _fit(ctx, protocol, options, X, features))
+        fitted.append(check_no_overflow(normalizer, protocol.method, features))
+        crypto = ctx.crypto
+    return fitted
+
+
+async def _fit(ctx: RoleContext, protocol: Protocol, options: FitOptions,
+               X: np.ndarray | None, features: Sequence[str] | None) -> Normalizer:
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported just below
+        normalizer = await play(ctx, protocol, options, X)
+    return check_no_overflow(normalizer, protocol.method, features) if ctx.is_server \
+        else normalizer
 
 
 async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:

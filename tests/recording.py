@@ -26,6 +26,22 @@ class Recorder(Tracer):
         return [decode_frame(frame) for frame in self.frames]
 
 
+def plaintext_fields(msg: Message) -> set[str]:
+    """The fields of ``msg`` that carry plaintext: neither unset nor OpenFHE objects
+    (ciphertexts, keys), which the ledger does not list."""
+    import openfhe
+
+    crypto_types = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey,
+                    openfhe.EvalKeyMap)
+
+    def crypto(value: object) -> bool:
+        if isinstance(value, list) and value:
+            return all(isinstance(v, openfhe.Ciphertext) for v in value)
+        return isinstance(value, crypto_types)
+    return {name for name, value in msg.fields().items()
+            if value is not None and not crypto(value)}
+
+
 def spy_secret_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Record 64 bytes from the middle of every secret key made in this test, so a test
     can check that no frame ever carries them (the keys themselves refuse to serialize;

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import openfhe
 import pytest
 from deviating import deviating, zscore_server_start
-from recording import Recorder, spy_secret_keys
+from recording import Recorder, plaintext_fields, spy_secret_keys
 from test_ppf_yeojohnson import plan_for
 
 from fednorm.engine import ckks
@@ -23,7 +22,6 @@ from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
-CRYPTO_TYPES = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey, openfhe.EvalKeyMap)
 DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
 TEST = FitOptions(preset="test")
 CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
@@ -78,15 +76,6 @@ CASES = [
 ]
 
 
-def _plaintext_fields(msg) -> set[str]:
-    def crypto(value: object) -> bool:
-        if isinstance(value, list) and value:
-            return all(isinstance(v, openfhe.Ciphertext) for v in value)
-        return isinstance(value, CRYPTO_TYPES)
-    return {name for name, value in msg.fields().items()
-            if value is not None and not crypto(value)}
-
-
 def _record_widths(monkeypatch) -> list[int]:
     """The number of values each collective decryption reveals, in order."""
     widths: list[int] = []
@@ -113,7 +102,7 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)
-        extra = undeclared(case.method, case.privacy, header.kind, _plaintext_fields(msg))
+        extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg))
         assert not extra, (header.kind, extra)
         requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
     stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {"ckks.boot_request"}
@@ -230,7 +219,7 @@ def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> No
     setup_kinds = set()
     for header, msg in recorder.decoded():
         method = header.protocol.split("/")[0].removesuffix("-mhe")
-        fields = _plaintext_fields(msg)
+        fields = plaintext_fields(msg)
         if method == "keys":
             setup_kinds.add(header.kind)
             assert fields <= COLLECTIVE.get(header.kind, frozenset()), (header.kind, fields)

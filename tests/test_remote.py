@@ -22,6 +22,7 @@ import trio
 from conftest import die_with_parent, track
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recording import Recorder, plaintext_fields, spy_secret_keys
 
 from fednorm.cli import main
 from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
@@ -44,6 +45,7 @@ from fednorm.multihost.party import Party, PartyRun
 from fednorm.multihost.server import Server
 from fednorm.protocols import FitOptions
 from fednorm.protocols.base import feature_counts
+from fednorm.protocols.ledger import undeclared
 from fednorm.protocols.plain.zscore import LocalSums
 from fednorm.sim.federation import simulate
 from fednorm.transport.tcp import HandshakeRefused
@@ -227,6 +229,80 @@ class TerminalCapture:
         self._thread.join(10)
         os.close(self.leader)
         return self.data.decode(errors="replace")
+
+
+def test_a_session_of_several_methods_writes_each_method_s_files_apart(
+    spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, csvs: list[Path],
+    tmp_path: Path,
+) -> None:
+    """``serve --method zscore,robust``: every role fits both in one session, and each
+    --out gets a directory per method holding what a session of that method alone holds."""
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore,robust", outs[0])
+    parties = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p]) for p in (1, 2, 3)]
+    for proc in [server, *parties]:
+        code, err = finish(proc, timeout=120)
+        assert code == 0, err
+    data = [load_party_data(path, "label") for path in csvs]
+    for method in ("zscore", "robust"):
+        expected = simulate([d.X for d in data], method).normalizer
+        for out in outs:
+            assert sorted(p.name for p in out.iterdir()) == ["robust", "zscore"]
+            got = read_params(out / method)
+            for name, values in expected.params().items():
+                np.testing.assert_allclose(got[name], values, rtol=1e-12, atol=0)
+        for p in (1, 2, 3):
+            _, _, values = read_normalized(outs[p] / method)
+            np.testing.assert_allclose(values, expected.transform(data[p - 1].X), rtol=1e-12)
+
+
+async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_once(
+    certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over TCP as in the simulation: one key-setup step (``keys-mhe``) first, then each
+    protocol on those keys, its frames within its own ledger entry, no secret key sent."""
+    secrets = spy_secret_keys(monkeypatch)
+    recorder = Recorder()
+    options = FitOptions(preset="test", vabs=(100.0,), minmax_bits=4, minmax_passes=2)
+    slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
+    server = Server(ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore", "minmax"),
+                                 certs=certs, privacy="mhe", options=options, timeouts=slow),
+                    tracer=recorder)
+    arrays = party_arrays()
+    runs: dict[int, PartyRun] = {}
+
+    async def party(p: int, port: int) -> None:
+        config = PartyConfig("127.0.0.1", port, p, certs, slow)
+        runs[p] = await Party(config).run(arrays[p - 1], FEATURES)
+
+    async with trio.open_nursery() as nursery:
+        _, port = await nursery.start(server.serve)
+        for p in (1, 2, 3):
+            nursery.start_soon(party, p, port)
+    outcome = server.outcomes[0]
+    assert outcome.error is None, outcome.error
+    pooled = np.vstack(arrays)
+    zscore, minmax = outcome.normalizers
+    np.testing.assert_allclose(zscore.mean, np.nanmean(pooled, axis=0), rtol=1e-5)
+    np.testing.assert_allclose(minmax.min, np.nanmin(pooled, axis=0), atol=1e-2 * 100)
+    for run in runs.values():
+        assert run.plan.methods == ("zscore", "minmax")
+        for mine, theirs in zip(run.normalizers, outcome.normalizers, strict=True):
+            for name, values in theirs.params().items():
+                np.testing.assert_allclose(mine.params()[name], values, rtol=1e-9)
+    kinds: dict[str, set[str]] = {}
+    for header, message in recorder.decoded():
+        step = header.protocol.split("/")[0]
+        kinds.setdefault(step, set()).add(header.kind)
+        if step != "keys-mhe":
+            assert not undeclared(step.removesuffix("-mhe"), "mhe", header.kind,
+                                  plaintext_fields(message)), (step, header.kind)
+    assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]  # in this order
+    assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
+    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & {
+        "ckks.lead_keys", "ckks.key_shares", "ckks.joint_round1", "ckks.relin_round2"}
+    assert len(secrets) == 3
+    assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 
 
 def test_serve_and_party_show_their_progress_on_a_terminal(
@@ -425,7 +501,7 @@ class LiveServer:
     """A :class:`Server` in its own thread and trio loop, as if on another host."""
 
     def __init__(self, certs: Path, parties: int = 2) -> None:
-        config = ServerConfig("127.0.0.1", 0, parties=parties, method="zscore", certs=certs,
+        config = ServerConfig("127.0.0.1", 0, parties=parties, methods=("zscore",), certs=certs,
                               timeouts=FAST, sessions=None)
         self.log: list[str] = []
         self.server = Server(config, log=self.log.append)
@@ -719,7 +795,7 @@ def edit(base: list[str], **changes: str) -> list[str]:
     (edit(SERVE, certs="EMPTY"), "not a certs directory"),
     (edit(SERVE, bind="0.0.0.0"), "HOST:PORT"),
     (edit(SERVE, join_timeout="0"), "timeout must be positive"),
-    (edit(SERVE, method="zscroe"), "invalid choice: 'zscroe'"),
+    (edit(SERVE, method="zscroe"), "got 'zscroe'"),
     ([*SERVE, "--sessions", "0"], "at least 1"),
     (edit(PARTY, out="UNWRITABLE"), "is not writable"),
     ([*SERVE, "--out", "UNWRITABLE"], "is not writable"),

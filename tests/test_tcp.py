@@ -49,7 +49,7 @@ def hello(party: int = 1, **changes: object) -> Hello:
 
 
 def lobby(parties: int = 3) -> Lobby:
-    return Lobby(Welcome(NET_VERSION, "session-1", "zscore", "plain", parties, {}),
+    return Lobby(Welcome(NET_VERSION, "session-1", ("zscore",), "plain", parties, {}),
                  "zscore-plain")
 
 
@@ -133,7 +133,8 @@ async def test_sending_on_a_closed_link_is_a_dropout() -> None:
 # -- handshake messages -----------------------------------------------------------------
 @pytest.mark.parametrize("message", [
     hello(2, session="s", protocol="robust-plain"),
-    Welcome(NET_VERSION, "s", "robust", "plain", 3, {"epsilon": None, "vabs": [1.0, 2.0]}),
+    Welcome(NET_VERSION, "s", ("robust", "zscore"), "plain", 3,
+            {"epsilon": None, "vabs": [1.0, 2.0]}),
     Start("s"),
     Refusal("because"),
 ])

@@ -21,6 +21,7 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
+from fednorm.cli.simulate import parse_methods
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import (
     check_out_dir,
@@ -92,7 +93,7 @@ def session_line(outcome: SessionOutcome) -> str:
 def serve_command(args: argparse.Namespace) -> int:
     host, port = parse_address(args.bind)
     config = ServerConfig(
-        host, port, parties=args.parties, method=args.method, certs=args.certs,
+        host, port, parties=args.parties, methods=args.method, certs=args.certs,
         privacy=args.privacy, options=fit_options(args),
         timeouts=_timeouts(args), sessions=None if args.keep_serving else args.sessions,
         out=args.out, features=_features(args.features), force=args.force,
@@ -121,7 +122,7 @@ def party_command(args: argparse.Namespace) -> int:
     with progress or nullcontext():
         run = _run(lambda: party.run(data.X, data.features))
     written = write_atomically(party_outputs(args.out, data, run))
-    print(f"party {args.id}: {run.protocol.name} session {run.welcome.session} done; "
+    print(f"party {args.id}: {run.plan.name} session {run.welcome.session} done; "
           f"wrote {', '.join(map(str, written))}")
     return 0
 
@@ -159,7 +160,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the server of a multi-host federation")
     serve.add_argument("--bind", required=True, metavar="HOST:PORT")
     serve.add_argument("--parties", type=int, required=True)
-    serve.add_argument("--method", choices=METHODS, required=True)
+    serve.add_argument("--method", type=parse_methods, required=True, metavar="M[,M...]",
+                       help=f"what each session fits: one or more of {', '.join(METHODS)}, "
+                            "in order; with --privacy mhe several share one key setup, and "
+                            "every --out gets a directory per method")
     serve.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(serve)
     serve.add_argument("--certs", type=Path, required=True, metavar="DIR")
@@ -169,7 +173,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "once all have joined); with --vabs checked before listening")
     serve.add_argument("--out", type=Path, metavar="DIR",
                        help="write params.json here (with --sessions K > 1 or "
-                            "--keep-serving: session-<k>/params.json); must be empty")
+                            "--keep-serving: session-<k>/params.json; several methods: "
+                            "<method>/params.json in each); must be empty")
     serve.add_argument("--force", action="store_true",
                        help="write into a non-empty --out, replacing its files")
     add_quiet_option(serve)
@@ -188,7 +193,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--target", help="target column (kept, not normalized)")
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
-                       help="write normalized.csv and params.json here; must be empty")
+                       help="write normalized.csv and params.json here (a session of "
+                            "several methods: <method>/normalized.csv, ...); must be empty")
     party.add_argument("--force", action="store_true",
                        help="write into a non-empty --out, replacing its files")
     add_quiet_option(party)

@@ -39,12 +39,13 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """What ``fednorm serve`` runs: where, for whom, which protocol, how many sessions."""
+    """What ``fednorm serve`` runs: where, for whom, which methods (each session fits
+    them all, in order, on one key setup), how many sessions."""
 
     host: str
     port: int
     parties: int
-    method: str
+    methods: tuple[str, ...]
     certs: Path
     privacy: str = "plain"
     options: FitOptions = field(default_factory=FitOptions)

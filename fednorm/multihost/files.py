@@ -25,6 +25,7 @@ from fednorm.sim.datasets import Dataset, load_dataset
 
 if TYPE_CHECKING:
     from fednorm.multihost.party import PartyRun
+    from fednorm.session import SessionPlan
 
 NORMALIZED_CSV = "normalized.csv"
 PARAMS_JSON = "params.json"
@@ -182,12 +183,25 @@ def params_document(protocol: Protocol, parties: int, session: str,
     return (json.dumps(document, indent=2, allow_nan=False) + "\n").encode("utf-8")
 
 
+def method_dir(out: Path, plan: SessionPlan, protocol: Protocol) -> Path:
+    """Where a session's outputs for ``protocol`` go: ``out`` itself when the session
+    fits one method, else ``out/<method>``, so no method's files replace another's."""
+    return out if len(plan.methods) == 1 else out / protocol.method
+
+
+def params_path(out: Path, plan: SessionPlan, protocol: Protocol) -> Path:
+    return method_dir(out, plan, protocol) / PARAMS_JSON
+
+
 def party_outputs(out: Path, data: PartyData, run: PartyRun) -> dict[Path, bytes]:
-    return {
-        out / NORMALIZED_CSV: normalized_csv(data, run.normalizer),
-        out / PARAMS_JSON: params_document(run.protocol, run.welcome.parties,
-                                           run.welcome.session, data.features, run.normalizer),
-    }
+    """Per method of the session: the party's normalized CSV and the parameters."""
+    files = {}
+    for protocol, normalizer in zip(run.plan.protocols, run.normalizers, strict=True):
+        where = method_dir(out, run.plan, protocol)
+        files[where / NORMALIZED_CSV] = normalized_csv(data, normalizer)
+        files[where / PARAMS_JSON] = params_document(
+            protocol, run.welcome.parties, run.welcome.session, data.features, normalizer)
+    return files
 
 
 def write_atomically(files: Mapping[Path, bytes]) -> list[Path]:

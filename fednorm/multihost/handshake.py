@@ -3,7 +3,7 @@
 Each connection carries one exchange of small msgpack frames::
 
     party  -> server   Hello    versions, party id, feature names (+ optional session, protocol)
-    server -> party    Welcome  session id, method, privacy, options   (or Refusal)
+    server -> party    Welcome  session id, methods, privacy, options   (or Refusal)
     party  -> server   Ready    its data fits those options  (or Withdraw, saying why not)
     server -> party    Start    once all N parties are in; protocol frames follow
 
@@ -41,7 +41,7 @@ from fednorm.transport.tls import peer_party
 if TYPE_CHECKING:
     from fednorm.multihost.lobby import Lobby
 
-NET_VERSION = 2  # 2: the party answers the welcome with Ready or Withdraw
+NET_VERSION = 3  # 2: the party answers the welcome with Ready or Withdraw; 3: methods
 HANDSHAKE_MAX_FRAME = 64 * 2**10
 
 
@@ -65,12 +65,13 @@ class Hello:
 
 @dataclass(frozen=True)
 class Welcome:
-    """Server -> party: admitted to ``session``; the server's protocol and options."""
+    """Server -> party: admitted to ``session``; the methods the session fits, in order
+    (several share one key setup), the privacy mode and the options."""
 
     TYPE: ClassVar[str] = "welcome"
     version: int
     session: str
-    method: str
+    methods: tuple[str, ...]
     privacy: str
     parties: int
     options: dict[str, Any]

@@ -1,5 +1,5 @@
-"""A multi-host party: validates its data, connects, learns the protocol and options
-from the server's welcome, and runs its role; its outputs are written by the caller
+"""A multi-host party: validates its data, connects, learns the session's methods and
+options from the server's welcome, and runs its role in each; its outputs are written by the caller
 only once the run succeeded (:mod:`fednorm.multihost.files`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import trio
 
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import FednormError, InputError, ProtocolError
-from fednorm.engine.runtime import SERVER
+from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, PartyConfig, quiet
 from fednorm.multihost.handshake import (
@@ -26,17 +26,16 @@ from fednorm.multihost.handshake import (
     send_handshake,
     wait_start,
 )
-from fednorm.protocols import FitOptions, Normalizer, get_protocol
+from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import Protocol, check_party_data
 from fednorm.session import (
-    check_no_overflow,
+    SessionPlan,
     check_real,
     check_within_vabs,
     input_rejected,
     options_from_wire,
-    play,
+    play_session,
     role_context,
-    run_role,
 )
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import party_context
@@ -44,15 +43,16 @@ from fednorm.transport.tls import party_context
 
 @dataclass(frozen=True)
 class PartyRun:
-    """A party's successful run: what the server told it, and its fitted normalizer."""
+    """A party's successful run: what the server told it, and a fitted normalizer per
+    method of the session, in order."""
 
     welcome: Welcome
-    protocol: Protocol
-    normalizer: Normalizer
+    plan: SessionPlan
+    normalizers: list[Normalizer]
 
 
 class Party:
-    """One party: connect, be admitted, run the role the server chose."""
+    """One party: connect, be admitted, run its role in the protocols the server chose."""
 
     def __init__(self, config: PartyConfig, log: Log = quiet,
                  tracer: Tracer | None = None) -> None:
@@ -73,30 +73,33 @@ class Party:
             handshake_timeout=timeouts.handshake, max_frame=config.max_frame,
         )
         try:
-            protocol, options = _agreed_protocol(welcome)
+            plan, options = _agreed_plan(welcome)
             await _check_or_withdraw(link, welcome.session, config.party, X, features,
-                                     protocol, options)
-            self._log(f"admitted to session {welcome.session} ({protocol.name}, "
+                                     plan, options)
+            self._log(f"admitted to session {welcome.session} ({plan.name}, "
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
-            ctx = role_context(config.party, {SERVER: link}, welcome.session, protocol,
-                               timeout=timeouts.protocol, tracer=self.tracer)
-            with np.errstate(over="ignore", invalid="ignore"):  # reported just below
-                normalizer = await run_role(ctx, play(ctx, protocol, options, X))
-            check_no_overflow(normalizer, protocol.method, features)
+
+            def context_for(protocol: Protocol, crypto: object) -> RoleContext:
+                return role_context(config.party, {SERVER: link}, welcome.session, protocol,
+                                    crypto=crypto, timeout=timeouts.protocol,
+                                    tracer=self.tracer)
+
+            normalizers = await play_session(context_for, plan, options, X, features)
         finally:
             await link.aclose()
-        return PartyRun(welcome, protocol, normalizer)
+        return PartyRun(welcome, plan, normalizers)
 
 
 async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndarray,
-                             features: Sequence[str], protocol: Protocol,
+                             features: Sequence[str], plan: SessionPlan,
                              options: FitOptions) -> None:
     """Check the data against what the welcome announced (V_abs); if it does not fit,
     tell the server so (the category, not which values) before leaving, so that every
     role stops with this cause; the detail stays on this party's console."""
     try:
-        check_within_vabs(X, protocol, options, features)
+        for protocol in plan.protocols:
+            check_within_vabs(X, protocol, options, features)
     except InputError as exc:
         cause = input_rejected(party, "values beyond the agreed V_abs")
         with trio.move_on_after(1.0), suppress(FednormError):
@@ -105,11 +108,11 @@ async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndar
     await send_handshake(link, Ready(session))
 
 
-def _agreed_protocol(welcome: Welcome) -> tuple[Protocol, FitOptions]:
+def _agreed_plan(welcome: Welcome) -> tuple[SessionPlan, FitOptions]:
     try:
-        protocol = get_protocol(welcome.method, welcome.privacy)
+        plan = SessionPlan(tuple(welcome.methods), welcome.privacy)
     except InputError as exc:
         raise ProtocolError(f"the server runs a protocol this party lacks: {exc}") from None
-    return protocol, options_from_wire(welcome.options)
+    return plan, options_from_wire(welcome.options)
 
 

@@ -1,9 +1,9 @@
-"""The multi-host server: listens, admits exactly parties 1..N, runs the protocol.
+"""The multi-host server: listens, admits exactly parties 1..N, runs the session's protocols.
 
 The server admits parties through a :class:`~fednorm.multihost.lobby.Lobby`, starts the
-protocol when all are in, writes its parameters, and can serve further sessions on the
-same listener.  A session that fails never takes the server down; everyone in it is
-told the cause.
+session when all are in (its methods in turn, several PPF ones on one key setup), writes
+their parameters, and can serve further sessions on the same listener.  A session that
+fails never takes the server down; everyone in it is told the cause.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import trio
 
 from fednorm.engine.errors import FednormError, InputError, PartyDropped
-from fednorm.engine.runtime import SERVER, role_name
+from fednorm.engine.runtime import SERVER, RoleContext, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, ServerConfig, quiet
-from fednorm.multihost.files import PARAMS_JSON, check_out_dir, params_document, write_atomically
+from fednorm.multihost.files import check_out_dir, params_document, params_path, write_atomically
 from fednorm.multihost.handshake import (
     NET_VERSION,
     PartyWithdrew,
@@ -32,14 +31,14 @@ from fednorm.multihost.handshake import (
     send_handshake,
 )
 from fednorm.multihost.lobby import Lobby, SchemaMismatch
-from fednorm.protocols import FitOptions, Normalizer, get_protocol
+from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import Protocol
 from fednorm.session import (
     VABS_METHODS,
+    SessionPlan,
     check_fit_options,
-    check_no_overflow,
     options_to_wire,
-    play,
+    play_session,
     role_context,
     run_role,
 )
@@ -51,11 +50,12 @@ _DRAIN_SECONDS = 2.0  # how long a failing server lets each party read the cause
 
 @dataclass
 class SessionOutcome:
-    """How one server session ended: a fitted normalizer, or the error that stopped it."""
+    """How one server session ended: a fitted normalizer per method (in the plan's
+    order), or the error that stopped it."""
 
     session: str
     number: int = 1  # 1-based, in the order the server ran its sessions
-    normalizer: Normalizer | None = None
+    normalizers: list[Normalizer] = field(default_factory=list)
     features: tuple[str, ...] = ()
     error: Exception | None = None
     seconds: float = 0.0
@@ -99,7 +99,7 @@ def check_feature_names(features: Sequence[str]) -> None:
 
 
 class Server:
-    """Serves sessions of one protocol on one listener, each with parties 1..N.
+    """Serves sessions of one plan (methods, privacy) on one listener, each with parties 1..N.
 
     A session that fails (a dropout, a protocol violation, parties missing) is recorded
     in :attr:`outcomes` and the server goes on to the next one; refused connections are
@@ -115,8 +115,9 @@ class Server:
             raise InputError(f"--parties must be at least 1, got {config.parties}")
         if config.sessions is not None and config.sessions < 1:
             raise InputError(f"--sessions must be at least 1, got {config.sessions}")
-        self.protocol = get_protocol(config.method, config.privacy)
-        check_server_options(self.protocol, config.options, config.features)
+        self.plan = SessionPlan(tuple(config.methods), config.privacy)
+        for protocol in self.plan.protocols:
+            check_server_options(protocol, config.options, config.features)
         check_out_dir(config.out, force=config.force)
         self.config = config
         self.context = server_context(config.certs)
@@ -139,7 +140,7 @@ class Server:
         try:
             host, port = listeners[0].socket.getsockname()[:2]
             self._log(f"listening on {host}:{port} for parties 1..{self.config.parties} "
-                      f"({self.protocol.name})")
+                      f"({self.plan.name})")
             task_status.started((host, port))
             while self.config.sessions is None or len(self.outcomes) < self.config.sessions:
                 self.outcomes.append(await self.run_session(listeners))
@@ -158,13 +159,13 @@ class Server:
 
     async def run_session(self, listeners: Sequence[trio.SocketListener]) -> SessionOutcome:
         """Admit the parties, run the protocol, write the result; never raise a FednormError."""
-        lobby = Lobby(self._welcome(secrets.token_hex(8)), self.protocol.name,
+        lobby = Lobby(self._welcome(secrets.token_hex(8)), self.plan.name,
                       self.config.features)
         outcome = SessionOutcome(lobby.session, number=len(self.outcomes) + 1)
         try:
             await self._gather(listeners, lobby)
             started = trio.current_time()
-            outcome.normalizer = await self._run_protocol(lobby)
+            outcome.normalizers = await self._run_session(lobby)
             outcome.seconds = trio.current_time() - started
             outcome.features = lobby.features or ()
             outcome.written = self._write(outcome)
@@ -178,7 +179,7 @@ class Server:
         return outcome
 
     def _welcome(self, session: str) -> Welcome:
-        return Welcome(NET_VERSION, session, self.protocol.method, self.protocol.privacy,
+        return Welcome(NET_VERSION, session, self.plan.methods, self.plan.privacy,
                        self.config.parties, self.wire_options)
 
     async def _gather(self, listeners: Sequence[trio.SocketListener], lobby: Lobby) -> None:
@@ -203,7 +204,8 @@ class Server:
                 raise PartyDropped(", ".join(map(role_name, missing)),
                                    f"did not join within {self.config.timeouts.join:g} s")
             features = lobby.agree()
-            check_server_options(self.protocol, self.config.options, features)
+            for protocol in self.plan.protocols:
+                check_server_options(protocol, self.config.options, features)
         except FednormError as error:
             await _refuse_all(lobby, f"session abandoned: {error}")
             raise
@@ -254,31 +256,33 @@ class Server:
         await link.aclose()
         self._log(f"party {party} left session {lobby.session} before the start: {reason}")
 
-    async def _run_protocol(self, lobby: Lobby) -> Normalizer:
-        ctx = role_context(SERVER, lobby.links, lobby.session, self.protocol,
-                           timeout=self.config.timeouts.protocol, tracer=self.tracer)
+    async def _run_session(self, lobby: Lobby) -> list[Normalizer]:
+        def context_for(protocol: Protocol, crypto: object) -> RoleContext:
+            return role_context(SERVER, lobby.links, lobby.session, protocol, crypto=crypto,
+                                timeout=self.config.timeouts.protocol, tracer=self.tracer)
 
-        async def start_and_serve() -> Normalizer:
+        async def start() -> None:
             for link in lobby.links.values():
                 await send_handshake(link, Start(lobby.session))
-            with np.errstate(over="ignore", invalid="ignore"):  # reported just below
-                normalizer = await play(ctx, self.protocol, self.config.options)
-            return check_no_overflow(normalizer, self.protocol.method, lobby.features)
 
-        return await run_role(ctx, start_and_serve())
+        await run_role(context_for(self.plan.protocols[0], None), start())
+        return await play_session(context_for, self.plan, self.config.options,
+                                  features=lobby.features)
 
     def _write(self, outcome: SessionOutcome) -> list[Path]:
         out = self.session_dir(outcome.number)
-        if out is None or outcome.normalizer is None:
+        if out is None or not outcome.normalizers:
             return []
-        document = params_document(self.protocol, self.config.parties, outcome.session,
-                                   outcome.features, outcome.normalizer)
-        return write_atomically({out / PARAMS_JSON: document})
+        return write_atomically({
+            params_path(out, self.plan, protocol): params_document(
+                protocol, self.config.parties, outcome.session, outcome.features, normalizer)
+            for protocol, normalizer in zip(self.plan.protocols, outcome.normalizers,
+                                            strict=True)})
 
     def _report(self, outcome: SessionOutcome) -> None:
         if outcome.error is None:
             wrote = f"; wrote {', '.join(map(str, outcome.written))}" if outcome.written else ""
-            self._log(f"session {outcome.session}: {self.protocol.name} with "
+            self._log(f"session {outcome.session}: {self.plan.name} with "
                       f"{self.config.parties} parties done in {outcome.seconds:.3f} s{wrote}")
         else:
             self._log(f"session {outcome.session} failed: {type(outcome.error).__name__}: "

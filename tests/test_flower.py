@@ -26,6 +26,7 @@ from conftest import track
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 from loopback_grid import LoopbackGrid
+from recording import Recorder
 
 from fednorm.engine.errors import InputError, PartyDropped
 from fednorm.flower import fitted_normalizer, normalize, register_party
@@ -207,7 +208,7 @@ def test_a_worker_whose_server_goes_silent_mid_session_ends_its_role_as_a_dropou
     comes after it, the role ends as over TCP when the server is gone: PartyDropped."""
     pipe = pipe_dir / "w.sock"
     worker = start_worker_process(pipe, "--timeout", "1")
-    setup = {"party": 1, "session": "s", "method": "zscore", "privacy": "plain",
+    setup = {"party": 1, "session": "s", "methods": ["zscore"], "privacy": "plain",
              "options": {}, "timeout": 60.0, "X": array_to_wire(np.ones((4, 2)))}
     answer = exchange(pipe, {"session": "s", "party": 1, "frames": [], "setup": setup}, 30)
     assert answer["status"] == "waiting" and answer["frames"]
@@ -215,6 +216,47 @@ def test_a_worker_whose_server_goes_silent_mid_session_ends_its_role_as_a_dropou
     assert worker.returncode == 1
     assert b"server dropped: no ClientApp run came back within 1 s" in err
     assert not pipe.exists()
+
+
+def test_a_session_of_several_methods_leaves_each_fit_on_every_node(pipe_dir: Path) -> None:
+    grid = loopback(partition_of)
+    fitted = normalize(grid, NODE_IDS, "zscore,robust", "plain")
+    assert list(fitted.normalizers) == ["zscore", "robust"]
+    assert list(fitted.traffic) == ["zscore-plain", "robust-plain"]
+    for method in ("zscore", "robust"):
+        expected = expected_normalizer([0, 1, 2], method, "plain", FitOptions())
+        assert fitted.normalizers[method].params() == expected
+        for context in grid.contexts.values():
+            assert fitted_normalizer(context, method).params() == expected
+    with pytest.raises(InputError, match="fitted zscore, robust: name one"):
+        fitted.normalizer  # noqa: B018
+    with pytest.raises(InputError, match="fitted zscore, robust: name one"):
+        fitted_normalizer(grid.contexts[777])
+    wait_until_gone(pipe_dir)
+
+
+def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
+    pipe_dir: Path,
+) -> None:
+    recorder = Recorder()
+    options = FitOptions(preset="test", vabs=(4e3,), minmax_bits=4, minmax_passes=2)
+    grid = loopback(partition_of)
+    fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
+    assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
+    kinds: dict[str, set[str]] = {}  # what the server sent and received, by step
+    for header, _ in recorder.decoded():
+        kinds.setdefault(header.protocol.split("/")[0], set()).add(header.kind)
+    assert list(kinds) == list(fitted.traffic)  # in this order
+    key_kinds = {"ckks.lead_keys", "ckks.key_shares", "ckks.joint_round1", "ckks.relin_round2"}
+    assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
+    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & key_kinds
+    pooled = pooled_training_rows()
+    np.testing.assert_allclose(fitted.normalizers["zscore"].mean, pooled.mean(axis=0),
+                               rtol=1e-6)
+    for context in grid.contexts.values():
+        assert fitted_normalizer(context, "minmax").params() == \
+            fitted.normalizers["minmax"].params()
+    wait_until_gone(pipe_dir)
 
 
 def test_bad_arguments_are_refused_before_any_message(pipe_dir: Path) -> None:

@@ -40,6 +40,7 @@ from fednorm.flower.localpipe import (
     array_to_wire,
     exchange,
     normalizer_from_wire,
+    pick_normalizer,
     pipe_path,
     wire_digest,
 )
@@ -115,7 +116,7 @@ def _checked(X: np.ndarray) -> np.ndarray:
 def _setup(request: Request, X: np.ndarray) -> dict[str, object]:
     assert request.start is not None
     return {"party": request.party, "session": request.session,
-            "method": request.start.method, "privacy": request.start.privacy,
+            "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
             "X": array_to_wire(X)}
 
@@ -127,23 +128,26 @@ def _answer(request: Request, reply: dict[str, object], context: Context) -> Ans
         raise ProtocolError("the party worker answered malformed frames")
     digest = b""
     if status == "done":
-        wire = reply.get("normalizer")
-        if not isinstance(wire, dict):
-            raise ProtocolError("the party worker finished without a normalizer")
+        wire = reply.get("normalizers")
+        if not isinstance(wire, list) or not wire or not all(isinstance(w, dict) for w in wire):
+            raise ProtocolError("the party worker finished without its normalizers")
         digest = wire_digest(wire)
         context.state[STATE_KEY] = ConfigRecord({
             "session": request.session,
-            "normalizer": msgpack.packb(wire, use_bin_type=True),
+            "normalizers": msgpack.packb(wire, use_bin_type=True),
         })
     return Answer(request.session, status, frames, str(reply.get("error", "")), digest)
 
 
-def fitted_normalizer(context: Context) -> Normalizer:
-    """The normalizer this node's party fitted in the run's latest fednorm session."""
+def fitted_normalizer(context: Context, method: str | None = None) -> Normalizer:
+    """The normalizer this node's party fitted in the run's latest fednorm session: the
+    session's only one, or the one of ``method`` (needed if it fitted several)."""
     record = context.state.get(STATE_KEY)
     if not isinstance(record, ConfigRecord):
         raise InputError("this node has not finished a fednorm normalization in this run")
-    return normalizer_from_wire(msgpack.unpackb(record["normalizer"], raw=False))
+    fitted = {n.METHOD: n for n in map(normalizer_from_wire,
+                                       msgpack.unpackb(record["normalizers"], raw=False))}
+    return pick_normalizer(fitted, method)
 
 
 def start_worker(path: Path, timeout: float) -> None:

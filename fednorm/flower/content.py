@@ -1,13 +1,14 @@
 """What a fednorm Flower message holds: a small ConfigRecord and the frames as arrays.
 
 Server to node (message type ``query.fednorm``): the session, the node's party id, the
-receive timeout, on the session's first message the protocol (method, privacy, the
-server's options), on its last one (once the server closed the link) a closing mark;
-then the fednorm frames for that party, each a uint8 array of an ArrayRecord (Flower
-sends large arrays in chunks, so MHE key material fits).  Node to server: the same
-session, the party's status (``waiting`` for the server, ``done`` or ``failed``), the
-frames it sent this turn, and when done a digest of its fitted parameters, or the
-error that stopped it.
+receive timeout, on the session's first message what it fits (the methods, in order, the
+privacy mode, the server's options), on its last one (once the server closed the link) a
+closing mark; then the fednorm frames for that party, each a uint8 array of an
+ArrayRecord (Flower sends large arrays in chunks, so MHE key material fits). Node to
+server: the same session, the party's status (``waiting`` for the server, ``done`` or
+``failed``), the frames it sent this turn, and when done a digest of its fitted
+parameters, or the error that stopped it (the digest covers the fits of every method of
+the session).
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ STATUSES = ("waiting", "done", "failed")
 
 @dataclass(frozen=True)
 class Start:
-    """The protocol a session runs; only the session's first message carries it."""
+    """What a session fits (several methods share one key setup); only the session's
+    first message carries it."""
 
-    method: str
+    methods: tuple[str, ...]
     privacy: str
     options: dict[str, Any]
     parties: int
@@ -100,7 +102,7 @@ def request_content(request: Request) -> RecordDict:
     control: dict[str, Any] = {"session": request.session, "party": request.party,
                                "timeout": float(request.timeout)}
     if request.start is not None:
-        control.update(method=request.start.method, privacy=request.start.privacy,
+        control.update(methods=list(request.start.methods), privacy=request.start.privacy,
                        options=msgpack.packb(request.start.options, use_bin_type=True),
                        parties=request.start.parties)
     if request.closing:
@@ -113,8 +115,8 @@ def parse_request(message: Message) -> Request:
     control = _control(message)
     try:
         start = None
-        if "method" in control:
-            start = Start(str(control["method"]), str(control["privacy"]),
+        if "methods" in control:
+            start = Start(tuple(map(str, control["methods"])), str(control["privacy"]),
                           msgpack.unpackb(control["options"], raw=False),
                           int(control["parties"]))
         return Request(str(control["session"]), int(control["party"]),

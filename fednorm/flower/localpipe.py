@@ -17,6 +17,7 @@ import socket
 import stat
 import struct
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,10 +146,21 @@ def normalizer_from_wire(wire: dict[str, Any]) -> Normalizer:
         raise ProtocolError(f"malformed normalizer parameters: {exc}") from None
 
 
-def wire_digest(wire: dict[str, Any]) -> bytes:
-    """A fingerprint of fitted parameters, so the server can check every party agrees."""
+def wire_digest(wire: list[dict[str, Any]]) -> bytes:
+    """A fingerprint of a session's fitted parameters (every method's, in order), so the
+    server can check every party agrees."""
     return hashlib.sha256(msgpack.packb(wire, use_bin_type=True)).digest()
 
 
-def params_digest(normalizer: Normalizer) -> bytes:
-    return wire_digest(normalizer_to_wire(normalizer))
+def params_digest(normalizers: Sequence[Normalizer]) -> bytes:
+    return wire_digest([normalizer_to_wire(normalizer) for normalizer in normalizers])
+
+
+def pick_normalizer(fitted: Mapping[str, Normalizer], method: str | None) -> Normalizer:
+    """``fitted[method]``; without a method, the only one (a session of one method)."""
+    if method is None and len(fitted) == 1:
+        return next(iter(fitted.values()))
+    if method not in fitted:
+        raise InputError(f"the session fitted {', '.join(fitted)}: name one of them, "
+                         f"not {method!r}")
+    return fitted[method]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
-from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.flower.content import (
     MESSAGE_TYPE,
@@ -31,10 +31,17 @@ from fednorm.flower.content import (
     parse_answer,
     request_content,
 )
-from fednorm.flower.localpipe import params_digest
-from fednorm.protocols import FitOptions, Normalizer, get_protocol
+from fednorm.flower.localpipe import params_digest, pick_normalizer
+from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import Protocol
-from fednorm.session import check_fit_options, options_to_wire, play, role_context, run_role
+from fednorm.session import (
+    SessionPlan,
+    check_fit_options,
+    options_to_wire,
+    play_session,
+    role_context,
+    run_role,
+)
 from fednorm.transport.trace import LineTracer
 
 DEFAULT_TIMEOUT = 300.0
@@ -202,15 +209,21 @@ class FlowerExchange:
 
 @dataclass
 class FlowerNormalization:
-    """A fednorm session run over Flower: the result and what it cost."""
+    """A fednorm session run over Flower: a fit per method and what the session cost
+    (key setup included; ``traffic`` has each step's, by its protocol name)."""
 
-    normalizer: Normalizer
+    normalizers: dict[str, Normalizer]  # by method, in the order fitted
     parties: dict[int, int]  # party id -> Flower node id
     session: str
     protocol_rounds: int
     flower_rounds: int
     seconds: float
-    traffic: TrafficStats
+    traffic: dict[str, TrafficStats]
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """The session's only fit (a session of several methods: ``normalizers[m]``)."""
+        return pick_normalizer(self.normalizers, None)
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
@@ -229,22 +242,28 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
 def normalize(
     grid: Grid,
     nodes: Iterable[int],
-    method: str,
+    method: str | Sequence[str],
     privacy: str = "plain",
     options: FitOptions | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Callable[[str], None] | None = None,
+    tracer: Tracer | None = None,
 ) -> FlowerNormalization:
     """Fit ``method`` over the parties on ``nodes`` (party i+1 is the i-th node id).
 
-    Call it from a ServerApp's ``main``; every node's ClientApp must have called
-    :func:`fednorm.flower.register_party`.  Every party ends with the same normalizer
-    (the server checks a digest of it); read it on the node with
+    Several methods (``"zscore,minmax"`` or a sequence) are fitted in one session, in
+    order; under ``mhe`` they share one joint key setup, run first.  Call it from a
+    ServerApp's ``main``; every node's ClientApp must have called
+    :func:`fednorm.flower.register_party`.  Every party ends with the same normalizers
+    (the server checks a digest of them); read them on the node with
     :func:`fednorm.flower.fitted_normalizer`.  ``progress`` (e.g. the ServerApp's log)
-    gets a line each time the phase or the protocol round changes, with bytes so far.
+    gets a line each time the phase or the protocol round changes, with bytes so far;
+    ``tracer`` watches the server role (its phases, crypto calls and every frame).
     """
-    protocol = get_protocol(method, privacy)
+    methods = tuple(m.strip() for m in method.split(",")) if isinstance(method, str) \
+        else tuple(method)
+    plan = SessionPlan(methods, privacy)
     options = check_fit_options(options or FitOptions())
     wire_options = options_to_wire(options)
     node_ids = list(nodes)
@@ -254,32 +273,35 @@ def normalize(
         raise InputError(f"the timeout must be positive, got {timeout}")
     lines = {party: PartyLine(party, node) for party, node in enumerate(node_ids, start=1)}
     session = secrets.token_hex(8)
-    start = Start(method, privacy, wire_options, len(lines))
+    start = Start(plan.methods, privacy, wire_options, len(lines))
     exchange = FlowerExchange(grid, lines, session, start, timeout)
-    tracer = None if progress is None else LineTracer(progress, f"fednorm {protocol.name}")
-    return trio.run(_serve, protocol, options, exchange, tracer)
+    tracers = [] if tracer is None else [tracer]
+    if progress is not None:
+        tracers.append(LineTracer(progress, f"fednorm {plan.name}"))
+    return trio.run(_serve, plan, options, exchange, tracers)
 
 
-async def _serve(protocol: Protocol, options: FitOptions, exchange: FlowerExchange,
-                 tracer: Tracer | None) -> FlowerNormalization:
+async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchange,
+                 tracers: list[Tracer]) -> FlowerNormalization:
     links: dict[int, Link] = {party: NodeLink(line, exchange)
                               for party, line in exchange.lines.items()}
-    ctx = role_context(SERVER, links, exchange.session, protocol, timeout=exchange.timeout,
-                       tracer=tracer)
+    steps: list[RoleContext] = []
 
-    async def serve_and_finish() -> Normalizer:
-        normalizer = await play(ctx, protocol, options)
-        await exchange.finish(params_digest(normalizer))
-        return normalizer
+    def context_for(protocol: Protocol, crypto: object) -> RoleContext:
+        steps.append(role_context(SERVER, links, exchange.session, protocol, crypto=crypto,
+                                  timeout=exchange.timeout, tracer=tracers))
+        return steps[-1]
 
     started = time.perf_counter()
     try:
-        normalizer = await run_role(ctx, serve_and_finish())
+        normalizers = await play_session(context_for, plan, options)
+        await run_role(steps[-1], exchange.finish(params_digest(normalizers)))
     except BaseException:
         with trio.CancelScope(shield=True):
             await exchange.abort()
         raise
     return FlowerNormalization(
-        normalizer, {p: line.node_id for p, line in exchange.lines.items()},
-        exchange.session, ctx.stats.rounds, exchange.flower_rounds,
-        time.perf_counter() - started, ctx.stats)
+        dict(zip(plan.methods, normalizers, strict=True)),
+        {p: line.node_id for p, line in exchange.lines.items()},
+        exchange.session, sum(ctx.stats.rounds for ctx in steps), exchange.flower_rounds,
+        time.perf_counter() - started, {ctx.protocol: ctx.stats for ctx in steps})

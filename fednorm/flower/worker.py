@@ -32,7 +32,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
-from fednorm.engine.runtime import SERVER, role_name
+from fednorm.engine.runtime import SERVER, RoleContext, role_name
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
     READY,
@@ -42,15 +42,15 @@ from fednorm.flower.localpipe import (
     packet_length,
     unpack,
 )
-from fednorm.protocols import Normalizer, get_protocol
-from fednorm.protocols.base import check_party_data
+from fednorm.protocols import Normalizer
+from fednorm.protocols.base import Protocol, check_party_data
 from fednorm.session import (
+    SessionPlan,
     abort_reason,
     options_from_wire,
-    play,
+    play_session,
     role_context,
     root_cause,
-    run_role,
 )
 
 _PARENT_POLL_SECONDS = 0.5
@@ -126,7 +126,7 @@ class Setup:
 
     party: int
     session: str
-    method: str
+    methods: tuple[str, ...]
     privacy: str
     options: dict[str, Any]
     timeout: float
@@ -136,7 +136,8 @@ class Setup:
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
         try:
             setup = packet["setup"]
-            return cls(int(setup["party"]), str(setup["session"]), str(setup["method"]),
+            return cls(int(setup["party"]), str(setup["session"]),
+                       tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
                        array_from_wire(setup["X"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -145,7 +146,7 @@ class Setup:
 
 @dataclass
 class Outcome:
-    normalizer: Normalizer | None = None
+    normalizers: list[Normalizer] | None = None  # one per method of the session
     error: str | None = None
     finished: bool = False
 
@@ -164,10 +165,10 @@ class PartyTurns:
         self.ended = trio.Event()
         self._timeout = timeout
 
-    async def play(self, party: int, role: Awaitable[Normalizer]) -> None:
+    async def play(self, party: int, role: Awaitable[list[Normalizer]]) -> None:
         """Run ``role`` to its end, keep how it ended, and end the turn it ended in."""
         try:
-            self.outcome.normalizer = await role
+            self.outcome.normalizers = await role
         except Exception as exc:
             self.outcome.error = abort_reason(party, exc)
         finally:
@@ -191,8 +192,8 @@ class PartyTurns:
         answer: dict[str, Any] = {"status": self.status(), "frames": self.link.take_sent()}
         if outcome.error is not None:
             answer["error"] = outcome.error
-        if outcome.normalizer is not None:
-            answer["normalizer"] = normalizer_to_wire(outcome.normalizer)
+        if outcome.normalizers is not None:
+            answer["normalizers"] = [normalizer_to_wire(n) for n in outcome.normalizers]
         return answer
 
 
@@ -256,13 +257,16 @@ class PartyWorker:
         await self._turns.play(setup.party, self._party_role(setup))
         self._between_runs.cancel()  # no-op during a turn: that scope has exited
 
-    async def _party_role(self, setup: Setup) -> Normalizer:
-        protocol = get_protocol(setup.method, setup.privacy)
+    async def _party_role(self, setup: Setup) -> list[Normalizer]:
+        plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
-        ctx = role_context(setup.party, {SERVER: self._turns.link}, setup.session, protocol,
-                           timeout=setup.timeout)
+
+        def context_for(protocol: Protocol, crypto: object) -> RoleContext:
+            return role_context(setup.party, {SERVER: self._turns.link}, setup.session,
+                                protocol, crypto=crypto, timeout=setup.timeout)
+
         X = check_party_data(setup.X)
-        return await run_role(ctx, play(ctx, protocol, options, X))
+        return await play_session(context_for, plan, options, X)
 
 
 async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:

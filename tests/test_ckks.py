@@ -404,6 +404,10 @@ def test_every_operation_matches_a_single_key(fed: Fed) -> None:
                                single_key(single_sum, 32), atol=1e-9)
 
 
+def serialize(obj: object) -> bytes:
+    return openfhe.Serialize(obj, openfhe.BINARY)
+
+
 def test_key_setup_composes_the_key_operations() -> None:
     """KeySetup's three steps give working joint keys (products, rotations), and a
     party's shares must cover every operation the setup needs."""
@@ -417,11 +421,24 @@ def test_key_setup_composes_the_key_operations() -> None:
     incomplete = replace(shares[2], rotation=None)
     with pytest.raises(ProtocolError, match="rotation-key share is missing"):
         setup.aggregate_shares([*shares[:2], incomplete])
-    round_one = setup.aggregate_shares(shares)
-    setup.finalize_rotations(round_one.joint, shares)
+    total = setup.round_one_sum()  # as a server adds them up: one party at a time
+    for share in shares:
+        total.add(share)
+    with pytest.raises(ProtocolError, match="same key tag"):  # refused as it arrives
+        total.add(shares[1])
+    round_one = total.result()
+    at_once = setup.aggregate_shares(shares)
+    assert round_one.joint.party_tags == at_once.joint.party_tags
+    assert serialize(round_one.joint.public_key) == serialize(at_once.joint.public_key)
+    assert serialize(round_one.relin) == serialize(at_once.relin)
+    total.finalize_rotations(round_one.joint)
     parties = [lead, *others]
-    setup.finalize(round_one.joint,
-                   [setup.generate_round_two_share(p, round_one) for p in parties])
+    round_two = setup.round_two_sum(round_one.joint)
+    for party in parties:
+        round_two.add(setup.generate_round_two_share(party, round_one), round_one.joint.tag)
+    with pytest.raises(ProtocolError, match="round-2 relinearization share #3 is of round 1"):
+        round_two.add(lead_shares.relin, round_one.joint.tag)
+    setup.install_relin(round_one.joint, round_two)
     x = np.arange(1.0, 9.0) / 8
     ct = ctx.encrypt(round_one.joint.public_key, x)
     got = decrypt_locally(ctx, round_one.joint, parties, ctx.rotate(ctx.mul(ct, ct), 4), 4)

@@ -57,3 +57,33 @@ def test_share_replies_say_which_operation_they_answer() -> None:
     rnd = boot.prepare(joint, ct, 0)
     boot_share = boot.generate_share(parties[0], joint.public_key, rnd.c1, 0)
     assert BootShare.of(boot_share).as_share(0) == boot_share
+
+
+def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:
+    """What the server holds during key setup: one party's shares (31 MB at ring 2^15)
+    and the running sums, never all P parties' — each share is added before the next
+    party's message is read."""
+    import numpy as np
+
+    from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
+    from fednorm.protocols import FitOptions
+    from fednorm.sim.federation import simulate
+
+    class Order(Tracer):
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def frame(self, event: FrameEvent) -> None:
+            if event.direction == "received" and event.kind in ("ckks.key_shares",
+                                                                "ckks.relin_round2"):
+                self.events.append("read")
+
+        def crypto_call(self, event: CryptoEvent) -> None:
+            if event.call in ("RoundOneSum.add", "RelinSum.add"):
+                self.events.append("add")
+
+    seen = Order()
+    parts = [np.random.default_rng(p).normal(size=(5, 2)) for p in range(4)]
+    simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=seen)
+    # round one: the lead's shares (forwarded first), then parties 2..4; round two: all 4
+    assert seen.events == ["add"] + ["read", "add"] * 3 + ["read", "add"] * 4

@@ -32,8 +32,11 @@ def setup_locally(ctx: CkksContext, n_parties: int,
     lead_shares = setup.generate_shares(lead, None)
     parties = [lead] + [setup.generate_keys(lead_shares) for _ in range(n_parties - 1)]
     shares = [lead_shares] + [setup.generate_shares(p, lead_shares) for p in parties[1:]]
-    round_one = setup.aggregate_shares(shares)
-    setup.finalize_rotations(round_one.joint, shares)
+    total = setup.round_one_sum()
+    for share in shares:
+        total.add(share)
+    round_one = total.result()
+    total.finalize_rotations(round_one.joint)
     setup.finalize(round_one.joint,
                    [setup.generate_round_two_share(p, round_one) for p in parties])
     return parties, round_one.joint

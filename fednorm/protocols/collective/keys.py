@@ -9,6 +9,9 @@ rounds.
 3. every party sends its round-2 relinearization share (:class:`RelinRound2`); the
    server aggregates and finalizes the relinearization key (:class:`SetupDone`).
 
+The server adds each party's shares to running sums as it reads them, and lets them go
+before reading the next party's: it holds one party's shares at a time, not P.
+
 Without relinearization (a protocol that never multiplies two ciphertexts) the third
 round and its 25 MB-per-party shares are skipped.  Secret keys never leave
 :class:`~fednorm.engine.ckks.PartyKeys`.
@@ -16,8 +19,9 @@ round and its 25 MB-per-party shares are skipped.  Secret keys never leave
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 from fednorm.engine import ckks
@@ -34,6 +38,7 @@ from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared
 
 LEAD = 1
 M = TypeVar("M", bound=Message)
+S = TypeVar("S")
 
 
 async def setup_server(
@@ -54,10 +59,11 @@ async def setup_server(
     with rc.subprotocol("setup"):
         round_one = await _round_one(rc, setup)
         joint = round_one.joint
-        if setup.relin:
-            round_two = await rc.gather(RelinRound2)
-            await rc.run_sync(setup.finalize, joint,
-                              [round_two[p].as_share() for p in rc.parties])
+        round_two = setup.round_two_sum(joint)
+        if round_two is not None:
+            await _add_from(rc, rc.parties, RelinRound2, RelinRound2.as_share,
+                            partial(round_two.add, tag=joint.tag))
+            await rc.run_sync(setup.install_relin, joint, round_two)
         await rc.broadcast(SetupDone())
     rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
                              rotations=tuple(rotations))
@@ -65,17 +71,18 @@ async def setup_server(
 
 
 async def _round_one(rc: RoleContext, setup: ckks.KeySetup) -> ckks.JointRoundOne:
-    """Server: the lead's keys to the others, every party's shares aggregated and the
-    joint keys of round one broadcast, rotation keys finalized. The P shares (25 MB
-    each at ring 2^15) are let go when this returns, before round two's arrive."""
+    """Server: the lead's keys to the others, every party's shares added up as they
+    arrive, the joint keys of round one broadcast, rotation keys finalized."""
     lead = await rc.receive(LEAD, LeadKeys)
     await rc.forward(lead, rc.parties[1:])
-    messages = [lead, *await _gather_from(rc, rc.parties[1:], KeyShares)]
-    shares = [msg.shares(setup) for msg in messages]
-    round_one = await rc.run_sync(setup.aggregate_shares, shares)
+    total = setup.round_one_sum()
+    await rc.run_sync(total.add, lead.shares(setup))
+    del lead  # forwarded and added: not held through the round
+    await _add_from(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
+                    total.add)
+    round_one = await rc.run_sync(total.result)
     await rc.broadcast(JointRound1.of(round_one))
-    if setup.rotation:
-        await rc.run_sync(setup.finalize_rotations, round_one.joint, shares)
+    await rc.run_sync(total.finalize_rotations, round_one.joint)
     return round_one
 
 
@@ -147,7 +154,10 @@ def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
     return held if set(rotations) <= set(held.rotations) else None
 
 
-async def _gather_from(rc: RoleContext, parties: Sequence[int], expected: type[M]) -> list[M]:
-    """One message from each of ``parties`` (a round among a subset of the parties)."""
+async def _add_from(rc: RoleContext, parties: Sequence[int], expected: type[M],
+                    share_of: Callable[[M], S], add: Callable[[S], None]) -> None:
+    """One message from each of ``parties``, in order (a round among them), its share
+    added to a running sum (in a worker thread) and let go before the next is read."""
     rc.stats.rounds += 1
-    return [await rc.receive(party, expected) for party in parties]
+    for party in parties:
+        await rc.run_sync(add, share_of(await rc.receive(party, expected)))

@@ -19,7 +19,10 @@ key setup              :class:`KeySetup`       the three key operations, compose
 A party *generates a share* from its secret (a :class:`~fednorm.engine.ckks.keys.
 PartyKeys`, which never hands the secret out), the server — anyone holding no secret —
 *aggregates shares* and *finalizes* (the key installed, the plaintext decoded, the
-ciphertext re-encrypted).  An operation on a ciphertext starts with the server's
+ciphertext re-encrypted).  The key operations also aggregate one share at a time
+(``running_sum``: :class:`PublicKeySum`, :class:`RelinSum`, :class:`RotationSum`, and
+:class:`RoundOneSum` for a key setup), so a server adds each party's shares as they
+arrive instead of holding all P of them.  An operation on a ciphertext starts with the server's
 *prepare*: what it sends the parties to make shares of.  Each share is a dataclass that
 says what it is a share of (:class:`RelinShare` its round, :class:`BootstrapShare` its
 bootstrap index, :class:`DecryptionShare` whether it is flooded), and every aggregation
@@ -39,12 +42,20 @@ from fednorm.engine.ckks.collective.keygen import (
     PublicKeyAggregate,
     PublicKeyGen,
     PublicKeyShare,
+    PublicKeySum,
     RelinKeyGen,
     RelinShare,
+    RelinSum,
     RotationKeyGen,
     RotationShare,
+    RotationSum,
 )
-from fednorm.engine.ckks.collective.setup import JointRoundOne, KeySetup, SetupShares
+from fednorm.engine.ckks.collective.setup import (
+    JointRoundOne,
+    KeySetup,
+    RoundOneSum,
+    SetupShares,
+)
 
 __all__ = [
     "BootRound",
@@ -58,10 +69,14 @@ __all__ = [
     "PublicKeyAggregate",
     "PublicKeyGen",
     "PublicKeyShare",
+    "PublicKeySum",
     "RelinKeyGen",
     "RelinShare",
+    "RelinSum",
     "RotationKeyGen",
     "RotationShare",
+    "RotationSum",
+    "RoundOneSum",
     "SetupShares",
     "SumDecryption",
 ]

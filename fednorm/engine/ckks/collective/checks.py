@@ -3,13 +3,13 @@
 OpenFHE adds whatever it is given; a share made under a foreign key, at another level or
 for another operation would give garbage, not an error.  So each ``aggregate_shares``
 runs these checks first and turns a wrong share into a :class:`ProtocolError` that
-names it.  Shares are passed in party order, lead first.
+names it.  Shares are passed in party order, lead first, all at once or one at a time
+(:class:`RunningSum`: a server need not hold P shares to add them up).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import reduce
 from typing import Any
 
 import openfhe
@@ -57,12 +57,36 @@ def require_like(ctx: CkksContext, ct: openfhe.Ciphertext, like: openfhe.Ciphert
                             f"expected {want}")
 
 
+class RunningSum:
+    """A sum with OpenFHE's pairwise ``add``, one value at a time: it holds the sum so
+    far, never the values (at ring 2^15 a party's key shares are ~31 MB; a server of
+    P parties adding them as they arrive holds one, not P).  A single value goes through
+    ``lone``."""
+
+    def __init__(self, add: Callable[[Any, Any], Any],
+                 lone: Callable[[Any], Any] = lambda value: value) -> None:
+        self._add = add
+        self._lone = lone
+        self._sum: Any = None
+        self.count = 0
+
+    def add(self, value: Any) -> None:
+        self._sum = value if self.count == 0 else self._add(self._sum, value)
+        self.count += 1
+
+    def result(self) -> Any:
+        if self.count == 0:
+            raise ProtocolError("no shares to add up")
+        return self._lone(self._sum) if self.count == 1 else self._sum
+
+
 def fold(values: Sequence[Any], add: Callable[[Any, Any], Any],
          lone: Callable[[Any], Any] = lambda value: value) -> Any:
-    """Sum with OpenFHE's pairwise ``add``; a single value goes through ``lone``."""
-    if len(values) == 1:
-        return lone(values[0])
-    return reduce(add, values[1:], values[0])
+    """:class:`RunningSum` of ``values``, all at hand."""
+    total = RunningSum(add, lone)
+    for value in values:
+        total.add(value)
+    return total.result()
 
 
 def retagged_copy(obj: Any, tag: str, load: Callable[[bytes, Any], Any]) -> Any:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import openfhe
 
 from fednorm.engine.ckks.collective.checks import (
-    fold,
+    RunningSum,
     require_shares,
-    require_tags,
+    require_tag,
     retagged_copy,
 )
 from fednorm.engine.ckks.context import CkksContext
@@ -64,21 +64,50 @@ class PublicKeyGen:
     def aggregate_shares(self, shares: Sequence[PublicKeyShare]) -> PublicKeyAggregate:
         """Fold the shares (lead first) under the joint tag; refuse duplicates."""
         require_shares(shares, PublicKeyShare, None, "public-key share")
-        keys = [share.key for share in shares]
-        for i, key in enumerate(keys):
-            self.ctx.check_same_context(key, f"public-key share #{i}")
-        party_tags = tuple(key.GetKeyTag() for key in keys)
-        if len(set(party_tags)) != len(party_tags):
-            raise ProtocolError("two public-key shares carry the same key tag")
-        tag = joint_tag_for(party_tags[0])
-        joint = fold(keys, lambda acc, key: self.ctx.raw.MultiAddPubKeys(acc, key, tag),
-                     lambda lone: retagged_copy(lone, tag, openfhe.DeserializePublicKeyString))
-        return PublicKeyAggregate(joint, party_tags)
+        total = self.running_sum()
+        for share in shares:
+            total.add(share)
+        return total.result()
+
+    def running_sum(self) -> PublicKeySum:
+        """:meth:`aggregate_shares` one share at a time, as they arrive."""
+        return PublicKeySum(self.ctx)
 
     def finalize(self, aggregate: PublicKeyAggregate) -> JointKeys:
         """The federation's joint keys: what every party encrypts under."""
         return JointKeys(public_key=aggregate.key, tag=joint_tag_for(aggregate.party_tags[0]),
                          party_tags=aggregate.party_tags)
+
+
+class PublicKeySum:
+    """Public-key shares added up as they arrive, in party order (the lead's first: its
+    key tag names the joint keys); each share checked as it comes."""
+
+    def __init__(self, ctx: CkksContext) -> None:
+        self.ctx = ctx
+        self.party_tags: list[str] = []
+        self._sum: RunningSum | None = None
+
+    def add(self, share: PublicKeyShare) -> None:
+        what = f"public-key share #{len(self.party_tags)}"
+        if not isinstance(share, PublicKeyShare):
+            raise ProtocolError(f"{what} is a {type(share).__name__}, not a PublicKeyShare")
+        self.ctx.check_same_context(share.key, what)
+        tag = share.key.GetKeyTag()
+        if tag in self.party_tags:
+            raise ProtocolError("two public-key shares carry the same key tag")
+        if self._sum is None:
+            joint = joint_tag_for(tag)
+            self._sum = RunningSum(
+                lambda acc, key: self.ctx.raw.MultiAddPubKeys(acc, key, joint),
+                lambda lone: retagged_copy(lone, joint, openfhe.DeserializePublicKeyString))
+        self.party_tags.append(tag)
+        self._sum.add(share.key)
+
+    def result(self) -> PublicKeyAggregate:
+        if self._sum is None:
+            raise ProtocolError("no public-key shares")
+        return PublicKeyAggregate(self._sum.result(), tuple(self.party_tags))
 
 
 # -- relinearization key: two rounds -------------------------------------------------------
@@ -116,24 +145,53 @@ class RelinKeyGen:
         (``MultiAddEvalKeys``), round 2 all under the joint tag (``MultiAddEvalMultKeys``)."""
         require_shares(shares, RelinShare, joint, "relinearization share")
         round_ = shares[0].round
-        what = f"round-{round_} relinearization share"
         if any(share.round != round_ for share in shares) or round_ not in (1, 2):
             raise ProtocolError(f"relinearization shares of rounds "
                                 f"{sorted({s.round for s in shares})} aggregated together")
-        keys = [share.key for share in shares]
-        raw = self.ctx.raw
-        if round_ == 1:
-            require_tags(keys, joint.party_tags, what)
-            return fold(keys, lambda acc, key: raw.MultiAddEvalKeys(acc, key, joint.tag),
-                        lambda lone: retagged_copy(lone, joint.tag,
-                                                   openfhe.DeserializeEvalKeyString))
-        require_tags(keys, [joint.tag] * len(keys), what)
-        return fold(keys, lambda acc, key: raw.MultiAddEvalMultKeys(acc, key, joint.tag))
+        total = self.running_sum(joint.tag, round_)
+        for share, tag in zip(shares, joint.party_tags, strict=True):
+            total.add(share, tag if round_ == 1 else joint.tag)
+        return total.result()
+
+    def running_sum(self, joint_tag: str, round_: int) -> RelinSum:
+        """:meth:`aggregate_shares` of round ``round_``, one share at a time."""
+        return RelinSum(self.ctx, joint_tag, round_)
 
     def finalize(self, joint: JointKeys, round_two: openfhe.EvalKey) -> openfhe.EvalKey:
         """Install the aggregate of round 2 on this evaluator: products relinearize."""
         self.ctx.install_relin_key(round_two, joint.tag)
         return round_two
+
+
+class RelinSum:
+    """One round's relinearization shares added up as they arrive: round 1 each under
+    its party's tag (``MultiAddEvalKeys``), round 2 all under the joint tag
+    (``MultiAddEvalMultKeys``)."""
+
+    def __init__(self, ctx: CkksContext, joint_tag: str, round_: int) -> None:
+        if round_ not in (1, 2):
+            raise ProtocolError(f"the relinearization key has rounds 1 and 2, not {round_}")
+        raw = ctx.raw
+        self.round = round_
+        self._sum = RunningSum(
+            lambda acc, key: raw.MultiAddEvalKeys(acc, key, joint_tag),
+            lambda lone: retagged_copy(lone, joint_tag, openfhe.DeserializeEvalKeyString),
+        ) if round_ == 1 else RunningSum(
+            lambda acc, key: raw.MultiAddEvalMultKeys(acc, key, joint_tag))
+
+    def add(self, share: RelinShare, tag: str) -> None:
+        """Add one party's share, which must carry key ``tag`` (its own in round 1, the
+        joint one in round 2)."""
+        what = f"round-{self.round} relinearization share #{self._sum.count}"
+        if not isinstance(share, RelinShare):
+            raise ProtocolError(f"{what} is a {type(share).__name__}, not a RelinShare")
+        if share.round != self.round:
+            raise ProtocolError(f"{what} is of round {share.round}")
+        require_tag(share.key, tag, what)
+        self._sum.add(share.key)
+
+    def result(self) -> openfhe.EvalKey:
+        return self._sum.result()
 
 
 # -- rotation keys: one round --------------------------------------------------------------
@@ -168,13 +226,15 @@ class RotationKeyGen:
         none went missing.
         """
         require_shares(shares, RotationShare, joint, "rotation-key share")
-        for i, share in enumerate(shares):
-            self._require_indices(share, f"rotation-key share #{i}")
-            _require_map_tag(share.keys, joint.party_tags[0] if i == 0 else joint.tag,
-                             f"rotation-key share #{i}")
-        return fold([share.keys for share in shares],
-                    lambda acc, keys: self.ctx.raw.MultiAddEvalAutomorphismKeys(
-                        acc, keys, joint.tag))
+        total = self.running_sum(joint.tag, joint.party_tags[0])
+        for share in shares:
+            total.add(share)
+        return total.result()
+
+    def running_sum(self, joint_tag: str, lead_tag: str) -> RotationSum:
+        """:meth:`aggregate_shares` one share at a time (the lead's, under ``lead_tag``,
+        first)."""
+        return RotationSum(self, joint_tag, lead_tag)
 
     def finalize(self, joint: JointKeys, aggregate: openfhe.EvalKeyMap) -> None:
         """Install the joint rotation keys; ProtocolError if an index is not covered."""
@@ -184,6 +244,29 @@ class RotationKeyGen:
         if tuple(share.indices) != self.indices:
             raise ProtocolError(f"{what} is for offsets {list(share.indices)}, "
                                 f"expected {list(self.indices)}")
+
+
+class RotationSum:
+    """Rotation-key shares added up as they arrive: the lead's under its own tag, every
+    other under the joint one."""
+
+    def __init__(self, gen: RotationKeyGen, joint_tag: str, lead_tag: str) -> None:
+        self._gen = gen
+        self._tags = (lead_tag, joint_tag)
+        self._sum = RunningSum(lambda acc, keys: gen.ctx.raw.MultiAddEvalAutomorphismKeys(
+            acc, keys, joint_tag))
+
+    def add(self, share: RotationShare) -> None:
+        i = self._sum.count
+        what = f"rotation-key share #{i}"
+        if not isinstance(share, RotationShare):
+            raise ProtocolError(f"{what} is a {type(share).__name__}, not a RotationShare")
+        self._gen._require_indices(share, what)
+        _require_map_tag(share.keys, self._tags[0] if i == 0 else self._tags[1], what)
+        self._sum.add(share.keys)
+
+    def result(self) -> openfhe.EvalKeyMap:
+        return self._sum.result()
 
 
 def _require_map_tag(keys: openfhe.EvalKeyMap, want: str, what: str) -> None:

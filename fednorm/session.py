@@ -84,7 +84,8 @@ class SessionPlan:
         if not self.methods or duplicated:
             raise InputError(f"a session fits one or more of {', '.join(METHODS)}, each "
                              f"once; got {list(self.methods)}")
-        self.protocols  # noqa: B018 - unknown methods and modes fail here, not mid-run
+        for method in self.methods:  # an unknown method or mode fails here, not mid-run
+            get_protocol(method, self.privacy)
 
     @property
     def protocols(self) -> tuple[Protocol, ...]:
@@ -96,6 +97,12 @@ class SessionPlan:
         if self.privacy != "mhe" or len(self.methods) == 1:
             return None
         return setup_protocol(self.methods)
+
+    @property
+    def steps(self) -> tuple[Protocol, ...]:
+        """What the session runs, in order: the key setup (if any), then each protocol."""
+        setup = self.key_setup
+        return self.protocols if setup is None else (setup, *self.protocols)
 
     @property
     def name(self) -> str:
@@ -119,25 +126,23 @@ async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitO
     the others as "input rejected").
     """
     crypto = None
-    if plan.key_setup is not None:
-        ctx = context_for(plan.key_setup, crypto)
-        await run_role(ctx, play(ctx, plan.key_setup, options, X))
-        crypto = ctx.crypto
     fitted = []
-    for protocol in plan.protocols:
-        ctx = context_for(protocol, crypto)
-        normalizer = await run_role(ctx, _fit(ctx, protocol, options, X, features))
-        fitted.append(check_no_overflow(normalizer, protocol.method, features))
+    for step in plan.steps:
+        ctx = context_for(step, crypto)
+        normalizer = await run_role(ctx, _fit(ctx, step, options, X, features))
         crypto = ctx.crypto
+        if normalizer is not None:  # the key-setup step fits nothing
+            fitted.append(check_no_overflow(normalizer, step.method, features))
     return fitted
 
 
-async def _fit(ctx: RoleContext, protocol: Protocol, options: FitOptions,
-               X: np.ndarray | None, features: Sequence[str] | None) -> Normalizer:
+async def _fit(ctx: RoleContext, step: Protocol, options: FitOptions,
+               X: np.ndarray | None, features: Sequence[str] | None) -> Normalizer | None:
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported just below
-        normalizer = await play(ctx, protocol, options, X)
-    return check_no_overflow(normalizer, protocol.method, features) if ctx.is_server \
-        else normalizer
+        normalizer = await play(ctx, step, options, X)
+    if normalizer is None or not ctx.is_server:
+        return normalizer
+    return check_no_overflow(normalizer, step.method, features)
 
 
 async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:

@@ -265,7 +265,7 @@ class Server:
             for link in lobby.links.values():
                 await send_handshake(link, Start(lobby.session))
 
-        await run_role(context_for(self.plan.protocols[0], None), start())
+        await run_role(context_for(self.plan.steps[0], None), start())
         return await play_session(context_for, self.plan, self.config.options,
                                   features=lobby.features)
 

@@ -214,7 +214,7 @@ class RotationKeyGen:
                        lead: RotationShare | None = None) -> RotationShare:
         """The lead's share (``lead=None``), or another party's on the lead's."""
         if lead is not None:
-            self._require_indices(lead, "the lead's rotation-key share")
+            self.require_indices(lead, "the lead's rotation-key share")
         return RotationShare(self.indices,
                              keys.rotation_share(self.indices, lead.keys if lead else None))
 
@@ -240,7 +240,7 @@ class RotationKeyGen:
         """Install the joint rotation keys; ProtocolError if an index is not covered."""
         self.ctx.install_rotation_keys(aggregate, joint.tag, self.indices)
 
-    def _require_indices(self, share: RotationShare, what: str) -> None:
+    def require_indices(self, share: RotationShare, what: str) -> None:
         if tuple(share.indices) != self.indices:
             raise ProtocolError(f"{what} is for offsets {list(share.indices)}, "
                                 f"expected {list(self.indices)}")
@@ -261,7 +261,7 @@ class RotationSum:
         what = f"rotation-key share #{i}"
         if not isinstance(share, RotationShare):
             raise ProtocolError(f"{what} is a {type(share).__name__}, not a RotationShare")
-        self._gen._require_indices(share, what)
+        self._gen.require_indices(share, what)
         _require_map_tag(share.keys, self._tags[0] if i == 0 else self._tags[1], what)
         self._sum.add(share.keys)
 

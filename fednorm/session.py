@@ -44,7 +44,7 @@ def role_context(
     protocol: Protocol,
     *,
     timeout: float | None,
-    tracer: Tracer | None = None,
+    tracer: Tracer | Sequence[Tracer] | None = None,
     crypto: Any = None,
     worker_limiter: trio.CapacityLimiter | None = None,
 ) -> RoleContext:
@@ -110,6 +110,17 @@ class SessionPlan:
         return "+".join(protocol.name for protocol in self.protocols)
 
 
+def parse_methods(text: str) -> tuple[str, ...]:
+    """``"zscore,minmax"``: methods in the order given, each once (else InputError)."""
+    methods = tuple(m.strip() for m in text.split(","))
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or len(set(methods)) != len(methods):
+        what = f"unknown method {', '.join(map(repr, unknown))}: " if unknown else ""
+        raise InputError(f"{what}takes one or more of {', '.join(METHODS)}, each once, "
+                         f"separated by commas; got {text!r}")
+    return methods
+
+
 ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far) -> context
 
 
@@ -126,13 +137,16 @@ async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitO
     the others as "input rejected").
     """
     crypto = None
-    fitted = []
+    fitted: list[Normalizer] = []
     for step in plan.steps:
         ctx = context_for(step, crypto)
         normalizer = await run_role(ctx, _fit(ctx, step, options, X, features))
         crypto = ctx.crypto
-        if normalizer is not None:  # the key-setup step fits nothing
-            fitted.append(check_no_overflow(normalizer, step.method, features))
+        if normalizer is None:  # the key-setup step fits nothing
+            continue
+        if not ctx.is_server:  # the server checked inside the run
+            check_no_overflow(normalizer, step.method, features)
+        fitted.append(normalizer)
     return fitted
 
 

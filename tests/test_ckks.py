@@ -9,6 +9,7 @@ Tolerances: a collective decryption at scale 2^50 carries ~1e-6 absolute smudgin
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
@@ -418,19 +419,24 @@ def test_key_setup_composes_the_key_operations() -> None:
     assert (lead_shares.relin.round, lead_shares.rotation.indices) == (1, (4,))
     others = [setup.generate_keys(lead_shares) for _ in range(2)]
     shares = [lead_shares] + [setup.generate_shares(p, lead_shares) for p in others]
-    incomplete = replace(shares[2], rotation=None)
-    with pytest.raises(ProtocolError, match="rotation-key share is missing"):
-        setup.aggregate_shares([*shares[:2], incomplete])
     total = setup.round_one_sum()  # as a server adds them up: one party at a time
-    for share in shares:
+    for share in shares[:2]:
         total.add(share)
-    with pytest.raises(ProtocolError, match="same key tag"):  # refused as it arrives
+    with pytest.raises(ProtocolError, match="rotation-key share is missing"):
+        total.add(replace(shares[2], rotation=None))
+    with pytest.raises(ProtocolError, match="round-1 relinearization share #2 has key tag"):
+        total.add(replace(shares[2], relin=shares[1].relin))  # party 2's under party 3's
+    with pytest.raises(ProtocolError, match="same key tag"):
         total.add(shares[1])
+    total.add(shares[2])  # the refused ones left every sum as it was
     round_one = total.result()
-    at_once = setup.aggregate_shares(shares)
-    assert round_one.joint.party_tags == at_once.joint.party_tags
-    assert serialize(round_one.joint.public_key) == serialize(at_once.joint.public_key)
-    assert serialize(round_one.relin) == serialize(at_once.relin)
+    # The running sums equal OpenFHE's pairwise folds of all the shares, lead first.
+    raw, tag = ctx.raw, round_one.joint.tag
+    assert round_one.joint.party_tags == tuple(s.public_key.key.GetKeyTag() for s in shares)
+    assert serialize(round_one.joint.public_key) == serialize(functools.reduce(
+        lambda acc, key: raw.MultiAddPubKeys(acc, key, tag), [s.public_key.key for s in shares]))
+    assert serialize(round_one.relin) == serialize(functools.reduce(
+        lambda acc, key: raw.MultiAddEvalKeys(acc, key, tag), [s.relin.key for s in shares]))
     total.finalize_rotations(round_one.joint)
     parties = [lead, *others]
     round_two = setup.round_two_sum(round_one.joint)

@@ -38,7 +38,10 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     plain = ckks.KeySetup(ctx, relinearize=False)
     assert (message.shares(plain).relin, message.shares(plain).rotation) == (None, None)
 
-    round_one = setup.aggregate_shares([back, setup.generate_shares(other, back)])
+    total = setup.round_one_sum()
+    for shares_of_party in (back, setup.generate_shares(other, back)):
+        total.add(shares_of_party)
+    round_one = total.result()
     received = JointRound1.of(round_one).round_one()
     assert received.joint == round_one.joint and received.relin is round_one.relin
     round_two = setup.generate_round_two_share(other, received)

@@ -16,8 +16,10 @@ import numpy as np
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
+from fednorm.engine.errors import InputError
 from fednorm.multihost.files import load_csv
 from fednorm.protocols import METHODS, Normalizer, fit_local
+from fednorm.session import parse_methods as parse_method_list
 from fednorm.sim.federation import (
     SessionResult,
     SimulationReport,
@@ -58,13 +60,10 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
 
 def parse_methods(text: str) -> tuple[str, ...]:
     """``zscore,minmax``: methods in the order given, each once."""
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown or not methods or len(set(methods)) != len(methods):
-        raise argparse.ArgumentTypeError(
-            f"takes one or more of {', '.join(METHODS)}, each once, separated by commas; "
-            f"got {text!r}")
-    return methods
+    try:
+        return parse_method_list(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass

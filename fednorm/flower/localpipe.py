@@ -160,7 +160,8 @@ def pick_normalizer(fitted: Mapping[str, Normalizer], method: str | None) -> Nor
     """``fitted[method]``; without a method, the only one (a session of one method)."""
     if method is None and len(fitted) == 1:
         return next(iter(fitted.values()))
+    if method is None:
+        raise InputError(f"the session fitted {', '.join(fitted)}: name one of them")
     if method not in fitted:
-        raise InputError(f"the session fitted {', '.join(fitted)}: name one of them, "
-                         f"not {method!r}")
+        raise InputError(f"the session fitted {', '.join(fitted)}, not {method!r}")
     return fitted[method]

@@ -38,6 +38,7 @@ from fednorm.session import (
     SessionPlan,
     check_fit_options,
     options_to_wire,
+    parse_methods,
     play_session,
     role_context,
     run_role,
@@ -261,8 +262,7 @@ def normalize(
     gets a line each time the phase or the protocol round changes, with bytes so far;
     ``tracer`` watches the server role (its phases, crypto calls and every frame).
     """
-    methods = tuple(m.strip() for m in method.split(",")) if isinstance(method, str) \
-        else tuple(method)
+    methods = parse_methods(method) if isinstance(method, str) else tuple(method)
     plan = SessionPlan(methods, privacy)
     options = check_fit_options(options or FitOptions())
     wire_options = options_to_wire(options)
@@ -285,17 +285,17 @@ async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchang
                  tracers: list[Tracer]) -> FlowerNormalization:
     links: dict[int, Link] = {party: NodeLink(line, exchange)
                               for party, line in exchange.lines.items()}
-    steps: list[RoleContext] = []
+    contexts: list[RoleContext] = []  # one per step of the plan
 
     def context_for(protocol: Protocol, crypto: object) -> RoleContext:
-        steps.append(role_context(SERVER, links, exchange.session, protocol, crypto=crypto,
-                                  timeout=exchange.timeout, tracer=tracers))
-        return steps[-1]
+        contexts.append(role_context(SERVER, links, exchange.session, protocol,
+                                     crypto=crypto, timeout=exchange.timeout, tracer=tracers))
+        return contexts[-1]
 
     started = time.perf_counter()
     try:
         normalizers = await play_session(context_for, plan, options)
-        await run_role(steps[-1], exchange.finish(params_digest(normalizers)))
+        await run_role(contexts[-1], exchange.finish(params_digest(normalizers)))
     except BaseException:
         with trio.CancelScope(shield=True):
             await exchange.abort()
@@ -303,5 +303,5 @@ async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchang
     return FlowerNormalization(
         dict(zip(plan.methods, normalizers, strict=True)),
         {p: line.node_id for p, line in exchange.lines.items()},
-        exchange.session, sum(ctx.stats.rounds for ctx in steps), exchange.flower_rounds,
-        time.perf_counter() - started, {ctx.protocol: ctx.stats for ctx in steps})
+        exchange.session, sum(ctx.stats.rounds for ctx in contexts), exchange.flower_rounds,
+        time.perf_counter() - started, {ctx.protocol: ctx.stats for ctx in contexts})

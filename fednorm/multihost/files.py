@@ -195,7 +195,7 @@ def params_path(out: Path, plan: SessionPlan, protocol: Protocol) -> Path:
 
 def party_outputs(out: Path, data: PartyData, run: PartyRun) -> dict[Path, bytes]:
     """Per method of the session: the party's normalized CSV and the parameters."""
-    files = {}
+    files: dict[Path, bytes] = {}
     for protocol, normalizer in zip(run.plan.protocols, run.normalizers, strict=True):
         where = method_dir(out, run.plan, protocol)
         files[where / NORMALIZED_CSV] = normalized_csv(data, normalizer)

@@ -93,7 +93,7 @@ class DatasetDefaults:
 # its single-class runs from 16 % to 10 % over the whole HCV grid. digits takes a step
 # of 3e-3: at 1e-3, 39 % of its 20- and 50-client runs reached the cap of 300 rounds;
 # so does MNIST: at 1e-3 its 50-client runs took 116-300 rounds (one at the cap), at 3e-3
-# 45-153 with F1 as high or higher. The measurements are in results/README.md.
+# 45-153, F1 within 0.004 or higher. The measurements are in results/README.md.
 DATASETS: dict[str, DatasetDefaults] = {
     "bcw": DatasetDefaults("tabular", batch_size=8, max_rounds=500, patience=10, lr=3e-3,
                            select="f1"),

@@ -37,8 +37,12 @@ def setup_locally(ctx: CkksContext, n_parties: int,
         total.add(share)
     round_one = total.result()
     total.finalize_rotations(round_one.joint)
-    setup.finalize(round_one.joint,
-                   [setup.generate_round_two_share(p, round_one) for p in parties])
+    relin_sum = setup.round_two_sum(round_one.joint)
+    if relin_sum is not None:
+        for party in parties:
+            relin_sum.add(setup.generate_round_two_share(party, round_one),
+                          round_one.joint.tag)
+    setup.install_relin(round_one.joint, relin_sum)
     return parties, round_one.joint
 
 

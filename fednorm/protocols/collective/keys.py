@@ -59,11 +59,11 @@ async def setup_server(
     with rc.subprotocol("setup"):
         round_one = await _round_one(rc, setup)
         joint = round_one.joint
-        round_two = setup.round_two_sum(joint)
-        if round_two is not None:
+        relin_sum = setup.round_two_sum(joint)
+        if relin_sum is not None:
             await _add_from(rc, rc.parties, RelinRound2, RelinRound2.as_share,
-                            partial(round_two.add, tag=joint.tag))
-            await rc.run_sync(setup.install_relin, joint, round_two)
+                            partial(relin_sum.add, tag=joint.tag))
+            await rc.run_sync(setup.install_relin, joint, relin_sum)
         await rc.broadcast(SetupDone())
     rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
                              rotations=tuple(rotations))
@@ -71,13 +71,14 @@ async def setup_server(
 
 
 async def _round_one(rc: RoleContext, setup: ckks.KeySetup) -> ckks.JointRoundOne:
-    """Server: the lead's keys to the others, every party's shares added up as they
-    arrive, the joint keys of round one broadcast, rotation keys finalized."""
+    """Server: the lead's keys checked and forwarded to the others, every party's shares
+    added up as they arrive, the joint keys of round one broadcast, rotation keys
+    finalized."""
     lead = await rc.receive(LEAD, LeadKeys)
-    await rc.forward(lead, rc.parties[1:])
     total = setup.round_one_sum()
     await rc.run_sync(total.add, lead.shares(setup))
-    del lead  # forwarded and added: not held through the round
+    await rc.forward(lead, rc.parties[1:])
+    del lead  # added and forwarded: not held through the round
     await _add_from(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
                     total.add)
     round_one = await rc.run_sync(total.result)

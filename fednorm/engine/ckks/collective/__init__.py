@@ -19,16 +19,17 @@ key setup              :class:`KeySetup`       the three key operations, compose
 A party *generates a share* from its secret (a :class:`~fednorm.engine.ckks.keys.
 PartyKeys`, which never hands the secret out), the server — anyone holding no secret —
 *aggregates shares* and *finalizes* (the key installed, the plaintext decoded, the
-ciphertext re-encrypted).  The key operations also aggregate one share at a time
-(``running_sum``: :class:`PublicKeySum`, :class:`RelinSum`, :class:`RotationSum`, and
-:class:`RoundOneSum` for a key setup), so a server adds each party's shares as they
-arrive instead of holding all P of them.  An operation on a ciphertext starts with the server's
-*prepare*: what it sends the parties to make shares of.  Each share is a dataclass that
-says what it is a share of (:class:`RelinShare` its round, :class:`BootstrapShare` its
-bootstrap index, :class:`DecryptionShare` whether it is flooded), and every aggregation
-checks shares before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share
-is a :class:`ProtocolError`, never garbage.  Synchronous, no I/O: the network rounds are
-in :mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.
+ciphertext re-encrypted). The key operations also aggregate one share at a time
+(``running_sum``: :class:`PublicKeySum`, :class:`RelinSum`, :class:`RotationSum`; for a
+key setup ``round_one_sum`` (:class:`RoundOneSum`) and ``round_two_sum``), so a server
+adds each party's shares as they arrive instead of holding all P of them. An operation
+on a ciphertext starts with the server's *prepare*: what it sends the parties to make
+shares of. Each share is a dataclass that says what it is a share of
+(:class:`RelinShare` its round, :class:`BootstrapShare` its bootstrap index,
+:class:`DecryptionShare` whether it is flooded), and every aggregation checks shares
+before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share is a
+:class:`ProtocolError`, never garbage. Synchronous, no I/O: the network rounds are in
+:mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.
 """
 
 from fednorm.engine.ckks.collective.bootstrap import BootRound, Bootstrap, BootstrapShare

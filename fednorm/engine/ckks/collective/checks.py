@@ -1,4 +1,5 @@
-"""What every aggregation checks before OpenFHE combines shares, and the fold they share.
+"""What every aggregation checks before OpenFHE combines shares, and the running sum they
+share.
 
 OpenFHE adds whatever it is given; a share made under a foreign key, at another level or
 for another operation would give garbage, not an error.  So each ``aggregate_shares``
@@ -78,15 +79,6 @@ class RunningSum:
         if self.count == 0:
             raise ProtocolError("no shares to add up")
         return self._lone(self._sum) if self.count == 1 else self._sum
-
-
-def fold(values: Sequence[Any], add: Callable[[Any, Any], Any],
-         lone: Callable[[Any], Any] = lambda value: value) -> Any:
-    """:class:`RunningSum` of ``values``, all at hand."""
-    total = RunningSum(add, lone)
-    for value in values:
-        total.add(value)
-    return total.result()
 
 
 def retagged_copy(obj: Any, tag: str, load: Callable[[bytes, Any], Any]) -> Any:

@@ -89,6 +89,10 @@ class PublicKeySum:
         self._sum: RunningSum | None = None
 
     def add(self, share: PublicKeyShare) -> None:
+        self.include(share, self.check(share))
+
+    def check(self, share: PublicKeyShare) -> str:
+        """The next party's share, checked (its key tag returned); nothing is added."""
         what = f"public-key share #{len(self.party_tags)}"
         if not isinstance(share, PublicKeyShare):
             raise ProtocolError(f"{what} is a {type(share).__name__}, not a PublicKeyShare")
@@ -96,6 +100,10 @@ class PublicKeySum:
         tag = share.key.GetKeyTag()
         if tag in self.party_tags:
             raise ProtocolError("two public-key shares carry the same key tag")
+        return tag
+
+    def include(self, share: PublicKeyShare, tag: str) -> None:
+        """Add a share :meth:`check` accepted (with the tag it returned)."""
         if self._sum is None:
             joint = joint_tag_for(tag)
             self._sum = RunningSum(
@@ -182,12 +190,19 @@ class RelinSum:
     def add(self, share: RelinShare, tag: str) -> None:
         """Add one party's share, which must carry key ``tag`` (its own in round 1, the
         joint one in round 2)."""
+        self.check(share, tag)
+        self.include(share)
+
+    def check(self, share: RelinShare, tag: str) -> None:
         what = f"round-{self.round} relinearization share #{self._sum.count}"
         if not isinstance(share, RelinShare):
             raise ProtocolError(f"{what} is a {type(share).__name__}, not a RelinShare")
         if share.round != self.round:
             raise ProtocolError(f"{what} is of round {share.round}")
         require_tag(share.key, tag, what)
+
+    def include(self, share: RelinShare) -> None:
+        """Add a share :meth:`check` accepted."""
         self._sum.add(share.key)
 
     def result(self) -> openfhe.EvalKey:
@@ -257,12 +272,19 @@ class RotationSum:
             acc, keys, joint_tag))
 
     def add(self, share: RotationShare) -> None:
+        self.check(share)
+        self.include(share)
+
+    def check(self, share: RotationShare) -> None:
         i = self._sum.count
         what = f"rotation-key share #{i}"
         if not isinstance(share, RotationShare):
             raise ProtocolError(f"{what} is a {type(share).__name__}, not a RotationShare")
         self._gen.require_indices(share, what)
         _require_map_tag(share.keys, self._tags[0] if i == 0 else self._tags[1], what)
+
+    def include(self, share: RotationShare) -> None:
+        """Add a share :meth:`check` accepted."""
         self._sum.add(share.keys)
 
     def result(self) -> openfhe.EvalKeyMap:

@@ -94,23 +94,15 @@ class KeySetup:
         """Server: round one's shares added up as they arrive (lead first)."""
         return RoundOneSum(self)
 
-    def aggregate_shares(self, shares: Sequence[SetupShares]) -> JointRoundOne:
-        """Server: the joint keys and the round-1 relinearization aggregate of shares all
-        at hand (:meth:`round_one_sum` also installs the rotation keys)."""
-        total = self.round_one_sum()
-        for share in shares:
-            total.add(share)
-        return total.result()
-
     def round_two_sum(self, joint: JointKeys) -> RelinSum | None:
         """Server: the round-2 relinearization shares added as they arrive (None
         without relinearization); :meth:`install_relin` installs the sum."""
         return self.relin.running_sum(joint.tag, 2) if self.relin else None
 
-    def install_relin(self, joint: JointKeys, round_two: RelinSum | None) -> None:
+    def install_relin(self, joint: JointKeys, relin_sum: RelinSum | None) -> None:
         """Server: install the relinearization key summed by :meth:`round_two_sum`."""
-        if self.relin and round_two is not None:
-            self.relin.finalize(joint, round_two.result())
+        if self.relin and relin_sum is not None:
+            self.relin.finalize(joint, relin_sum.result())
 
     def generate_round_two_share(self, keys: PartyKeys,
                                  round_one: JointRoundOne) -> RelinShare | None:
@@ -120,11 +112,6 @@ class KeySetup:
         if round_one.relin is None:
             raise ProtocolError("a relin-key share is missing")
         return self.relin.generate_round_two_share(keys, round_one.relin)
-
-    def finalize(self, joint: JointKeys, round_two: Sequence[RelinShare]) -> None:
-        """Server: aggregate the round-2 shares and install the relinearization key."""
-        if self.relin:
-            self.relin.finalize(joint, self.relin.aggregate_shares(joint, round_two))
 
 
 class RoundOneSum:
@@ -140,17 +127,24 @@ class RoundOneSum:
         self.rotation: RotationSum | None = None
 
     def add(self, shares: SetupShares) -> None:
+        """Check one party's shares of every operation, then add them (a refused share
+        leaves every sum as it was)."""
         setup = self.setup
         setup.require_complete(shares)
-        self.public_key.add(shares.public_key)
-        tags = self.public_key.party_tags
-        joint_tag = joint_tag_for(tags[0])
+        tag = self.public_key.check(shares.public_key)
+        lead_tag = (self.public_key.party_tags or [tag])[0]
+        joint_tag = joint_tag_for(lead_tag)
         if setup.relin is not None and shares.relin is not None:
             self.relin = self.relin or setup.relin.running_sum(joint_tag, 1)
-            self.relin.add(shares.relin, tags[-1])
+            self.relin.check(shares.relin, tag)
         if setup.rotation is not None and shares.rotation is not None:
-            self.rotation = self.rotation or setup.rotation.running_sum(joint_tag, tags[0])
-            self.rotation.add(shares.rotation)
+            self.rotation = self.rotation or setup.rotation.running_sum(joint_tag, lead_tag)
+            self.rotation.check(shares.rotation)
+        self.public_key.include(shares.public_key, tag)
+        if self.relin is not None and shares.relin is not None:
+            self.relin.include(shares.relin)
+        if self.rotation is not None and shares.rotation is not None:
+            self.rotation.include(shares.rotation)
 
     def result(self) -> JointRoundOne:
         """The joint keys and the round-1 relinearization aggregate, to send the parties."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import msgpack
@@ -80,11 +80,8 @@ class SessionPlan:
     privacy: str
 
     def __post_init__(self) -> None:
-        duplicated = sorted({m for m in self.methods if self.methods.count(m) > 1})
-        if not self.methods or duplicated:
-            raise InputError(f"a session fits one or more of {', '.join(METHODS)}, each "
-                             f"once; got {list(self.methods)}")
-        for method in self.methods:  # an unknown method or mode fails here, not mid-run
+        check_methods(self.methods, list(self.methods))
+        for method in self.methods:  # an unknown mode fails here, not mid-run
             get_protocol(method, self.privacy)
 
     @property
@@ -112,16 +109,41 @@ class SessionPlan:
 
 def parse_methods(text: str) -> tuple[str, ...]:
     """``"zscore,minmax"``: methods in the order given, each once (else InputError)."""
-    methods = tuple(m.strip() for m in text.split(","))
+    return check_methods(tuple(m.strip() for m in text.split(",")), text)
+
+
+def check_methods(methods: tuple[str, ...], given: object) -> tuple[str, ...]:
+    """``methods`` if it names one or more known methods, each once; else an InputError
+    that quotes what was ``given``."""
     unknown = sorted(set(methods) - set(METHODS))
-    if unknown or len(set(methods)) != len(methods):
+    if unknown or not methods or len(set(methods)) != len(methods):
         what = f"unknown method {', '.join(map(repr, unknown))}: " if unknown else ""
-        raise InputError(f"{what}takes one or more of {', '.join(METHODS)}, each once, "
-                         f"separated by commas; got {text!r}")
+        raise InputError(f"{what}a session fits one or more of {', '.join(METHODS)}, each "
+                         f"once, separated by commas; got {given!r}")
     return methods
 
 
 ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far) -> context
+
+
+@dataclass
+class StepContexts:
+    """The :data:`ContextFor` of role ``me`` over the same links for a whole session:
+    each step's context, made on the crypto the previous step left; ``made`` keeps them,
+    in order (their traffic)."""
+
+    me: int
+    links: Mapping[int, Link]
+    session: str
+    timeout: float | None
+    tracer: Tracer | Sequence[Tracer] | None = None
+    made: list[RoleContext] = field(default_factory=list)
+
+    def __call__(self, protocol: Protocol, crypto: Any) -> RoleContext:
+        self.made.append(role_context(self.me, self.links, self.session, protocol,
+                                      timeout=self.timeout, tracer=self.tracer,
+                                      crypto=crypto))
+        return self.made[-1]
 
 
 async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitOptions,

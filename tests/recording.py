@@ -42,6 +42,29 @@ def plaintext_fields(msg: Message) -> set[str]:
             if value is not None and not crypto(value)}
 
 
+KEY_SETUP_KINDS = frozenset({"ckks.lead_keys", "ckks.key_shares", "ckks.joint_round1",
+                             "ckks.relin_round2"})
+
+
+def session_kinds(recorder: Recorder) -> dict[str, set[str]]:
+    """The kinds each step of a session sent or received, by step in the order they
+    came, after holding every frame to its step's ledger: the key-setup step
+    (``keys-mhe``) to the collective entry, each protocol to its own."""
+    from fednorm.protocols.ledger import COLLECTIVE, undeclared
+
+    kinds: dict[str, set[str]] = {}
+    for header, msg in recorder.decoded():
+        step = header.protocol.split("/")[0]
+        method, privacy = step.rsplit("-", 1)
+        fields = plaintext_fields(msg)
+        if method == "keys":
+            assert fields <= COLLECTIVE.get(header.kind, frozenset()), (header.kind, fields)
+        else:
+            assert not undeclared(method, privacy, header.kind, fields), (step, header.kind)
+        kinds.setdefault(step, set()).add(header.kind)
+    return kinds
+
+
 def spy_secret_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Record 64 bytes from the middle of every secret key made in this test, so a test
     can check that no frame ever carries them (the keys themselves refuse to serialize;

@@ -65,7 +65,8 @@ def test_share_replies_say_which_operation_they_answer() -> None:
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:
     """What the server holds during key setup: one party's shares (31 MB at ring 2^15)
     and the running sums, never all P parties' — each share is added before the next
-    party's message is read."""
+    party's message is read; the lead's shares are added (and so checked) before they
+    are forwarded to the other parties."""
     import numpy as np
 
     from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
@@ -80,6 +81,8 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
             if event.direction == "received" and event.kind in ("ckks.key_shares",
                                                                 "ckks.relin_round2"):
                 self.events.append("read")
+            if event.direction == "sent" and event.kind == "ckks.lead_keys":
+                self.events.append("forward")
 
         def crypto_call(self, event: CryptoEvent) -> None:
             if event.call in ("RoundOneSum.add", "RelinSum.add"):
@@ -88,5 +91,6 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
     seen = Order()
     parts = [np.random.default_rng(p).normal(size=(5, 2)) for p in range(4)]
     simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=seen)
-    # round one: the lead's shares (forwarded first), then parties 2..4; round two: all 4
-    assert seen.events == ["add"] + ["read", "add"] * 3 + ["read", "add"] * 4
+    # round one: the lead's shares added, then forwarded to parties 2..4, then theirs;
+    # round two: all 4
+    assert seen.events == ["add"] + ["forward"] * 3 + ["read", "add"] * 3 + ["read", "add"] * 4

@@ -26,7 +26,7 @@ from conftest import track
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 from loopback_grid import LoopbackGrid
-from recording import Recorder
+from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
 from fednorm.engine.errors import InputError, PartyDropped
 from fednorm.flower import fitted_normalizer, normalize, register_party
@@ -243,13 +243,10 @@ def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
     grid = loopback(partition_of)
     fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
     assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
-    kinds: dict[str, set[str]] = {}  # what the server sent and received, by step
-    for header, _ in recorder.decoded():
-        kinds.setdefault(header.protocol.split("/")[0], set()).add(header.kind)
+    kinds = session_kinds(recorder)  # every frame within its step's ledger
     assert list(kinds) == list(fitted.traffic)  # in this order
-    key_kinds = {"ckks.lead_keys", "ckks.key_shares", "ckks.joint_round1", "ckks.relin_round2"}
     assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
-    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & key_kinds
+    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS
     pooled = pooled_training_rows()
     np.testing.assert_allclose(fitted.normalizers["zscore"].mean, pooled.mean(axis=0),
                                rtol=1e-6)

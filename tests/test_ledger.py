@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from deviating import deviating, zscore_server_start
-from recording import Recorder, plaintext_fields, spy_secret_keys
+from recording import KEY_SETUP_KINDS, Recorder, plaintext_fields, session_kinds, spy_secret_keys
 from test_ppf_yeojohnson import plan_for
 
 from fednorm.engine import ckks
@@ -17,7 +17,7 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import BootRequest, serve_until
-from fednorm.protocols.ledger import COLLECTIVE, PLAINTEXT, undeclared
+from fednorm.protocols.ledger import PLAINTEXT, undeclared
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation, simulate, simulate_session
@@ -216,16 +216,9 @@ def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> No
     session = simulate_session(list(_normal()), ["zscore", "minmax"], "mhe", options,
                                tracer=recorder)
     assert session.setup is not None
-    setup_kinds = set()
-    for header, msg in recorder.decoded():
-        method = header.protocol.split("/")[0].removesuffix("-mhe")
-        fields = plaintext_fields(msg)
-        if method == "keys":
-            setup_kinds.add(header.kind)
-            assert fields <= COLLECTIVE.get(header.kind, frozenset()), (header.kind, fields)
-        else:
-            assert not undeclared(method, "mhe", header.kind, fields), (header.kind, fields)
-            assert header.kind not in {"ckks.lead_keys", "ckks.key_shares"}  # keys reused
-    assert {"ckks.lead_keys", "ckks.joint_round1", "ckks.relin_round2"} <= setup_kinds
+    kinds = session_kinds(recorder)
+    assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
+    assert {"ckks.lead_keys", "ckks.joint_round1", "ckks.relin_round2"} <= kinds["keys-mhe"]
+    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS  # keys reused
     assert len(secrets) == 3
     assert not any(secret in frame for secret in secrets for frame in recorder.frames)

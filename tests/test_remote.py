@@ -22,7 +22,7 @@ import trio
 from conftest import die_with_parent, track
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recording import Recorder, plaintext_fields, spy_secret_keys
+from recording import KEY_SETUP_KINDS, Recorder, session_kinds, spy_secret_keys
 
 from fednorm.cli import main
 from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
@@ -45,7 +45,6 @@ from fednorm.multihost.party import Party, PartyRun
 from fednorm.multihost.server import Server
 from fednorm.protocols import FitOptions
 from fednorm.protocols.base import feature_counts
-from fednorm.protocols.ledger import undeclared
 from fednorm.protocols.plain.zscore import LocalSums
 from fednorm.sim.federation import simulate
 from fednorm.transport.tcp import HandshakeRefused
@@ -290,17 +289,10 @@ async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_onc
         for mine, theirs in zip(run.normalizers, outcome.normalizers, strict=True):
             for name, values in theirs.params().items():
                 np.testing.assert_allclose(mine.params()[name], values, rtol=1e-9)
-    kinds: dict[str, set[str]] = {}
-    for header, message in recorder.decoded():
-        step = header.protocol.split("/")[0]
-        kinds.setdefault(step, set()).add(header.kind)
-        if step != "keys-mhe":
-            assert not undeclared(step.removesuffix("-mhe"), "mhe", header.kind,
-                                  plaintext_fields(message)), (step, header.kind)
+    kinds = session_kinds(recorder)  # every frame within its step's ledger
     assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]  # in this order
     assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
-    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & {
-        "ckks.lead_keys", "ckks.key_shares", "ckks.joint_round1", "ckks.relin_round2"}
+    assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS
     assert len(secrets) == 3
     assert not any(secret in frame for secret in secrets for frame in recorder.frames)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
-from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.flower.content import (
     MESSAGE_TYPE,
@@ -33,14 +33,13 @@ from fednorm.flower.content import (
 )
 from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import Protocol
 from fednorm.session import (
     SessionPlan,
+    StepContexts,
     check_fit_options,
     options_to_wire,
     parse_methods,
     play_session,
-    role_context,
     run_role,
 )
 from fednorm.transport.trace import LineTracer
@@ -285,17 +284,11 @@ async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchang
                  tracers: list[Tracer]) -> FlowerNormalization:
     links: dict[int, Link] = {party: NodeLink(line, exchange)
                               for party, line in exchange.lines.items()}
-    contexts: list[RoleContext] = []  # one per step of the plan
-
-    def context_for(protocol: Protocol, crypto: object) -> RoleContext:
-        contexts.append(role_context(SERVER, links, exchange.session, protocol,
-                                     crypto=crypto, timeout=exchange.timeout, tracer=tracers))
-        return contexts[-1]
-
+    contexts = StepContexts(SERVER, links, exchange.session, exchange.timeout, tracers)
     started = time.perf_counter()
     try:
-        normalizers = await play_session(context_for, plan, options)
-        await run_role(contexts[-1], exchange.finish(params_digest(normalizers)))
+        normalizers = await play_session(contexts, plan, options)
+        await run_role(contexts.made[-1], exchange.finish(params_digest(normalizers)))
     except BaseException:
         with trio.CancelScope(shield=True):
             await exchange.abort()
@@ -303,5 +296,6 @@ async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchang
     return FlowerNormalization(
         dict(zip(plan.methods, normalizers, strict=True)),
         {p: line.node_id for p, line in exchange.lines.items()},
-        exchange.session, sum(ctx.stats.rounds for ctx in contexts), exchange.flower_rounds,
-        time.perf_counter() - started, {ctx.protocol: ctx.stats for ctx in contexts})
+        exchange.session, sum(ctx.stats.rounds for ctx in contexts.made),
+        exchange.flower_rounds, time.perf_counter() - started,
+        {ctx.protocol: ctx.stats for ctx in contexts.made})

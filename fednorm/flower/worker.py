@@ -32,7 +32,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
-from fednorm.engine.runtime import SERVER, RoleContext, role_name
+from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
     READY,
@@ -43,13 +43,13 @@ from fednorm.flower.localpipe import (
     unpack,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import Protocol, check_party_data
+from fednorm.protocols.base import check_party_data
 from fednorm.session import (
     SessionPlan,
+    StepContexts,
     abort_reason,
     options_from_wire,
     play_session,
-    role_context,
     root_cause,
 )
 
@@ -260,13 +260,10 @@ class PartyWorker:
     async def _party_role(self, setup: Setup) -> list[Normalizer]:
         plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
-
-        def context_for(protocol: Protocol, crypto: object) -> RoleContext:
-            return role_context(setup.party, {SERVER: self._turns.link}, setup.session,
-                                protocol, crypto=crypto, timeout=setup.timeout)
-
+        contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
+                                setup.timeout)
         X = check_party_data(setup.X)
-        return await play_session(context_for, plan, options, X)
+        return await play_session(contexts, plan, options, X)
 
 
 async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:

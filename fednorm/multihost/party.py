@@ -13,7 +13,7 @@ import trio
 
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import FednormError, InputError, ProtocolError
-from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.engine.runtime import SERVER
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, PartyConfig, quiet
 from fednorm.multihost.handshake import (
@@ -27,15 +27,15 @@ from fednorm.multihost.handshake import (
     wait_start,
 )
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import Protocol, check_party_data
+from fednorm.protocols.base import check_party_data
 from fednorm.session import (
     SessionPlan,
+    StepContexts,
     check_real,
     check_within_vabs,
     input_rejected,
     options_from_wire,
     play_session,
-    role_context,
 )
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import party_context
@@ -79,13 +79,9 @@ class Party:
             self._log(f"admitted to session {welcome.session} ({plan.name}, "
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
-
-            def context_for(protocol: Protocol, crypto: object) -> RoleContext:
-                return role_context(config.party, {SERVER: link}, welcome.session, protocol,
-                                    crypto=crypto, timeout=timeouts.protocol,
-                                    tracer=self.tracer)
-
-            normalizers = await play_session(context_for, plan, options, X, features)
+            contexts = StepContexts(config.party, {SERVER: link}, welcome.session,
+                                    timeouts.protocol, self.tracer)
+            normalizers = await play_session(contexts, plan, options, X, features)
         finally:
             await link.aclose()
         return PartyRun(welcome, plan, normalizers)

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from fednorm.engine.errors import FednormError, InputError, PartyDropped
-from fednorm.engine.runtime import SERVER, RoleContext, role_name
+from fednorm.engine.runtime import SERVER, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, ServerConfig, quiet
 from fednorm.multihost.files import check_out_dir, params_document, params_path, write_atomically
@@ -36,6 +36,7 @@ from fednorm.protocols.base import Protocol
 from fednorm.session import (
     VABS_METHODS,
     SessionPlan,
+    StepContexts,
     check_fit_options,
     options_to_wire,
     play_session,
@@ -116,10 +117,9 @@ class Server:
         if config.sessions is not None and config.sessions < 1:
             raise InputError(f"--sessions must be at least 1, got {config.sessions}")
         self.plan = SessionPlan(tuple(config.methods), config.privacy)
-        for protocol in self.plan.protocols:
-            check_server_options(protocol, config.options, config.features)
-        check_out_dir(config.out, force=config.force)
         self.config = config
+        self._check_options(config.features)
+        check_out_dir(config.out, force=config.force)
         self.context = server_context(config.certs)
         self.wire_options = options_to_wire(config.options)
         self.outcomes: list[SessionOutcome] = []
@@ -203,9 +203,7 @@ class Server:
             if missing:
                 raise PartyDropped(", ".join(map(role_name, missing)),
                                    f"did not join within {self.config.timeouts.join:g} s")
-            features = lobby.agree()
-            for protocol in self.plan.protocols:
-                check_server_options(protocol, self.config.options, features)
+            self._check_options(lobby.agree())
         except FednormError as error:
             await _refuse_all(lobby, f"session abandoned: {error}")
             raise
@@ -256,17 +254,22 @@ class Server:
         await link.aclose()
         self._log(f"party {party} left session {lobby.session} before the start: {reason}")
 
+    def _check_options(self, features: Sequence[str] | None) -> None:
+        for protocol in self.plan.protocols:
+            check_server_options(protocol, self.config.options, features)
+
     async def _run_session(self, lobby: Lobby) -> list[Normalizer]:
-        def context_for(protocol: Protocol, crypto: object) -> RoleContext:
-            return role_context(SERVER, lobby.links, lobby.session, protocol, crypto=crypto,
-                                timeout=self.config.timeouts.protocol, tracer=self.tracer)
+        contexts = StepContexts(SERVER, lobby.links, lobby.session,
+                                self.config.timeouts.protocol, self.tracer)
 
         async def start() -> None:
             for link in lobby.links.values():
                 await send_handshake(link, Start(lobby.session))
 
-        await run_role(context_for(self.plan.steps[0], None), start())
-        return await play_session(context_for, self.plan, self.config.options,
+        # A failed start tells the parties why as the first step would.
+        await run_role(role_context(SERVER, lobby.links, lobby.session, self.plan.steps[0],
+                                    timeout=None, tracer=self.tracer), start())
+        return await play_session(contexts, self.plan, self.config.options,
                                   features=lobby.features)
 
     def _write(self, outcome: SessionOutcome) -> list[Path]:

@@ -121,8 +121,14 @@ def test_the_limit_is_the_runs_crypto_work_spread_over_the_workers() -> None:
                           ("encode_body", 1.0), ("Bootstrap.generate_share", 1.0)):
         timeline.crypto_call(CryptoEvent("party 1", "zscore-mhe", call, seconds))
     assert timeline.limit_seconds(cores=2) == pytest.approx(2.0)  # (3 + 1) / 2, no bytes
+    # 2 cores x 10 s: 13 s of CPU, so 7 core-s idle; 6 s of serialization calls.
+    assert timeline.beyond_limit(wall=10.0, cpu=13.0, cores=2) == pytest.approx(
+        {"serialization": 6.0, "idle": 7.0})
     section, _ = protocols.totals(["zscore"], repeats=1, parties=3, preset="test")
     (row,) = section.rows
     # At most two calls run at once, so their summed time fits twice the wall time.
     assert 0 < row["limit_s"] <= row["median_s"]
     assert "total / limit" in section.tables[0][1] and "× paper" in section.tables[0][1]
+    beyond = row["beyond_limit_core_s"]
+    assert beyond["serialization"] > 0 and beyond["idle"] >= 0
+    assert section.tables[0][2][0][8].count("**") == 2  # the larger cost in bold

@@ -166,7 +166,10 @@ def run_method(method: str, parts: list[np.ndarray], pooled: np.ndarray, preset:
     result, rec = run_protocol(protocol, method, parts,
                                options_for(method, pooled, preset, epsilon), timeline)
     rec.errors, rec.abs_errors = estimate_errors(method, result.normalizer, pooled)
-    rec.extra["limit_s"] = timeline.limit_seconds(worker_threads())
+    cores = worker_threads()
+    rec.extra["limit_s"] = timeline.limit_seconds(cores)
+    beyond = timeline.beyond_limit(rec.sample.wall, rec.sample.cpu, cores)
+    rec.extra.update({f"beyond_{cost}_core_s": s for cost, s in beyond.items()})
     return rec
 
 
@@ -220,12 +223,15 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
                "paper_s": paper, "target_s": target,
                "stretch_s": STRETCH_TABLE_V_S.get(method, math.nan),
                "limit_s": median([r.extra["limit_s"] for r in recs]),
+               "beyond_limit_core_s": {cost: median([r.extra[f"beyond_{cost}_core_s"]
+                                                     for r in recs]) for cost in BEYOND},
                **_worst_errors(recs)}
         rows.append(row)
         cells.append([row["name"], f"{row['median_s']:.1f}",
                       ", ".join(f"{s:.1f}" for s in secs), f"{row['cpu_s']:.1f}",
                       str(row["rounds"]), f"{row['bytes_total'] / 1e6:.0f}",
                       f"{row['limit_s']:.1f}", f"{row['median_s'] / row['limit_s']:.1f}",
+                      _beyond_text(row["beyond_limit_core_s"]),
                       fmt_or_dash(paper, ".0f"), fmt_or_dash(target, ".1f"),
                       met(row["median_s"], target),
                       _ratio(paper, row["median_s"]) if comparable else "–",
@@ -246,18 +252,36 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
         "server's aggregations, homomorphic operations and bootstrap steps; no "
         f"serialization, transport or waiting), summed and spread over {worker_threads()} "
         "cores (the simulation's worker threads), median over the runs; total / limit is "
-        "how far the wall time is from it.",
+        "how far the wall time is from it. Beyond the limit, median over the runs: "
+        "serialization (every role's encoding and parsing of frames, OpenFHE's included, "
+        "timed as the calls ran) and idle cores (worker threads × wall time minus the "
+        "process's CPU time: cores waiting on the one role whose turn it is), in "
+        "core-seconds; the larger, in bold, is the cost that stands between the wall time "
+        "and the limit.",
     ]
     notes += [f"{METHOD_NAMES[m]}: not measured — `get_protocol({m!r}, 'mhe')` is not "
               "registered in this tree." for m in missing]
     notes += failures
     header = ["protocol, P=" + str(parties), "median s", "runs s", "CPU s", "rounds",
-              "MB on the wire", "limit s", "total / limit", "paper s (Table V)", "target s",
+              "MB on the wire", "limit s", "total / limit",
+              "beyond the limit, core-s: serialization / idle",
+              "paper s (Table V)", "target s",
               "meets target", "× paper",
               "foreign load (cores)", "max error: relative (absolute)"]
     section = Section("totals", f"Table V — PPF protocols, total runtime, {parties} parties",
                       rows, [("", header, cells)], notes, meta)
     return finish(section, t0), [r for recs in runs.values() for r in recs]
+
+
+BEYOND = ("serialization", "idle")
+"""Costs between a run's wall time and its limit (:meth:`Timeline.beyond_limit`)."""
+
+
+def _beyond_text(core_s: dict[str, float]) -> str:
+    """The costs in :data:`BEYOND` order, core-seconds separated by ``/``, the larger in bold."""
+    largest = max(BEYOND, key=core_s.__getitem__)
+    return " / ".join(f"**{core_s[c]:.1f}**" if c == largest else f"{core_s[c]:.1f}"
+                      for c in BEYOND)
 
 
 def _ratio(paper: float, ours: float) -> str:

@@ -76,6 +76,19 @@ class Timeline(Tracer):
         work = sum(s for call, s in self.calls.items() if call not in SERIALIZATION_CALLS)
         return work / cores
 
+    def serialization_seconds(self) -> float:
+        """Every role's time turning messages into bytes and back (worker calls)."""
+        return sum(s for call, s in self.calls.items() if call in SERIALIZATION_CALLS)
+
+    def beyond_limit(self, wall: float, cpu: float, cores: int) -> dict[str, float]:
+        """Two costs that keep a run's wall time above :meth:`limit_seconds`, in
+        core-seconds: serialization (every role's encoding and parsing of frames, timed as
+        the calls ran) and cores left idle (``cores`` × ``wall`` minus the process's CPU
+        time: waiting on the one role whose turn it is). Which is larger says what the
+        wall time loses most to."""
+        return {"serialization": self.serialization_seconds(),
+                "idle": max(cores * wall - cpu, 0.0)}
+
     def outside_phases(self, total: float) -> float:
         """The server's time in no phase at all (local sums, broadcasts, waiting)."""
         return total - sum(self.phases.values())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 
 import msgpack
 import numpy as np
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fednorm.engine.codec import Header, decode_frame, encode_frame
+from fednorm.engine.codec import Header, decode_frame, encode_frame, register_ext_type
 from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -167,6 +169,79 @@ async def test_abort_from_peer_stops_the_receiver() -> None:
     await party.send_abort("disk full")
     with pytest.raises(PartyDropped, match="aborted"):
         await server.receive(1, Other)
+
+
+class SlowToParse:
+    """A payload whose parse takes a while and records how many ran at once."""
+
+    lock = threading.Lock()
+    running = 0
+    most_at_once = 0
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @classmethod
+    def parse(cls, data: bytes) -> SlowToParse:
+        with cls.lock:
+            cls.running += 1
+            cls.most_at_once = max(cls.most_at_once, cls.running)
+        time.sleep(0.1)
+        with cls.lock:
+            cls.running -= 1
+        if data.startswith(b"bad"):
+            raise ValueError("hostile payload")
+        return cls(data)
+
+
+register_ext_type(90, SlowToParse, lambda obj: obj.data, SlowToParse.parse)
+
+
+@message("test.slow")
+class Slow(Message):
+    payload: SlowToParse
+
+
+def _gathering_server(parties: int, timeout: float = 5.0) -> tuple[RoleContext, dict]:
+    links = {p: link_pair(SERVER, p) for p in range(1, parties + 1)}
+    server = RoleContext(SERVER, {p: ends[0] for p, ends in links.items()}, "s1",
+                         protocol="proto", timeout=timeout,
+                         worker_limiter=trio.CapacityLimiter(2))
+    parties_ = {p: RoleContext(p, {SERVER: ends[1]}, "s1", protocol="proto", timeout=timeout)
+                for p, ends in links.items()}
+    return server, parties_
+
+
+async def test_gather_parses_the_parties_frames_side_by_side() -> None:
+    """A round's large frames are parsed in worker threads as they are read, two at a
+    time here (the limiter's capacity), not one after another."""
+    server, parties = _gathering_server(4)
+    SlowToParse.most_at_once = 0
+    for p, ctx in parties.items():
+        await ctx.send(SERVER, Slow(payload=SlowToParse(bytes([p]) * 100_000)))
+    replies = await server.gather(Slow)
+    assert [replies[p].payload.data[:1] for p in (1, 2, 3, 4)] == [b"\1", b"\2", b"\3", b"\4"]
+    assert SlowToParse.most_at_once == 2
+    assert server.stats.rounds == 1
+
+
+async def test_gather_raises_the_lowest_partys_failure_at_once() -> None:
+    """Party 2's frame fails to parse: the round stops without waiting for silent party 3
+    (the timeout is 5 s), and party 2's error is the one raised."""
+    server, parties = _gathering_server(3)
+    await parties[1].send(SERVER, Slow(payload=SlowToParse(b"ok" * 50_000)))
+    await parties[2].send(SERVER, Slow(payload=SlowToParse(b"bad" * 50_000)))
+    with trio.fail_after(2), pytest.raises(ProtocolError, match="hostile payload"):
+        await server.gather(Slow)
+
+
+async def test_gather_checks_parties_in_order() -> None:
+    """Party 1 aborted and party 2 sent garbage: party 1's abort is what surfaces."""
+    server, parties = _gathering_server(2)
+    await parties[1].send_abort("disk full")
+    await parties[2].send(SERVER, Slow(payload=SlowToParse(b"bad" * 50_000)))
+    with pytest.raises(PartyDropped, match=r"party 1 .*disk full"):
+        await server.gather(Slow)
 
 
 class Boom(RuntimeError):

@@ -185,6 +185,11 @@ class RoleContext:
         For a role that cannot know which comes next, e.g. a party that answers any
         number of bootstrap requests (sub-protocol ``…/bootstrap``) before the result.
         """
+        frame = await self._next_frame(peer, accepted)
+        return self._accept(peer, frame, await self._parse(frame), accepted)
+
+    async def _next_frame(self, peer: int, accepted: Mapping[type[Message], str]) -> bytes:
+        """The next frame on ``peer``'s link, unparsed, within the receive timeout."""
         link = self._link(peer)
         try:
             with trio.fail_after(self.timeout if self.timeout is not None else float("inf")):
@@ -193,9 +198,18 @@ class RoleContext:
             waiting_for = "|".join(k.KIND for k in accepted)
             raise ProtocolTimeout(role_name(peer), self.timeout or 0.0, waiting_for) from None
         self.stats.count_received(len(frame))
+        return frame
+
+    async def _parse(self, frame: bytes) -> tuple[Header, Message]:
         # Crypto objects take milliseconds to parse: do it off the event loop.
-        header, msg = (decode_frame(frame) if len(frame) < _INLINE_DECODE_BYTES
-                       else await self.run_sync(decode_frame, frame))
+        if len(frame) < _INLINE_DECODE_BYTES:
+            return decode_frame(frame)
+        return await self.run_sync(decode_frame, frame)
+
+    def _accept(self, peer: int, frame: bytes, parsed: tuple[Header, Message],
+                accepted: Mapping[type[Message], str]) -> Message:
+        """Check a parsed frame against ``peer``'s conversation; count it received."""
+        header, msg = parsed
         self._trace_frame("received", peer, header, msg, frame)
         self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
@@ -251,12 +265,45 @@ class RoleContext:
     async def gather(self, expected: type[M]) -> dict[int, M]:
         """Server: one message of type ``expected`` from every party (a protocol round).
 
-        Parties are read in id order; their frames wait buffered in the links, so
-        reading in order costs no time, and the first failure surfaces on its own
-        rather than inside an exception group.
+        Frames are read in party order; each is parsed in a worker thread as soon as it is
+        read, while the next is awaited, so the parses overlap one another and the
+        parties' work instead of running one by one after the last frame came. They are
+        then checked in party order, so the failure of the lowest party (a malformed
+        frame, an abort, a timeout) is the one that surfaces, on its own; a failed parse
+        stops the reading at once.
         """
         self.stats.rounds += 1
-        return {party: await self.receive(party, expected) for party in self.parties}
+        accepted: dict[type[Message], str] = {expected: self.protocol}
+        frames: dict[int, bytes] = {}
+        parsed: dict[int, tuple[Header, Message] | Exception] = {}
+        unread: Exception | None = None
+
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as reading:
+                async def parse(party: int) -> None:
+                    try:
+                        parsed[party] = await self._parse(frames[party])
+                    except Exception as exc:  # surfaces below, in party order
+                        parsed[party] = exc
+                        reading.cancel()
+
+                for party in self.parties:
+                    try:
+                        frames[party] = await self._next_frame(party, accepted)
+                    except Exception as exc:  # likewise: earlier parties are checked first
+                        unread = exc
+                        break
+                    nursery.start_soon(parse, party)
+
+        replies: dict[int, M] = {}
+        for party in self.parties:
+            outcome = parsed.get(party, unread)
+            if isinstance(outcome, Exception):
+                raise outcome
+            if outcome is None:  # not read: reading stops only at a failure, raised above
+                raise ProtocolError(f"no reply from {role_name(party)}")
+            replies[party] = self._accept(party, frames[party], outcome, accepted)  # type: ignore[assignment]
+        return replies
 
     async def send_abort(self, reason: str) -> None:
         """Best effort: tell every peer this role is failing, so they stop promptly."""

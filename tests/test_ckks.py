@@ -475,8 +475,14 @@ def test_serialization_round_trips(fed: Fed) -> None:
         assert isinstance(back, type(obj))
         if hasattr(obj, "GetKeyTag"):
             assert back.GetKeyTag() == obj.GetKeyTag()
+        if hasattr(back, "GetCryptoContext"):
+            # Parsing skips the CRT tables of the payload's copy of the parameters: the
+            # object must resolve to the context this process built, tables and all.
+            assert back.GetCryptoContext() == ctx.raw
     ct = ctx.from_bytes("ciphertext", ctx.to_bytes(objects[0][1]))
     np.testing.assert_allclose(fed.decrypt(ct, 10), values, atol=FRESH_ABS_TOL)
+    halved = ctx.raw.EvalMult(ct, 0.5)  # rescales: uses the context's CRT tables
+    np.testing.assert_allclose(fed.decrypt(halved, 10), values / 2, atol=FRESH_ABS_TOL)
     share = parties[1].decrypt_share(ct)
     assert len(ctx.to_bytes(share)) * 4 < len(ctx.to_bytes(ct))  # shares are compressed
     rnd = Bootstrap(ctx).prepare(fed.joint, ct, 3)

@@ -32,6 +32,16 @@ import openfhe
 
 from fednorm.engine.errors import InputError, ProtocolError
 
+# Every payload carries a copy of its context's crypto parameters; by default OpenFHE
+# precomputes that copy's CRT tables as it parses them, then resolves the object to the
+# matching context this process already built (and precomputed) and drops the copy. The
+# template check (below) admits only parameters equal to a context of this process, and
+# fednorm never parses a context itself, so the precomputation is pure waste: measured
+# on the paper preset, a 6.3 MB ciphertext parses in ~9 ms instead of ~33 ms, a 25 MB
+# key-switching key in ~30 ms instead of ~75 ms (bench/runs/2026-11-27-crt-tables.md).
+# Process-wide.
+openfhe.DisablePrecomputeCRTTablesAfterDeserializaton()
+
 MAGIC = b"FNCK"
 _DIGEST_BYTES = 16
 _HEADER = struct.Struct(">4sB8s16s")  # magic, kind code, preset fingerprint, digest

@@ -491,6 +491,40 @@ def test_serialization_round_trips(fed: Fed) -> None:
     assert h0.GetKeyTag() == h1.GetKeyTag() == parties[0].tag
 
 
+_EMBEDDING_CODE = """
+import json, openfhe
+from fednorm.engine.ckks.context import CkksContext
+ctx = CkksContext("test")
+keys = ctx.raw.KeyGen()
+ct = ctx.raw.Encrypt(keys.publicKey, ctx.raw.MakeCKKSPackedPlaintext([1.0]))
+ctx.from_bytes("ciphertext", ctx.to_bytes(ct))  # fednorm parses
+# Code embedding fednorm loads a context of its own, in a fresh context registry.
+blob = openfhe.Serialize(ctx.raw, openfhe.BINARY)
+openfhe.ReleaseAllContexts()
+cc = openfhe.DeserializeCryptoContextString(blob, openfhe.BINARY)
+mine = cc.KeyGen()
+product = cc.EvalMult(cc.Encrypt(mine.publicKey, cc.MakeCKKSPackedPlaintext([1.0, 2.0])), 3.0)
+plain = cc.Decrypt(product, mine.secretKey)
+plain.SetLength(2)
+print(json.dumps(plain.GetRealPackedValue()))
+"""
+
+
+def test_code_embedding_fednorm_still_loads_contexts_that_compute() -> None:
+    """fednorm skips OpenFHE's CRT precomputation only while it parses its own payloads:
+    a context that the embedding code deserializes afterwards gets its tables (without
+    them it computes NaN, as it did when fednorm turned the precomputation off for the
+    whole process). In a subprocess: the check empties OpenFHE's context registry."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _EMBEDDING_CODE], capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == pytest.approx([3.0, 6.0], abs=1e-6)
+
+
 def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> None:
     ctx = fed.ctx
     data = ctx.to_bytes(fed.encrypt(np.ones(3)))

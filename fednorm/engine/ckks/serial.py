@@ -24,23 +24,14 @@ import hashlib
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import openfhe
 
 from fednorm.engine.errors import InputError, ProtocolError
-
-# Every payload carries a copy of its context's crypto parameters; by default OpenFHE
-# precomputes that copy's CRT tables as it parses them, then resolves the object to the
-# matching context this process already built (and precomputed) and drops the copy. The
-# template check (below) admits only parameters equal to a context of this process, and
-# fednorm never parses a context itself, so the precomputation is pure waste: measured
-# on the paper preset, a 6.3 MB ciphertext parses in ~9 ms instead of ~33 ms, a 25 MB
-# key-switching key in ~30 ms instead of ~75 ms (bench/runs/2026-11-27-crt-tables.md).
-# Process-wide.
-openfhe.DisablePrecomputeCRTTablesAfterDeserializaton()
 
 MAGIC = b"FNCK"
 _DIGEST_BYTES = 16
@@ -220,6 +211,40 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 def load(kind_name: str, payload: bytes) -> Any:
     """Let OpenFHE parse a checked payload; its exceptions become ProtocolError."""
     try:
-        return KINDS[kind_name].load(payload, openfhe.BINARY)
+        with _no_crt_precomputation():
+            return KINDS[kind_name].load(payload, openfhe.BINARY)
     except (RuntimeError, MemoryError, ValueError) as exc:
         raise ProtocolError(f"malformed {kind_name}: OpenFHE could not load it ({exc})") from None
+
+
+_LOADS_UNDER_WAY = 0
+_LOADS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _no_crt_precomputation() -> Iterator[None]:
+    """While fednorm parses, OpenFHE skips its CRT precomputation after deserialization.
+
+    Every payload carries a copy of its context's crypto parameters; by default OpenFHE
+    precomputes that copy's CRT tables as it parses them, then resolves the object to
+    the matching context this process already built (tables and all) and drops the
+    copy. The template check admits only parameters equal to this process's context, so
+    the precomputation is pure waste: a 6.3 MB ciphertext parses in ~9 ms instead of
+    ~33 ms, a 25 MB key-switching key in ~30 ms instead of ~75 ms
+    (bench/runs/2026-11-27-crt-tables.md). The switch is process-wide in OpenFHE, and a
+    context that code embedding fednorm deserializes without its tables computes NaN, so
+    it is off only while a fednorm parse is under way (counted across threads) and back
+    on, OpenFHE's default, after the last one.
+    """
+    global _LOADS_UNDER_WAY
+    with _LOADS_LOCK:
+        if not _LOADS_UNDER_WAY:
+            openfhe.DisablePrecomputeCRTTablesAfterDeserializaton()
+        _LOADS_UNDER_WAY += 1
+    try:
+        yield
+    finally:
+        with _LOADS_LOCK:
+            _LOADS_UNDER_WAY -= 1
+            if not _LOADS_UNDER_WAY:
+                openfhe.EnablePrecomputeCRTTablesAfterDeserializaton()

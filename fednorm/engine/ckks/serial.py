@@ -234,7 +234,9 @@ def _no_crt_precomputation() -> Iterator[None]:
     (bench/runs/2026-11-27-crt-tables.md). The switch is process-wide in OpenFHE, and a
     context that code embedding fednorm deserializes without its tables computes NaN, so
     it is off only while a fednorm parse is under way (counted across threads) and back
-    on, OpenFHE's default, after the last one.
+    on, OpenFHE's default, after the last one. (A context deserialized in another thread
+    *during* a fednorm parse would still miss its tables: embedding code that loads
+    contexts while a federation runs should load them before.)
     """
     global _LOADS_UNDER_WAY
     with _LOADS_LOCK:

@@ -130,5 +130,5 @@ def test_the_limit_is_the_runs_crypto_work_spread_over_the_workers() -> None:
     assert 0 < row["limit_s"] <= row["median_s"]
     assert "total / limit" in section.tables[0][1] and "× paper" in section.tables[0][1]
     beyond = row["beyond_limit_core_s"]
-    assert beyond["serialization"] > 0 and beyond["idle"] >= 0
+    assert beyond["serialization"] > 0
     assert section.tables[0][2][0][8].count("**") == 2  # the larger cost in bold

@@ -235,6 +235,15 @@ async def test_gather_raises_the_lowest_partys_failure_at_once() -> None:
         await server.gather(Slow)
 
 
+async def test_gather_stops_reading_at_an_abort() -> None:
+    """Party 1 aborted and party 2 is silent: the abort surfaces at once, not after
+    party 2's timeout (5 s)."""
+    server, parties = _gathering_server(2)
+    await parties[1].send_abort("disk full")
+    with trio.fail_after(2), pytest.raises(PartyDropped, match=r"party 1 .*disk full"):
+        await server.gather(Slow)
+
+
 async def test_gather_checks_parties_in_order() -> None:
     """Party 1 aborted and party 2 sent garbage: party 1's abort is what surfaces."""
     server, parties = _gathering_server(2)

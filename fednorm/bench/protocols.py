@@ -253,8 +253,9 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
         f"serialization, transport or waiting), summed and spread over {worker_threads()} "
         "cores (the simulation's worker threads), median over the runs; total / limit is "
         "how far the wall time is from it. Beyond the limit, median over the runs: "
-        "serialization (every role's encoding and parsing of frames, OpenFHE's included, "
-        "timed as the calls ran) and idle cores (worker threads × wall time minus the "
+        "serialization (every role's encoding and parsing of frames in worker threads, "
+        "OpenFHE's included, timed as the calls ran; frames under 64 KiB are parsed inline "
+        "and not timed) and idle cores (worker threads × wall time minus the "
         "process's CPU time: cores waiting on the one role whose turn it is), in "
         "core-seconds; the larger, in bold, is the cost that stands between the wall time "
         "and the limit.",

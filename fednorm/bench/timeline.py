@@ -82,8 +82,8 @@ class Timeline(Tracer):
 
     def beyond_limit(self, wall: float, cpu: float, cores: int) -> dict[str, float]:
         """Two costs that keep a run's wall time above :meth:`limit_seconds`, in
-        core-seconds: serialization (every role's encoding and parsing of frames, timed as
-        the calls ran) and cores left idle (``cores`` × ``wall`` minus the process's CPU
+        core-seconds: serialization (every role's encoding and parsing of frames in worker
+        threads, timed as the calls ran; frames under 64 KiB are parsed inline, untimed) and cores left idle (``cores`` × ``wall`` minus the process's CPU
         time: waiting on the one role whose turn it is). Which is larger says what the
         wall time loses most to."""
         return {"serialization": self.serialization_seconds(),

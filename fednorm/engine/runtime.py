@@ -265,35 +265,42 @@ class RoleContext:
     async def gather(self, expected: type[M]) -> dict[int, M]:
         """Server: one message of type ``expected`` from every party (a protocol round).
 
-        Frames are read in party order; each is parsed in a worker thread as soon as it is
-        read, while the next is awaited, so the parses overlap one another and the
-        parties' work instead of running one by one after the last frame came. They are
-        then checked in party order, so the failure of the lowest party (a malformed
-        frame, an abort, a timeout) is the one that surfaces, on its own; a failed parse
-        stops the reading at once.
+        Frames are read in party order; each is parsed (in a worker thread) and its header
+        checked as soon as it is read, while the next is awaited, so the parses overlap
+        one another and the parties' work instead of alternating with the reads. The
+        replies are then accepted in party order, so the failure of the lowest party (a
+        malformed frame, an abort, a timeout) is the one that surfaces, on its own; a
+        failed parse or header stops the reading at once. On a failure, frames read from
+        later parties are counted received but neither traced nor accepted: the role
+        fails anyway. A frame is kept past its parse only for a tracer that wants frames
+        (a round of P large shares is not held twice).
         """
         self.stats.rounds += 1
         accepted: dict[type[Message], str] = {expected: self.protocol}
+        keep_frames = self._tracers.wants("frame")
         frames: dict[int, bytes] = {}
         parsed: dict[int, tuple[Header, Message] | Exception] = {}
         unread: Exception | None = None
 
         async with trio.open_nursery() as nursery:
             with trio.CancelScope() as reading:
-                async def parse(party: int) -> None:
+                async def parse(party: int, frame: bytes) -> None:
                     try:
-                        parsed[party] = await self._parse(frames[party])
+                        parsed[party] = await self._parse(frame)
+                        self._check_header(party, parsed[party][0], accepted, parsed[party][1])
                     except Exception as exc:  # surfaces below, in party order
-                        parsed[party] = exc
+                        parsed.setdefault(party, exc)  # a bad header: again in _accept
                         reading.cancel()
 
                 for party in self.parties:
                     try:
-                        frames[party] = await self._next_frame(party, accepted)
+                        frame = await self._next_frame(party, accepted)
                     except Exception as exc:  # likewise: earlier parties are checked first
                         unread = exc
                         break
-                    nursery.start_soon(parse, party)
+                    frames[party] = frame if keep_frames else b""
+                    nursery.start_soon(parse, party, frame)
+                    del frame
 
         replies: dict[int, M] = {}
         for party in self.parties:

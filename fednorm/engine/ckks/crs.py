@@ -28,6 +28,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.serial import without_crt_precomputation
 from fednorm.engine.errors import ProtocolError
 
 _DOMAIN = b"fednorm/bootstrap-crs/v1"
@@ -88,7 +89,8 @@ class CommonRandomElements:
         for i, tower in enumerate(self._towers):
             values = _uniform_mod(seed, i, tower.modulus, self._ring_dim)
             data[tower.offset:tower.offset + width] = values.astype("<u8").tobytes()
-        return openfhe.DeserializeCiphertextString(bytes(data), openfhe.BINARY)
+        with without_crt_precomputation():
+            return openfhe.DeserializeCiphertextString(bytes(data), openfhe.BINARY)
 
 
 def _locate_towers(template: bytes, other: bytes, negated: bytes, ring_dim: int,

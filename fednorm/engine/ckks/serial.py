@@ -211,7 +211,7 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 def load(kind_name: str, payload: bytes) -> Any:
     """Let OpenFHE parse a checked payload; its exceptions become ProtocolError."""
     try:
-        with _no_crt_precomputation():
+        with without_crt_precomputation():
             return KINDS[kind_name].load(payload, openfhe.BINARY)
     except (RuntimeError, MemoryError, ValueError) as exc:
         raise ProtocolError(f"malformed {kind_name}: OpenFHE could not load it ({exc})") from None
@@ -222,21 +222,23 @@ _LOADS_LOCK = threading.Lock()
 
 
 @contextmanager
-def _no_crt_precomputation() -> Iterator[None]:
-    """While fednorm parses, OpenFHE skips its CRT precomputation after deserialization.
+def without_crt_precomputation() -> Iterator[None]:
+    """While fednorm parses its own objects, OpenFHE skips its CRT precomputation after
+    deserialization (every OpenFHE load in fednorm runs inside this).
 
     Every payload carries a copy of its context's crypto parameters; by default OpenFHE
     precomputes that copy's CRT tables as it parses them, then resolves the object to
     the matching context this process already built (tables and all) and drops the
     copy. The template check admits only parameters equal to this process's context, so
-    the precomputation is pure waste: a 6.3 MB ciphertext parses in ~9 ms instead of
-    ~33 ms, a 25 MB key-switching key in ~30 ms instead of ~75 ms
-    (bench/runs/2026-11-27-crt-tables.md). The switch is process-wide in OpenFHE, and a
+    the precomputation is pure waste: a 6.3 MB ciphertext parsed ~3.5x faster without
+    it, a 25 MB key-switching key ~2.5x (bench/runs/2026-11-27-crt-tables.md). The
+    switch is process-wide in OpenFHE, and a
     context that code embedding fednorm deserializes without its tables computes NaN, so
     it is off only while a fednorm parse is under way (counted across threads) and back
     on, OpenFHE's default, after the last one. (A context deserialized in another thread
     *during* a fednorm parse would still miss its tables: embedding code that loads
-    contexts while a federation runs should load them before.)
+    contexts while a federation runs should load them before. OpenFHE's bindings have no
+    getter for the switch, so an embedding program's own global Disable is undone.)
     """
     global _LOADS_UNDER_WAY
     with _LOADS_LOCK:

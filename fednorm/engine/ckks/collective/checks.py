@@ -17,6 +17,7 @@ import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys
+from fednorm.engine.ckks.serial import without_crt_precomputation
 from fednorm.engine.errors import ProtocolError
 
 
@@ -83,6 +84,7 @@ class RunningSum:
 
 def retagged_copy(obj: Any, tag: str, load: Callable[[bytes, Any], Any]) -> Any:
     """A copy of a lone share carrying the joint ``tag`` (never retag a caller's object)."""
-    copied = load(openfhe.Serialize(obj, openfhe.BINARY), openfhe.BINARY)
+    with without_crt_precomputation():
+        copied = load(openfhe.Serialize(obj, openfhe.BINARY), openfhe.BINARY)
     copied.SetKeyTag(tag)
     return copied

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fednorm.engine.codec import Header, decode_frame, encode_frame, register_ext_type
-from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import get_protocol
@@ -286,3 +286,27 @@ async def test_a_party_sending_a_wrong_width_vector_is_named() -> None:
     protocol = type(zscore)(zscore.name, "zscore", "plain", zscore.server, lying_party)
     with trio.fail_after(5), pytest.raises(ProtocolError, match="party 3"):
         await run_federation(protocol, [np.ones((3, 2))] * 3)
+
+
+def _every_error() -> list[Exception]:
+    from fednorm.engine.ckks.collective.decryption import DecodeOverflow
+    from fednorm.engine.ckks.levels import LevelBudgetError
+    from fednorm.multihost.handshake import PartyWithdrew, Withdrawal
+    from fednorm.transport.tcp import ConnectFailed, HandshakeRefused
+
+    return [InputError("bad"), ProtocolError("odd frame"), PartyDropped("party 2", "gone"),
+            ProtocolTimeout("party 3", 60.0, "ckks.key_shares"), PartyWithdrew(4, "disk full"),
+            Withdrawal("no data"), HandshakeRefused("wrong certificate"),
+            ConnectFailed("no route"), DecodeOverflow("too large"), LevelBudgetError("deep")]
+
+
+@pytest.mark.parametrize("error", _every_error(), ids=lambda e: type(e).__name__)
+def test_errors_cross_process_boundaries(error: Exception) -> None:
+    """A study grid's worker pool pickles a run's error to its parent: an error whose
+    constructor takes other arguments than its message must survive that (a
+    ProtocolTimeout once killed the pool's result thread and hung the grid)."""
+    import pickle
+
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert back.__dict__ == error.__dict__

@@ -11,6 +11,21 @@ from __future__ import annotations
 class FednormError(Exception):
     """Base class of every error fednorm raises on purpose."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Rebuilt from its message and attributes, not its constructor's arguments:
+        errors cross process boundaries (a study grid's worker pool), and pickle's default
+        calls the constructor with the message alone, which subclasses that take other
+        arguments refuse (the pool's result thread then died and the grid hung)."""
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[FednormError], args: tuple[object, ...],
+             state: dict[str, object]) -> FednormError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class InputError(FednormError, ValueError):
     """Bad input, detected before any protocol work starts."""

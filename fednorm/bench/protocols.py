@@ -266,8 +266,7 @@ def totals(methods: Sequence[str], repeats: int, parties: int = 10, preset: str 
     header = ["protocol, P=" + str(parties), "median s", "runs s", "CPU s", "rounds",
               "MB on the wire", "limit s", "total / limit",
               "beyond the limit, core-s: serialization / idle",
-              "paper s (Table V)", "target s",
-              "meets target", "× paper",
+              "paper s (Table V)", "target s", "meets target", "× paper",
               "foreign load (cores)", "max error: relative (absolute)"]
     section = Section("totals", f"Table V — PPF protocols, total runtime, {parties} parties",
                       rows, [("", header, cells)], notes, meta)

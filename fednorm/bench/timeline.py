@@ -83,9 +83,10 @@ class Timeline(Tracer):
     def beyond_limit(self, wall: float, cpu: float, cores: int) -> dict[str, float]:
         """Two costs that keep a run's wall time above :meth:`limit_seconds`, in
         core-seconds: serialization (every role's encoding and parsing of frames in worker
-        threads, timed as the calls ran; frames under 64 KiB are parsed inline, untimed) and cores left idle (``cores`` × ``wall`` minus the process's CPU
-        time: waiting on the one role whose turn it is). Which is larger says what the
-        wall time loses most to."""
+        threads, timed as the calls ran; frames under 64 KiB are parsed inline, untimed)
+        and cores left idle (``cores`` × ``wall`` minus the process's CPU time: waiting
+        on the one role whose turn it is). Which is larger says what the wall time loses
+        most to."""
         return {"serialization": self.serialization_seconds(),
                 "idle": max(cores * wall - cpu, 0.0)}
 

@@ -28,7 +28,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.serial import without_crt_precomputation
+from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import ProtocolError
 
 _DOMAIN = b"fednorm/bootstrap-crs/v1"
@@ -89,8 +89,7 @@ class CommonRandomElements:
         for i, tower in enumerate(self._towers):
             values = _uniform_mod(seed, i, tower.modulus, self._ring_dim)
             data[tower.offset:tower.offset + width] = values.astype("<u8").tobytes()
-        with without_crt_precomputation():
-            return openfhe.DeserializeCiphertextString(bytes(data), openfhe.BINARY)
+        return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
 
 
 def _locate_towers(template: bytes, other: bytes, negated: bytes, ring_dim: int,

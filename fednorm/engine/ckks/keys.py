@@ -22,7 +22,7 @@ import openfhe
 
 from fednorm.engine.ckks.context import KEY_MAP_LOCK, SUM_TOWERS, CkksContext
 from fednorm.engine.ckks.flooding import Flooding, flood_share
-from fednorm.engine.ckks.serial import without_crt_precomputation
+from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
 DECRYPT_SHARE_TOWERS = 2
@@ -158,8 +158,7 @@ class PartyKeys:
                 raw.EvalAutomorphismKeyGen(self._sk, raw.FindAutomorphismIndices(indices))
                 cached = openfhe.Serialize(raw.GetEvalAutomorphismKeyMap(self.tag),
                                            openfhe.BINARY)
-            with without_crt_precomputation():
-                return openfhe.DeserializeEvalKeyMapString(cached, openfhe.BINARY)
+            return deserialize(openfhe.DeserializeEvalKeyMapString, cached)
         if lead_share is None:
             raise InputError("a non-lead party needs the lead's rotation-key share")
         return raw.MultiEvalAtIndexKeyGen(self._sk, lead_share, indices, self._joint_tag)

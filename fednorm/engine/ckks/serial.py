@@ -211,10 +211,17 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 def load(kind_name: str, payload: bytes) -> Any:
     """Let OpenFHE parse a checked payload; its exceptions become ProtocolError."""
     try:
-        with without_crt_precomputation():
-            return KINDS[kind_name].load(payload, openfhe.BINARY)
+        return deserialize(KINDS[kind_name].load, payload)
     except (RuntimeError, MemoryError, ValueError) as exc:
         raise ProtocolError(f"malformed {kind_name}: OpenFHE could not load it ({exc})") from None
+
+
+def deserialize(loader: Callable[[bytes, Any], Any], data: bytes) -> Any:
+    """``loader(data, BINARY)`` (an OpenFHE ``Deserialize...String``) for an object of
+    this process's own context, without CRT precomputation (see below): the one way
+    fednorm deserializes."""
+    with without_crt_precomputation():
+        return loader(data, openfhe.BINARY)
 
 
 _LOADS_UNDER_WAY = 0
@@ -224,7 +231,7 @@ _LOADS_LOCK = threading.Lock()
 @contextmanager
 def without_crt_precomputation() -> Iterator[None]:
     """While fednorm parses its own objects, OpenFHE skips its CRT precomputation after
-    deserialization (every OpenFHE load in fednorm runs inside this).
+    deserialization (every OpenFHE load in fednorm runs inside this, by :func:`deserialize`).
 
     Every payload carries a copy of its context's crypto parameters; by default OpenFHE
     precomputes that copy's CRT tables as it parses them, then resolves the object to

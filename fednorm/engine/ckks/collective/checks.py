@@ -17,7 +17,7 @@ import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys
-from fednorm.engine.ckks.serial import without_crt_precomputation
+from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import ProtocolError
 
 
@@ -84,7 +84,6 @@ class RunningSum:
 
 def retagged_copy(obj: Any, tag: str, load: Callable[[bytes, Any], Any]) -> Any:
     """A copy of a lone share carrying the joint ``tag`` (never retag a caller's object)."""
-    with without_crt_precomputation():
-        copied = load(openfhe.Serialize(obj, openfhe.BINARY), openfhe.BINARY)
+    copied = deserialize(load, openfhe.Serialize(obj, openfhe.BINARY))
     copied.SetKeyTag(tag)
     return copied

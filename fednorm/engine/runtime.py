@@ -272,8 +272,7 @@ class RoleContext:
         malformed frame, an abort, a timeout) is the one that surfaces, on its own; a
         failed parse or header stops the reading at once. On a failure, frames read from
         later parties are counted received but neither traced nor accepted: the role
-        fails anyway. A frame is kept past its parse only for a tracer that wants frames
-        (a round of P large shares is not held twice).
+        fails anyway. A frame is kept past its parse only for a tracer that wants frames.
         """
         self.stats.rounds += 1
         accepted: dict[type[Message], str] = {expected: self.protocol}

@@ -14,20 +14,21 @@ then standardizes the transformed data.  Here:
    scaled so that |x| near 1e300 does not overflow M2), and Σ sign(x)·log1p(|x|)
    (the λ-linear term of llf).
 2. The server searches λ on a grid, all features in parallel: each round it sends
-   :data:`GRID` candidates per open feature, spread evenly in asinh(λ) over the
-   current bracket; every party answers the mean and M2 of yj(x, λ) for each
-   (feature, candidate); the server merges them with Chan et al.'s parallel formula
-   (no Σy² − n·ȳ² cancellation), evaluates llf, and keeps the two grid cells around
-   the best candidate.  A log-likelihood that is not finite (overflow, or a variance
-   below the smallest normal float, as SciPy rejects it) counts as −inf, and so does
-   one that is mostly rounding noise (see :func:`candidate_scores`).
+   :data:`GRID` candidates per open feature, spread evenly in asinh(λ) inside the
+   current bracket (whose ends score lower); every party answers the mean and M2 of
+   yj(x, λ) for each (feature, candidate); the server merges them with Chan et al.'s
+   parallel formula (no Σy² − n·ȳ² cancellation), evaluates llf, and keeps the two grid
+   cells around the best candidate (a bracket end counts as a grid point).  A
+   log-likelihood that is not finite (overflow, or a variance below the smallest normal
+   float, as SciPy rejects it) counts as −inf, and so does one that is mostly rounding
+   noise (see :func:`candidate_scores`).
 3. The server broadcasts the λ's; both sides run :mod:`zscore` as a sub-protocol on
    the transformed data.
 
 Searching in asinh(λ) makes the final grid spacing :data:`TOLERANCE` mean an error of
 about TOLERANCE·max(1, |λ|), and lets one grid span SciPy's bounds, which reach
 |λ| ~ 1e4 for data near 1e-3.  A unimodal llf keeps its maximizer inside the kept
-bracket, and the bracket shrinks by (GRID − 1)/2 per round, so the search takes at
+bracket, and the bracket shrinks by (GRID + 1)/2 per round, so the search takes at
 most :data:`MAX_SEARCH_ROUNDS` rounds whatever the data (brackets are clipped to
 |λ| ≤ :data:`LAMBDA_CAP`); the whole protocol at most :data:`MAX_ROUNDS` gather rounds.
 
@@ -72,12 +73,13 @@ from fednorm.protocols.plain.yeojohnson_math import (
     MAX_SEARCH_ROUNDS,
     TOLERANCE,
     PooledSummary,
+    SignLogs,
     candidate_scores,
     is_constant,
     lambda_bounds,
     merge_moments,
+    moments_from_logs,
     search_rounds,
-    transformed_moments,
 )
 
 LEDGER = declare("yeojohnson", "plain", {
@@ -141,8 +143,8 @@ class LambdaSearch:
 
     def __init__(self, summary: PooledSummary, grid: int = GRID,
                  tolerance: float = TOLERANCE) -> None:
-        if grid < 3:
-            raise ValueError(f"the λ grid needs at least 3 points, got {grid}")
+        if grid < 2:
+            raise ValueError(f"the λ grid needs at least 2 points, got {grid}")
         self.grid = grid
         self.tolerance = tolerance
         self.lambdas = np.ones(len(summary.count))
@@ -163,14 +165,23 @@ class LambdaSearch:
         return not self.open.any() or self.rounds >= self.max_rounds
 
     def probe(self) -> Candidates:
-        """Candidates for every open feature, evenly spaced in asinh(λ) over its bracket."""
-        steps = np.linspace(0.0, 1.0, self.grid)
+        """Candidates for every open feature, evenly spaced in asinh(λ) inside its bracket.
+
+        The bracket's ends are left out: after the first round they are the neighbours
+        of the best candidate so far, so they score lower; in the first they are SciPy's
+        bounds, where yj(x, λ) may overflow.
+        """
+        steps = np.arange(1, self.grid + 1) / (self.grid + 1)
         lo, hi = self.lo[self.open], self.hi[self.open]
         self._grid = lo[:, None] + (hi - lo)[:, None] * steps
         return Candidates(features=self.features[self.open], lambdas=np.sinh(self._grid))
 
     def update(self, mean: np.ndarray, var: np.ndarray) -> None:
-        """Keep the two grid cells around each open feature's best candidate."""
+        """Keep the two grid cells around each open feature's best candidate.
+
+        A unimodal llf has its maximizer between the best candidate's neighbours; the
+        first and last candidates' outer neighbours are the bracket's ends.
+        """
         if self._grid is None:
             raise RuntimeError("update() before probe()")
         grid, self._grid = self._grid, None
@@ -189,9 +200,11 @@ class LambdaSearch:
         hopeless = np.isneginf(llf[rows, best])
         best[hopeless] = np.argmin(np.abs(grid - math.asinh(1.0)), axis=1)[hopeless]
         self.lambdas[self.features[open_]] = lambdas[rows, best]
-        spacing = (self.hi[open_] - self.lo[open_]) / (self.grid - 1)
-        self.lo[open_] = grid[rows, np.maximum(best - 1, 0)]
-        self.hi[open_] = grid[rows, np.minimum(best + 1, self.grid - 1)]
+        spacing = (self.hi[open_] - self.lo[open_]) / (self.grid + 1)
+        lo, hi = self.lo[open_], self.hi[open_]
+        self.lo[open_] = np.where(best > 0, grid[rows, np.maximum(best - 1, 0)], lo)
+        self.hi[open_] = np.where(best < self.grid - 1,
+                                  grid[rows, np.minimum(best + 1, self.grid - 1)], hi)
         self.open[open_[(spacing <= self.tolerance) | hopeless]] = False
 
 
@@ -201,7 +214,7 @@ class PartyColumns:
 
     def __init__(self, X: np.ndarray) -> None:
         self.n_features = X.shape[1]
-        self._columns = [col[~np.isnan(col)] for col in X.T]
+        self._logs = [SignLogs.of(col[~np.isnan(col)]) for col in X.T]
         self._X = X
 
     def summary(self) -> LocalSummary:
@@ -245,8 +258,9 @@ class PartyColumns:
         mean = np.zeros(lambdas.shape)
         m2 = np.zeros(lambdas.shape)
         for i, j in enumerate(features):
-            if len(self._columns[j]):
-                mean[i], m2[i] = transformed_moments(self._columns[j], lambdas[i])
+            logs = self._logs[j]
+            if len(logs.positive) or len(logs.negative):
+                mean[i], m2[i] = moments_from_logs(logs, lambdas[i])
         return Moments(mean=mean.ravel(), m2=m2.ravel())
 
 

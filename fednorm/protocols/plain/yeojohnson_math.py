@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GRID = 16  # candidates per feature and round
-TOLERANCE = 1e-8  # final grid spacing, in asinh(λ) units
+GRID = 6  # candidates per feature and round, inside the bracket
+TOLERANCE = 1e-7  # final grid spacing, in asinh(λ) units (SciPy's fminbound: 1e-5 in λ)
 LAMBDA_CAP = 1e12  # brackets are clipped to |λ| ≤ this, which bounds the rounds
 LLF_NOISE = 1e-3  # candidates whose llf rounding noise exceeds this are rejected
 NOISE_PENALTY = 10.0  # the search maximizes llf − NOISE_PENALTY · its rounding noise
-BLOCK_ROWS = 4096  # a party transforms its rows in blocks of this many
+BLOCK_ROWS = 8192  # a party transforms its rows in blocks of this many
 
 _EPS = np.finfo(np.float64).eps
 _TINY = np.finfo(np.float64).tiny
@@ -26,13 +26,13 @@ _TINY = np.finfo(np.float64).tiny
 def search_rounds(width: float, grid: int = GRID, tolerance: float = TOLERANCE) -> int:
     """Rounds the grid search needs for a bracket ``width`` wide (in asinh(λ) units).
 
-    Round r probes a grid of spacing s_r = width/(grid−1)·(2/(grid−1))^(r−1), and
-    the search stops once s_r ≤ tolerance.
+    Round r probes ``grid`` points inside the bracket, spacing
+    s_r = width/(grid+1)·(2/(grid+1))^(r−1), and the search stops once s_r ≤ tolerance.
     """
-    if width <= (grid - 1) * tolerance:
+    if width <= (grid + 1) * tolerance:
         return 1
-    shrink = (grid - 1) / 2
-    return 1 + math.ceil(math.log(width / ((grid - 1) * tolerance)) / math.log(shrink))
+    shrink = (grid + 1) / 2
+    return 1 + math.ceil(math.log(width / ((grid + 1) * tolerance)) / math.log(shrink))
 
 
 MAX_SEARCH_ROUNDS = search_rounds(2 * math.asinh(LAMBDA_CAP))
@@ -160,7 +160,28 @@ class PooledSummary:
 
 def transformed_moments(column: np.ndarray, lambdas: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and M2 of yj(column, λ) for each λ.
+    """Mean and M2 of yj(column, λ) for each λ (see :func:`moments_from_logs`)."""
+    return moments_from_logs(SignLogs.of(column), lambdas)
+
+
+@dataclass(frozen=True)
+class SignLogs:
+    """log1p|x| of a column's values of each sign: all that yj(x, λ) needs of them.
+
+    A party computes them once per column, not once per λ search round.
+    """
+
+    positive: np.ndarray  # log1p(x) for x ≥ 0
+    negative: np.ndarray  # log1p(−x) for x < 0
+
+    @classmethod
+    def of(cls, column: np.ndarray) -> SignLogs:
+        positive = column >= 0
+        return cls(np.log1p(column[positive]), np.log1p(-column[~positive]))
+
+
+def moments_from_logs(logs: SignLogs, lambdas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and M2 of yj(x, λ) for each λ, over the values whose logs are given.
 
     yj(x, λ) = sign(x)·expm1(a·log1p|x|)/a, with a = λ for x ≥ 0 and 2 − λ below.
     The values of each sign are one part, in which a is the same for every row: the
@@ -169,15 +190,21 @@ def transformed_moments(column: np.ndarray, lambdas: np.ndarray
     division.  The parts (and row blocks of :data:`BLOCK_ROWS`, which keep the
     temporaries small) are merged by Chan's formula; where a is 0 the part is log1p|x|.
     """
-    positive = column >= 0
-    parts = [_part_moments(np.log1p(column[positive]), lambdas, 1.0),
-             _part_moments(np.log1p(-column[~positive]), 2.0 - lambdas, -1.0)]
-    return _merged([part for part in parts if part is not None])
+    parts = [_part_moments(logs.positive, lambdas, 1.0),
+             _part_moments(logs.negative, 2.0 - lambdas, -1.0)]
+    _, mean, m2 = _merged([part for part in parts if part is not None])
+    return mean, m2
 
 
-def _part_moments(logs: np.ndarray, exponents: np.ndarray, sign: float
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(count, mean, M2) of sign·expm1(a·log)/a per exponent a, over ``logs``."""
+Moments = tuple[float, np.ndarray, np.ndarray]  # (count, mean per λ, M2 per λ)
+
+
+def _part_moments(logs: np.ndarray, exponents: np.ndarray, sign: float) -> Moments | None:
+    """(count, mean, M2) of sign·expm1(a·log)/a per exponent a, over ``logs``.
+
+    E holds one exponent per row, so each row's mean and squares are contiguous
+    reductions (1.3–1.4× faster than one exponent per column).
+    """
     if not len(logs):
         return None
     at_zero = np.abs(exponents) < np.spacing(1.0)
@@ -186,22 +213,25 @@ def _part_moments(logs: np.ndarray, exponents: np.ndarray, sign: float
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, len(logs), BLOCK_ROWS):
             log = logs[start:start + BLOCK_ROWS]
-            E = np.multiply.outer(log, exponents)
+            E = np.multiply.outer(exponents, log)
             np.expm1(E, out=E)
-            E[:, at_zero] = log[:, None]
-            mean = E.mean(axis=0)
-            E -= mean
-            blocks.append((np.full(len(exponents), float(len(log))), mean,
-                           np.einsum("ij,ij->j", E, E)))
-        count, mean, m2 = _merged(blocks, with_count=True)
+            E[at_zero] = log
+            mean = E.sum(axis=1) / len(log)
+            E -= mean[:, None]
+            np.square(E, out=E)
+            blocks.append((float(len(log)), mean, E.sum(axis=1)))
+        count, mean, m2 = _merged(blocks)
         return count, sign * mean / scale, m2 / scale**2
 
 
-def _merged(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-            with_count: bool = False) -> tuple[np.ndarray, ...]:
-    """Chan's merge of (count, mean, M2) parts; (mean, M2), or with the count."""
-    if len(parts) == 1:
-        merged = parts[0]
-    else:
-        merged = merge_moments(*(np.vstack(arrays) for arrays in zip(*parts, strict=True)))
-    return merged if with_count else merged[1:]
+def _merged(parts: list[Moments]) -> Moments:
+    """Chan et al.'s pairwise merge of (count, mean, M2) parts with non-zero counts."""
+    count, mean, m2 = parts[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for n, part_mean, part_m2 in parts[1:]:
+            total = count + n
+            delta = part_mean - mean
+            mean = mean + delta * (n / total)
+            m2 = m2 + part_m2 + delta**2 * (count * n / total)
+            count = total
+    return count, mean, m2

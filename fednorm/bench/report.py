@@ -63,7 +63,7 @@ class BenchPlan:
     epsilons: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
     scaling_parties: tuple[int, ...] = (3, 10, 25, 50, 100)
     scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
-    scaling_caps: tuple[tuple[str, int], ...] = (("zscore", 50),)
+    scaling_caps: tuple[tuple[str, int], ...] = ()  # (method, largest P) pairs
     plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
     thread_layouts: tuple[tuple[int, int], ...] = threads.LAYOUTS
     quiet_below: float = 0.5

@@ -188,8 +188,8 @@ def test_round_bound_is_stated_and_holds_for_the_widest_bracket() -> None:
     assert yj.MAX_SEARCH_ROUNDS == 16 and yj.MAX_ROUNDS == 19
     # Values near 1e-13 make SciPy's bounds (±1.7e13) exceed the cap: the widest search.
     # sklearn's λ is −6e12 there, ours −1e12 within the final spacing (the bracket's ends
-    # are never probed, so it stops one spacing short of the cap); at that scale λ barely bends the data, and
-    # the statistics and transforms still agree.
+    # are never probed, so it stops one spacing short of the cap); at that scale λ barely
+    # bends the data, and the statistics and transforms still agree.
     rng = np.random.default_rng(1)
     X = rng.lognormal(size=(40, 2)) * np.array([1e-13, 1.0])
     result = simulate(np.array_split(X, 4), "yeojohnson")
@@ -266,12 +266,35 @@ def test_search_is_sans_io_and_bounded() -> None:
 
 
 def test_party_moments_are_blocked_exactly() -> None:
-    x = np.random.default_rng(5).normal(size=3 * yj_math.BLOCK_ROWS + 17)
     lambdas = np.array([-1.0, 0.0, 0.5, 2.0, 3.0])
+    x = np.random.default_rng(5).normal(size=3 * (yj_math.BLOCK_VALUES // len(lambdas)) + 17)
     mean, m2 = yj_math.transformed_moments(x, lambdas)
     y = yeo_johnson(np.repeat(x[:, None], len(lambdas), axis=1), lambdas)
     np.testing.assert_allclose(mean, y.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(m2, y.var(axis=0) * len(x), rtol=1e-12)
+
+
+def test_party_moments_of_many_features_at_once_are_each_features() -> None:
+    """All probed features go through the same array operations, in the probe's order:
+    features of one sign, without values, and longer than a block included."""
+    rng = np.random.default_rng(6)
+    rows = yj_math.BLOCK_VALUES // 4 + 5  # with 6 candidates: a feature spans blocks
+    X = np.column_stack([rng.normal(size=rows), np.full(rows, np.nan),
+                         rng.lognormal(size=rows), -rng.lognormal(size=rows),
+                         np.where(rng.random(rows) < 0.9, np.nan, rng.normal(size=rows))])
+    features = np.array([4, 0, 3, 1, 2])
+    lambdas = rng.uniform(-3, 4, size=(len(features), 6))
+    lambdas[1, 2], lambdas[2, 3] = 0.0, 2.0  # the log branches
+    reply = yj.PartyColumns(X).moments(yj.Candidates(features=features, lambdas=lambdas))
+    mean, m2 = reply.mean.reshape(lambdas.shape), reply.m2.reshape(lambdas.shape)
+    for row, j in enumerate(features):
+        x = X[:, j][~np.isnan(X[:, j])]
+        if not len(x):
+            assert np.all(mean[row] == 0) and np.all(m2[row] == 0)
+            continue
+        y = yeo_johnson(np.repeat(x[:, None], lambdas.shape[1], axis=1), lambdas[row])
+        np.testing.assert_allclose(mean[row], y.mean(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(m2[row], y.var(axis=0) * len(x), rtol=1e-11)
 
 
 # -- misbehaving peers --------------------------------------------------------------------

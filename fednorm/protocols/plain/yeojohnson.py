@@ -214,7 +214,7 @@ class PartyColumns:
 
     def __init__(self, X: np.ndarray) -> None:
         self.n_features = X.shape[1]
-        self._logs = [SignLogs.of(col[~np.isnan(col)]) for col in X.T]
+        self._logs = SignLogs.of(X)
         self._X = X
 
     def summary(self) -> LocalSummary:
@@ -255,12 +255,7 @@ class PartyColumns:
     def moments(self, probe: Candidates) -> Moments:
         """Mean and M2 of yj(x, λ) per (feature, candidate); 0 and 0 without values."""
         features, lambdas = self.check(probe)
-        mean = np.zeros(lambdas.shape)
-        m2 = np.zeros(lambdas.shape)
-        for i, j in enumerate(features):
-            logs = self._logs[j]
-            if len(logs.positive) or len(logs.negative):
-                mean[i], m2[i] = moments_from_logs(logs, lambdas[i])
+        mean, m2 = moments_from_logs(self._logs.select(features), lambdas)
         return Moments(mean=mean.ravel(), m2=m2.ravel())
 
 

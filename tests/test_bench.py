@@ -132,3 +132,10 @@ def test_the_limit_is_the_runs_crypto_work_spread_over_the_workers() -> None:
     beyond = row["beyond_limit_core_s"]
     assert beyond["serialization"] > 0
     assert section.tables[0][2][0][8].count("**") == 2  # the larger cost in bold
+
+
+def test_bench_help_names_every_section(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert ",".join(report.SECTIONS) in "".join(capsys.readouterr().out.split())
+

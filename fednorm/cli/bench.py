@@ -38,8 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: test preset, small grids, one repeat (a few minutes)")
     p.add_argument("--sections", type=_list_of(str, "--sections"),
-                   help="comma-separated subset of micro,totals,zscore,precision,epsilon,"
-                        "scaling,noise (default: all)")
+                   help="comma-separated subset of micro,totals,epsilon,scaling,precision,"
+                        "zscore,noise,plain,threads (default: all)")
     p.add_argument("--preset", help="CKKS preset: paper (default) or test (--quick)")
     p.add_argument("--repeats", type=int,
                    help="runs per Table V protocol and z-score mode (default 2)")

@@ -14,8 +14,9 @@ then standardizes the transformed data.  Here:
    scaled so that |x| near 1e300 does not overflow M2), and Σ sign(x)·log1p(|x|)
    (the λ-linear term of llf).
 2. The server searches λ on a grid, all features in parallel: each round it sends
-   :data:`GRID` candidates per open feature, spread evenly in asinh(λ) inside the
-   current bracket (whose ends score lower); every party answers the mean and M2 of
+   candidates per open feature spread evenly in asinh(λ): :data:`FIRST_GRID` across
+   SciPy's bounds (ends included), then :data:`GRID` inside the bracket kept (whose
+   ends were probed before); every party answers the mean and M2 of
    yj(x, λ) for each (feature, candidate); the server merges them with Chan et al.'s
    parallel formula (no Σy² − n·ȳ² cancellation), evaluates llf, and keeps the two grid
    cells around the best candidate (a bracket end counts as a grid point).  A
@@ -28,9 +29,10 @@ then standardizes the transformed data.  Here:
 Searching in asinh(λ) makes the final grid spacing :data:`TOLERANCE` mean an error of
 about TOLERANCE·max(1, |λ|), and lets one grid span SciPy's bounds, which reach
 |λ| ~ 1e4 for data near 1e-3.  A unimodal llf keeps its maximizer inside the kept
-bracket, and the bracket shrinks by (GRID + 1)/2 per round, so the search takes at
-most :data:`MAX_SEARCH_ROUNDS` rounds whatever the data (brackets are clipped to
-|λ| ≤ :data:`LAMBDA_CAP`); the whole protocol at most :data:`MAX_ROUNDS` gather rounds.
+bracket, and the bracket shrinks by (FIRST_GRID − 1)/2, then (GRID + 1)/2 per round,
+so the search takes at most :data:`MAX_SEARCH_ROUNDS` rounds whatever the data
+(brackets are clipped to |λ| ≤ :data:`LAMBDA_CAP`); the whole protocol at most
+:data:`MAX_ROUNDS` gather rounds.
 
 Conventions: a feature whose pooled non-NaN values are constant (scikit-learn's
 ``_is_constant_feature`` test on the pooled mean and variance) gets λ = 1, the
@@ -68,6 +70,7 @@ from fednorm.protocols.ledger import declare
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
 from fednorm.protocols.plain import zscore
 from fednorm.protocols.plain.yeojohnson_math import (
+    FIRST_GRID,
     GRID,
     LAMBDA_CAP,
     MAX_SEARCH_ROUNDS,
@@ -142,10 +145,12 @@ class LambdaSearch:
     """
 
     def __init__(self, summary: PooledSummary, grid: int = GRID,
-                 tolerance: float = TOLERANCE) -> None:
-        if grid < 2:
-            raise ValueError(f"the λ grid needs at least 2 points, got {grid}")
+                 tolerance: float = TOLERANCE, first_grid: int = FIRST_GRID) -> None:
+        if grid < 2 or first_grid < 3:
+            raise ValueError(f"the λ grid needs at least 3 points in the first round and 2 "
+                             f"in later ones, got {first_grid} and {grid}")
         self.grid = grid
+        self.first_grid = first_grid
         self.tolerance = tolerance
         self.lambdas = np.ones(len(summary.count))
         searched = ~is_constant(summary.count, summary.mean, summary.var)
@@ -157,23 +162,30 @@ class LambdaSearch:
         self.log_sum = summary.log_sum[searched]
         self.open = np.ones(len(self.features), dtype=bool)
         self.rounds = 0
-        self.max_rounds = search_rounds(2 * math.asinh(LAMBDA_CAP), grid, tolerance)
+        self.max_rounds = search_rounds(2 * math.asinh(LAMBDA_CAP), grid, tolerance,
+                                        first_grid)
         self._grid: np.ndarray | None = None
+        self._spacing: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:
         return not self.open.any() or self.rounds >= self.max_rounds
 
     def probe(self) -> Candidates:
-        """Candidates for every open feature, evenly spaced in asinh(λ) inside its bracket.
+        """Candidates for every open feature, evenly spaced in asinh(λ).
 
-        The bracket's ends are left out: after the first round they are the neighbours
-        of the best candidate so far, so they score lower; in the first they are SciPy's
-        bounds, where yj(x, λ) may overflow.
+        The first round spreads :data:`FIRST_GRID` across SciPy's bounds, ends included:
+        where llf is sound only in a narrow window (nearly constant data), fewer first
+        candidates can all land in its rounding noise.  Later rounds leave the bracket's
+        ends out: they were probed before.
         """
-        steps = np.arange(1, self.grid + 1) / (self.grid + 1)
+        if self.rounds == 0:
+            steps = np.linspace(0.0, 1.0, self.first_grid)
+        else:
+            steps = np.arange(1, self.grid + 1) / (self.grid + 1)
         lo, hi = self.lo[self.open], self.hi[self.open]
         self._grid = lo[:, None] + (hi - lo)[:, None] * steps
+        self._spacing = (hi - lo) * (steps[1] - steps[0])
         return Candidates(features=self.features[self.open], lambdas=np.sinh(self._grid))
 
     def update(self, mean: np.ndarray, var: np.ndarray) -> None:
@@ -196,15 +208,17 @@ class LambdaSearch:
                                self.log_sum[open_, None])
         rows = np.arange(len(open_))
         best = np.argmax(llf, axis=1)
-        # No finite llf at all: nothing to climb, take the candidate nearest the identity.
+        # No finite llf at all: nothing to climb.  In the first round take the candidate
+        # nearest the identity; later, keep the previous round's (sound) best.
         hopeless = np.isneginf(llf[rows, best])
         best[hopeless] = np.argmin(np.abs(grid - math.asinh(1.0)), axis=1)[hopeless]
-        self.lambdas[self.features[open_]] = lambdas[rows, best]
-        spacing = (self.hi[open_] - self.lo[open_]) / (self.grid + 1)
+        chosen = self.features[open_]
+        self.lambdas[chosen] = np.where(hopeless & (self.rounds > 1), self.lambdas[chosen],
+                                        lambdas[rows, best])
+        spacing, last = self._spacing, grid.shape[1] - 1
         lo, hi = self.lo[open_], self.hi[open_]
         self.lo[open_] = np.where(best > 0, grid[rows, np.maximum(best - 1, 0)], lo)
-        self.hi[open_] = np.where(best < self.grid - 1,
-                                  grid[rows, np.minimum(best + 1, self.grid - 1)], hi)
+        self.hi[open_] = np.where(best < last, grid[rows, np.minimum(best + 1, last)], hi)
         self.open[open_[(spacing <= self.tolerance) | hopeless]] = False
 
 

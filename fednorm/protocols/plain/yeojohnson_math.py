@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GRID = 6  # candidates per feature and round, inside the bracket
-TOLERANCE = 1e-7  # final grid spacing, in asinh(λ) units (SciPy's fminbound: 1e-5 in λ)
+FIRST_GRID = 16  # candidates per feature in the first round, across SciPy's bounds
+GRID = 6  # candidates per feature in every later round, inside the bracket
+TOLERANCE = 1e-8  # final grid spacing, in asinh(λ) units (SciPy's fminbound: xtol 1.48e-8)
 LAMBDA_CAP = 1e12  # brackets are clipped to |λ| ≤ this, which bounds the rounds
 LLF_NOISE = 1e-3  # candidates whose llf rounding noise exceeds this are rejected
 NOISE_PENALTY = 10.0  # the search maximizes llf − NOISE_PENALTY · its rounding noise
@@ -23,16 +24,22 @@ _EPS = np.finfo(np.float64).eps
 _TINY = np.finfo(np.float64).tiny
 
 
-def search_rounds(width: float, grid: int = GRID, tolerance: float = TOLERANCE) -> int:
+def search_rounds(width: float, grid: int = GRID, tolerance: float = TOLERANCE,
+                  first_grid: int = FIRST_GRID) -> int:
     """Rounds the grid search needs for a bracket ``width`` wide (in asinh(λ) units).
 
-    Round r probes ``grid`` points inside the bracket, spacing
-    s_r = width/(grid+1)·(2/(grid+1))^(r−1), and the search stops once s_r ≤ tolerance.
+    Round 1 probes ``first_grid`` points across the bracket, ends included (spacing
+    width/(first_grid−1)); it keeps at most two of its cells.  Every later round
+    probes ``grid`` points inside the bracket kept, which shrinks it by (grid+1)/2.
+    The search stops once the spacing is ≤ tolerance.
     """
-    if width <= (grid + 1) * tolerance:
+    spacing = width / (first_grid - 1)
+    if spacing <= tolerance:
         return 1
-    shrink = (grid + 1) / 2
-    return 1 + math.ceil(math.log(width / ((grid + 1) * tolerance)) / math.log(shrink))
+    inside = 2 * spacing / (grid + 1)  # round 2's spacing, at most
+    if inside <= tolerance:
+        return 2
+    return 2 + math.ceil(math.log(inside / tolerance) / math.log((grid + 1) / 2))
 
 
 MAX_SEARCH_ROUNDS = search_rounds(2 * math.asinh(LAMBDA_CAP))

@@ -16,7 +16,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -346,11 +346,8 @@ def precision(repeats: int, parties: int = 10, preset: str = "paper", command: s
 
 # -- totals vs P -------------------------------------------------------------------------
 def scaling(methods: Sequence[str], parties: Sequence[int], preset: str = "paper",
-            repeats: int = 1, command: str = "", caps: Mapping[str, int] | None = None
-            ) -> tuple[Section, list[RunRecord]]:
-    """Whole protocols on BCW split over each P in ``parties`` (time and bytes vs P), a
-    method in ``caps`` only up to its cap."""
-    caps = caps or {}
+            repeats: int = 1, command: str = "") -> tuple[Section, list[RunRecord]]:
+    """Whole protocols on BCW split over each P in ``parties`` (time and bytes vs P)."""
     started, t0 = now()
     meta = section_meta(command, started, load_average())
     present = [m for m in methods if available(m)]
@@ -359,7 +356,7 @@ def scaling(methods: Sequence[str], parties: Sequence[int], preset: str = "paper
     for rep in range(repeats):
         for n in parties:
             parts, pooled = bcw_split(n)
-            for method in (m for m in present if n <= caps.get(m, n)):
+            for method in present:
                 eps = TABLE_V_ROBUST_EPSILON if method == "robust" else None
                 rec = attempt(f"scaling {METHOD_NAMES[method]} P={n} run {rep + 1}/{repeats}",
                               failures,
@@ -388,8 +385,6 @@ def scaling(methods: Sequence[str], parties: Sequence[int], preset: str = "paper
     notes = [f"BCW split IID over P parties (seed 0), preset `{preset}`, {repeats} run(s) "
              "per point; key generation included. 'MB after key setup' leaves out the "
              "collective key generation's messages, as the paper's formulas do.",
-             *(f"{METHOD_NAMES[m]} only up to P={cap} (capped in the bench plan)."
-               for m, cap in caps.items() if m in present and cap < max(parties)),
              *failures]
     header = ["protocol", "P", "median s", "s per party", "rounds", "MB on the wire",
               "MB after key setup", "foreign load", "max error: relative (absolute)"]

@@ -63,7 +63,6 @@ class BenchPlan:
     epsilons: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
     scaling_parties: tuple[int, ...] = (3, 10, 25, 50, 100)
     scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
-    scaling_caps: tuple[tuple[str, int], ...] = ()  # (method, largest P) pairs
     plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
     thread_layouts: tuple[tuple[int, int], ...] = threads.LAYOUTS
     quiet_below: float = 0.5
@@ -104,9 +103,8 @@ class BenchPlan:
     def steps(self) -> int:
         """Units of work the progress bar counts (runs, or one per P / per section)."""
         methods = sum(protocols.available(m) for m in self.methods)
-        caps = dict(self.scaling_caps)
-        scaled = sum(protocols.available(m) for n in self.scaling_parties
-                     for m in self.scaling_methods if n <= caps.get(m, n))
+        scaled = len(self.scaling_parties) * sum(protocols.available(m)
+                                                 for m in self.scaling_methods)
         count = {
             "micro": len(self.micro_parties) + 1,
             "totals": self.repeats * methods,
@@ -220,8 +218,7 @@ def _epsilon(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 def _scaling(plan: BenchPlan, run: BenchRun) -> list[Section]:
     section, records = protocols.scaling(plan.scaling_methods, plan.scaling_parties,
-                                         plan.preset, command=plan.command,
-                                         caps=dict(plan.scaling_caps))
+                                         plan.preset, command=plan.command)
     run.records += records
     return [section]
 

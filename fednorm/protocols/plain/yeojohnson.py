@@ -165,7 +165,6 @@ class LambdaSearch:
         self.max_rounds = search_rounds(2 * math.asinh(LAMBDA_CAP), grid, tolerance,
                                         first_grid)
         self._grid: np.ndarray | None = None
-        self._spacing: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:
@@ -185,7 +184,6 @@ class LambdaSearch:
             steps = np.arange(1, self.grid + 1) / (self.grid + 1)
         lo, hi = self.lo[self.open], self.hi[self.open]
         self._grid = lo[:, None] + (hi - lo)[:, None] * steps
-        self._spacing = (hi - lo) * (steps[1] - steps[0])
         return Candidates(features=self.features[self.open], lambdas=np.sinh(self._grid))
 
     def update(self, mean: np.ndarray, var: np.ndarray) -> None:
@@ -215,7 +213,7 @@ class LambdaSearch:
         chosen = self.features[open_]
         self.lambdas[chosen] = np.where(hopeless & (self.rounds > 1), self.lambdas[chosen],
                                         lambdas[rows, best])
-        spacing, last = self._spacing, grid.shape[1] - 1
+        spacing, last = grid[:, 1] - grid[:, 0], grid.shape[1] - 1
         lo, hi = self.lo[open_], self.hi[open_]
         self.lo[open_] = np.where(best > 0, grid[rows, np.maximum(best - 1, 0)], lo)
         self.hi[open_] = np.where(best < last, grid[rows, np.minimum(best + 1, last)], hi)

@@ -40,9 +40,12 @@ identity, and variance 0, so the normalizer maps it to 0; a feature with no valu
 gets λ = 1 and NaN mean and variance, as in :mod:`zscore`.  scikit-learn makes the
 same choices, except that its constant test sees NaN (and so never fires) on a
 column holding NaNs; it then optimizes λ on constant data, which has no maximizer.
-λ is never chosen where llf is mostly rounding noise (few values of one sign far
+λ is not chosen where llf is mostly rounding noise (few values of one sign far
 from 0, λ far out: yj(x, λ) ≈ 1/|λ| for all x and the spread lives in the last
-bits); scikit-learn can land there, and its λ is then noise too.
+bits) as long as one first-round candidate is sound; scikit-learn can land there, and
+its λ is then noise too.  When none is (nearly constant data whose sound window, if
+any, falls between the first round's candidates), λ is the candidate nearest 1, and
+its llf may be noise.
 
 :class:`LambdaSearch` is sans-IO: it only turns pooled variances into the next
 candidates, so an encrypted variant can reuse it with its own aggregation.

@@ -139,3 +139,20 @@ def test_bench_help_names_every_section(capsys) -> None:
         main(["bench", "--help"])
     assert ",".join(report.SECTIONS) in "".join(capsys.readouterr().out.split())
 
+
+
+def test_study_section_runs_the_real_grid_and_times_it(tmp_path) -> None:
+    """A smoke slice of the study grid (BCW, one partition, 3 rounds): every run is
+    trained and counted, and the report says it is not the study."""
+    pytest.importorskip("torch")
+    out, rows = tmp_path / "report.md", tmp_path / "rows.json"
+    assert main(["bench", "--quick", "--sections", "study", "--out", str(out),
+                 "--json", str(rows)]) == 0
+    (record,) = json.loads(rows.read_text())["study"]
+    assert (record["runs"], record["failed"], record["jobs"]) == (2, 0, 1)
+    bcw = record["per_dataset"]["bcw"]
+    assert bcw["runs"] == 2 and bcw["trained"] == 2 and bcw["at_cap"] == 2  # capped at 3
+    assert record["wall_s"] > 0 and bcw["seconds"] > 0
+    text = out.read_text()
+    assert "a smoke run" in text and "not the study" in text
+    assert "| study grid, 2 runs, --jobs 1 |" in text

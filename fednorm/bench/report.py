@@ -16,7 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from fednorm.bench import communication, kth, micro, noise, plain, protocols, threads, zscore
+from fednorm.bench import (
+    communication,
+    kth,
+    micro,
+    noise,
+    plain,
+    protocols,
+    study,
+    threads,
+    zscore,
+)
 from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
     Section,
@@ -38,7 +48,7 @@ from fednorm.training.progress import Progress
 
 GENERATED_MARKER = "# PPF benchmark report"
 SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise", "plain",
-            "threads")
+            "threads", "study")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
 
@@ -65,6 +75,9 @@ class BenchPlan:
     scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
     plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
     thread_layouts: tuple[tuple[int, int], ...] = threads.LAYOUTS
+    study_grid: study.GridRequest = study.FULL
+    study_jobs: int = 2
+    study_max_rounds: int | None = None  # smoke runs only
     quiet_below: float = 0.5
     max_wait: float = 0.0
     command: str = ""
@@ -79,7 +92,7 @@ class BenchPlan:
                    epsilons=(1e-1, 1e-3),
                    scaling_parties=(2, 4), scaling_methods=("zscore",),
                    plain_shapes=plain.QUICK_SHAPES, thread_layouts=((1, 1), (2, 1)),
-                   quick=True)
+                   study_grid=study.QUICK, study_jobs=1, study_max_rounds=3, quick=True)
         return replace(base, **changes)
 
     def __post_init__(self) -> None:
@@ -116,6 +129,7 @@ class BenchPlan:
             "noise": 1,
             "plain": len(self.plain_shapes) * len(plain.METHODS),
             "threads": self.repeats * len(self.thread_layouts),
+            "study": 1,
         }
         return sum(count[s] for s in self.sections) + 1  # + communication
 
@@ -240,10 +254,15 @@ def _threads(plan: BenchPlan, run: BenchRun) -> list[Section]:
                                    plan.command, plan.thread_layouts)]
 
 
+def _study(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    return [study.study_grid(plan.study_grid, plan.study_jobs, plan.command,
+                             plan.study_max_rounds)]
+
+
 _RUNNERS: dict[str, Callable[[BenchPlan, BenchRun], list[Section]]] = {
     "micro": _micro, "totals": _totals, "zscore": _zscore, "precision": _precision,
     "epsilon": _epsilon, "scaling": _scaling, "noise": _noise, "plain": _plain,
-    "threads": _threads,
+    "threads": _threads, "study": _study,
 }
 
 
@@ -307,6 +326,10 @@ def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
         out.append(f"| k-th search, ε {lo['epsilon']:g} → {hi['epsilon']:g} | "
                    f"{lo['kth_s']:.1f} → {hi['kth_s']:.1f} s, {lo['rounds']} → {hi['rounds']} "
                    "rounds | linear in log(1/ε) | – | – |")
+    for r in sections.get("study", Section("", "", [], [])).rows:
+        out.append(f"| study grid, {r['runs']} runs, --jobs {r['jobs']} | "
+                   f"{r['wall_s'] / 60:.1f} min | – | ≤ {r['target_s'] / 60:.0f} min | "
+                   f"{met(r['wall_s'], r['target_s'])} |")
     for r in sections.get("communication", Section("", "", [], [])).rows:
         if r["parties"] == 10 and r["method"] in PAPER_TABLE_V_S:
             formula = fmt_or_dash(r["paper_formula"] / 1e6, ".0f")

@@ -140,7 +140,6 @@ def test_bench_help_names_every_section(capsys) -> None:
     assert ",".join(report.SECTIONS) in "".join(capsys.readouterr().out.split())
 
 
-
 def test_study_section_runs_the_real_grid_and_times_it(tmp_path) -> None:
     """A smoke slice of the study grid (BCW, one partition, 3 rounds): every run is
     trained and counted, and the report says it is not the study."""

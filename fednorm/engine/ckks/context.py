@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import openfhe
 
-from fednorm.engine.ckks import serial
+from fednorm.engine.ckks import ring, serial
 from fednorm.engine.ckks.levels import (
     LevelBudgetError,
     consumed_levels,
@@ -110,6 +110,12 @@ class CkksContext:
     def depth_left(self, ct: Ciphertext) -> int:
         """Multiplications ``ct`` can still take at all (then it can only be decrypted)."""
         return self.depth - consumed_levels(ct)
+
+    @property
+    def moduli(self) -> tuple[int, ...]:
+        """The ciphertext moduli q_0, q_1, … of the towers of a fresh ciphertext."""
+        return ring.tower_moduli(self.raw, self.preset.fingerprint, self.preset.ring_dim,
+                                 self.preset.towers)
 
     def towers(self, ct: Ciphertext) -> int:
         """RNS towers (moduli) ``ct`` still carries."""

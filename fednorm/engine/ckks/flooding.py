@@ -3,24 +3,25 @@
 A decryption share ``c0·[lead] + c1·s_i + e_i`` tells the server ``c1·s_i`` up to the
 ciphertext's own noise; knowing a message exactly, the server would learn the noise,
 which depends on the secret (Li–Micciancio's IND-CPA^D attacks).  Each party therefore
-adds a fresh Gaussian whose standard deviation exceeds the ciphertext's noise bound
-``B_ct`` by ``2^s·√N`` (``s`` the statistical security parameter): over the N
-coefficients, the share with the noise is then within statistical distance ~2^-s of one
-without it.
+adds a fresh integer Gaussian to every coefficient of its share.
 
-OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV; for CKKS its
-``MultipartyDecryptMain`` adds a fixed Gaussian (σ = 2^20), and ``Compress`` rescales a
-share, which divides even that by the dropped moduli (~2^50).  So the flooding noise is
-added here, as a plaintext polynomial added to the share *after* it is compressed — at
-the modulus and scale it is sent at, where nothing divides it away.
+Size, as OpenFHE sizes CKKS flooding (Li–Micciancio–Schultz–Sorrell 2022, as corrected
+in OpenFHE's CKKS noise-flooding notes): σ = √(12τ)·2^(s/2)·t per coefficient, in the
+coefficient embedding, where ``t`` bounds the noise of what is decrypted, ``τ`` is the
+number of decryptions the joint key serves and ``s`` the statistical security parameter.
+For a *sum of fresh encryptions* (what fednorm's flooded decryptions reveal) ``t`` is a
+proven bound: with ternary secrets and encryption randomness, discrete Gaussian errors
+(σ_e = 3.19) and P parties, a fresh joint encryption's noise ``v·e_pk + e_0 + e_1·s``
+has per-coefficient variance σ_e²(1 + 4NP/3), a sum of k of them k times that, and ``t``
+is 8 standard deviations of it.
 
-The bound ``B_ct`` is the one of a *sum of fresh encryptions* (what the linear
-decryptions of fednorm reveal, see docs/LEAKAGE.md): with ternary secrets and encryption
-randomness, discrete Gaussian errors (σ = 3.19) and P parties, a fresh joint encryption's
-noise ``v·e_pk + e_0 + e_1·s`` has per-coefficient variance σ²(1 + 4NP/3); a sum of k of
-them k times that, and ``B_ct`` is 8 standard deviations of it.  Uploads for such sums
-are encoded at scale Δ² (2^100), so the flooding costs no precision that matters (the
-fused error stays near 1e-11 absolute at P=10, paper preset).
+Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
+slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
+factor, so noise encoded through it sits on a sublattice a server reduces away, and real
+slot values make coefficients i and N−i opposite).  So the noise is written into the
+share's own ring element: N independent integers from the operating system's CSPRNG,
+carried into every RNS tower by the number-theoretic transform (:mod:`.ring`), at the
+modulus the share is sent at, after any compression.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 import openfhe
 
+from fednorm.engine.ckks import ring
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.errors import InputError
+from fednorm.engine.ckks.serial import deserialize
+from fednorm.engine.errors import InputError, ProtocolError
 
 ERROR_SIGMA = 3.19  # OpenFHE's discrete Gaussian for RLWE errors
 TAIL = 8.0  # B_ct is this many standard deviations: exceeded with probability < 1e-15
 MIN_SECURITY_BITS = 20
 DEFAULT_SECURITY_BITS = 30
+DEFAULT_DECRYPTIONS = 1024  # τ: flooded decryptions one joint key serves, at most
 
 
 def check_security_bits(bits: int) -> int:
@@ -47,6 +51,14 @@ def check_security_bits(bits: int) -> int:
         raise InputError(f"flooding security must be an integer >= {MIN_SECURITY_BITS} bits, "
                          f"got {bits!r}")
     return bits
+
+
+def check_decryptions(decryptions: int) -> int:
+    """τ, the flooded decryptions a joint key may serve: a positive integer."""
+    if isinstance(decryptions, bool) or not isinstance(decryptions, int) or decryptions < 1:
+        raise InputError(f"flooded decryptions per key must be a positive integer, "
+                         f"got {decryptions!r}")
+    return decryptions
 
 
 @dataclass(frozen=True)
@@ -61,22 +73,25 @@ class Flooding:
     parties: int
     summands: int  # fresh ciphertexts added into the decrypted one (at most)
     security_bits: int = DEFAULT_SECURITY_BITS
+    decryptions: int = DEFAULT_DECRYPTIONS  # τ
 
     def __post_init__(self) -> None:
         check_security_bits(self.security_bits)
+        check_decryptions(self.decryptions)
         if self.parties < 1 or self.summands < 1:
             raise InputError("flooding needs at least one party and one summand")
 
     @property
     def ciphertext_noise_bound(self) -> float:
-        """B_ct: a bound on any coefficient of the decrypted sum's noise."""
+        """t: a bound on any coefficient of the decrypted sum's noise."""
         per_fresh = ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
         return TAIL * per_fresh * math.sqrt(self.summands)
 
     @property
     def sigma(self) -> float:
-        """B_flood: the standard deviation of the noise each party adds, 2^s·√N·B_ct."""
-        return 2.0**self.security_bits * math.sqrt(self.ring_dim) * self.ciphertext_noise_bound
+        """σ of the integer Gaussian each party adds per coefficient: √(12τ)·2^(s/2)·t."""
+        return (math.sqrt(12 * self.decryptions) * 2.0 ** (self.security_bits / 2)
+                * self.ciphertext_noise_bound)
 
     def slot_sigma(self, scale: float) -> float:
         """The added noise's standard deviation in each slot's real part, at ``scale``
@@ -86,22 +101,26 @@ class Flooding:
 
 def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,
                 flooding: Flooding) -> openfhe.Ciphertext:
-    """``share`` plus Gaussian noise of std ``flooding.sigma`` in every coefficient.
+    """``share`` plus an independent integer Gaussian of std ``flooding.sigma`` in each
+    of its N coefficients, written into every RNS tower the share is sent with."""
+    if share.NumberCiphertextElements() != 1:
+        raise ProtocolError("only a one-element decryption share can be flooded")
+    data = bytearray(openfhe.Serialize(share, openfhe.BINARY))
+    moduli = ctx.moduli[:ctx.towers(share)]
+    towers = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)
+    noise = secure_integer_gaussians(ctx.preset.ring_dim, flooding.sigma)
+    for i, modulus in enumerate(moduli):
+        spread = ring.ntt(modulus, ctx.preset.ring_dim).forward(ring.residues(noise, modulus))
+        towers.write(data, i, ring.add_mod(towers.read(data, i), spread, modulus))
+    return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
 
-    The noise is drawn in the slots (independent complex Gaussians, from the operating
-    system's CSPRNG), which the encoding maps to independent Gaussian coefficients; it
-    is added at the share's own level and scale, after any compression.
-    """
-    noise = secure_complex_gaussians(ctx.slots, flooding.slot_sigma(share.GetScalingFactor()))
-    plaintext = ctx.raw.MakeCKKSPackedPlaintext(noise.tolist(), share.GetNoiseScaleDeg(),
-                                                share.GetLevel())
-    return ctx.raw.EvalAdd(share, plaintext)
 
-
-def secure_complex_gaussians(count: int, sigma: float) -> np.ndarray:
-    """``count`` complex numbers with independent N(0, σ²) real and imaginary parts, by
-    Box–Muller from ``os.urandom`` (flooding noise must be unpredictable)."""
+def secure_integer_gaussians(count: int, sigma: float) -> np.ndarray:
+    """``count`` independent integers, each N(0, σ²) rounded (int64), by Box–Muller from
+    ``os.urandom``: flooding noise must be unpredictable.  σ must stay below 2^56."""
+    if not 0 < sigma < 2.0**56:
+        raise InputError(f"flooding σ = {sigma:.3g} outside (0, 2^56)")
     words = np.frombuffer(os.urandom(16 * count), dtype=np.uint64).reshape(2, count)
     u1, u2 = ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # in (0, 1]
-    radius = sigma * np.sqrt(-2.0 * np.log(u1))
-    return radius * np.exp(2j * np.pi * u2)
+    return np.rint(sigma * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)) \
+        .astype(np.int64)

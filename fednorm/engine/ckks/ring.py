@@ -1,0 +1,262 @@
+"""Ring elements as numbers: the RNS towers of a serialized OpenFHE polynomial, and the
+negacyclic number-theoretic transform (NTT) OpenFHE keeps them in.
+
+OpenFHE 1.6.1's Python API treats a ring element (``DCRTPoly``) as opaque, so fednorm
+reads and writes its coefficients in the serialized bytes (as :mod:`.crs` builds common
+random elements): each tower is N little-endian 64-bit residues mod ``q_i``, in the
+evaluation domain.  Noise that must be small and independent *per coefficient* (noise
+flooding, :mod:`.flooding`) is drawn in the coefficient domain and carried to the
+evaluation domain with :meth:`Ntt.forward`.
+
+The transform is OpenFHE's: ``ψ`` is the smallest primitive 2N-th root of unity mod
+``q_i``, and the evaluation of ``a`` at ``ψ^(2·rev(i)+1)`` is stored at position ``i``
+(``rev`` reverses the bits of ``i``).  :func:`check_convention` confirms it on a secret
+key, whose coefficients are ternary only under the right transform.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import threading
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.errors import ProtocolError
+
+if np.finfo(np.longdouble).nmant < 63:  # pragma: no cover - x86-64 has 80-bit long double
+    raise ImportError("fednorm's NTT needs a 64-bit-mantissa long double (x86-64)")
+
+
+def _mulmod(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
+    """``a·b mod q`` for uint64 arrays of residues below ``q < 2^62``.
+
+    The quotient is estimated in 64-bit-mantissa floating point (off by at most one),
+    the remainder computed exactly in wrapping 64-bit arithmetic and corrected once.
+    """
+    modulus = np.uint64(q)
+    quotient = np.floor(a.astype(np.longdouble) * b.astype(np.longdouble)
+                        / np.longdouble(q)).astype(np.uint64)
+    rest = (a * b - quotient * modulus).view(np.int64)
+    rest = np.where(rest < 0, rest + np.int64(q), rest)
+    return np.where(rest >= np.int64(q), rest - np.int64(q), rest).view(np.uint64)
+
+
+def _bit_reversed(n: int) -> np.ndarray:
+    bits = n.bit_length() - 1
+    index = np.arange(n, dtype=np.uint64)
+    out = np.zeros(n, dtype=np.uint64)
+    for bit in range(bits):
+        out |= ((index >> np.uint64(bit)) & np.uint64(1)) << np.uint64(bits - 1 - bit)
+    return out.astype(np.int64)
+
+
+def _smallest_primitive_root(q: int, order: int) -> int:
+    """The smallest primitive ``order``-th root of unity mod the prime ``q`` (order a
+    power of two dividing q - 1), as OpenFHE chooses it."""
+    if (q - 1) % order:
+        raise ProtocolError(f"{q} has no primitive {order}-th root of unity")
+    generator = None
+    for base in range(2, 1 << 16):
+        candidate = pow(base, (q - 1) // order, q)
+        if pow(candidate, order // 2, q) == q - 1:
+            generator = candidate
+            break
+    if generator is None:
+        raise ProtocolError(f"no primitive {order}-th root of unity found mod {q}")
+    step, power, best = generator * generator % q, generator, generator
+    for _ in range(order // 2 - 1):  # every odd power of a primitive root is one
+        power = power * step % q
+        best = min(best, power)
+    return best
+
+
+@dataclass(frozen=True)
+class Ntt:
+    """The negacyclic NTT of Z_q[X]/(X^N + 1) in OpenFHE's convention (module doc)."""
+
+    modulus: int
+    ring_dim: int
+    psi_powers: np.ndarray  # ψ^rev(k), k < N (bit-reversed order)
+    inverse_psi_powers: np.ndarray  # ψ^-rev(k)
+    inverse_n: int
+
+    @classmethod
+    def make(cls, modulus: int, ring_dim: int) -> Ntt:
+        psi = _smallest_primitive_root(modulus, 2 * ring_dim)
+        rev = _bit_reversed(ring_dim)
+        powers = _powers(psi, ring_dim, modulus)
+        inverse = _powers(pow(psi, -1, modulus), ring_dim, modulus)
+        return cls(modulus, ring_dim, powers[rev], inverse[rev], pow(ring_dim, -1, modulus))
+
+    def forward(self, coefficients: np.ndarray) -> np.ndarray:
+        """Evaluation-domain residues (OpenFHE's order) of residues ``coefficients``."""
+        a, q, n = coefficients.astype(np.uint64).copy(), self.modulus, self.ring_dim
+        half, groups = n // 2, 1
+        while groups < n:  # Cooley–Tukey: groups of 2·half, twiddle ψ^rev(groups + g)
+            view = a.reshape(groups, 2, half)
+            upper, lower = view[:, 0, :].copy(), view[:, 1, :]
+            twisted = _mulmod(lower, self.psi_powers[groups:2 * groups, None], q)
+            view[:, 0, :] = add_mod(upper, twisted, q)
+            view[:, 1, :] = _sub(upper, twisted, q)
+            groups, half = groups * 2, half // 2
+        return a
+
+    def inverse(self, evaluations: np.ndarray) -> np.ndarray:
+        """Coefficient residues of evaluation-domain residues (OpenFHE's order)."""
+        a, q, n = evaluations.astype(np.uint64).copy(), self.modulus, self.ring_dim
+        half, groups = 1, n // 2
+        while groups >= 1:  # Gentleman–Sande, undoing :meth:`forward` stage by stage
+            view = a.reshape(groups, 2, half)
+            upper, lower = view[:, 0, :].copy(), view[:, 1, :].copy()
+            view[:, 0, :] = add_mod(upper, lower, q)
+            view[:, 1, :] = _mulmod(_sub(upper, lower, q),
+                                    self.inverse_psi_powers[groups:2 * groups, None], q)
+            groups, half = groups // 2, half * 2
+        return _mulmod(a, np.full(n, self.inverse_n, dtype=np.uint64), q)
+
+
+def _powers(base: int, count: int, q: int) -> np.ndarray:
+    out, value = np.empty(count, dtype=np.uint64), 1
+    for k in range(count):
+        out[k] = value
+        value = value * base % q
+    return out
+
+
+def add_mod(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
+    total = a + b  # both below q < 2^62: no wrap
+    return np.where(total >= np.uint64(q), total - np.uint64(q), total)
+
+
+def _sub(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
+    return np.where(a >= b, a - b, a + (np.uint64(q) - b))
+
+
+@cache
+def ntt(modulus: int, ring_dim: int) -> Ntt:
+    """The transform for one tower (cached: the tables cost ~N modular products)."""
+    return Ntt.make(modulus, ring_dim)
+
+
+def residues(values: np.ndarray, modulus: int) -> np.ndarray:
+    """Signed integers (int64) as residues mod ``modulus``."""
+    signed = values.astype(np.int64)
+    return np.where(signed < 0, signed + np.int64(modulus), signed).astype(np.uint64)
+
+
+def centered(values: np.ndarray, modulus: int) -> np.ndarray:
+    """Residues mod ``modulus`` (below 2^62) as int64 in (-q/2, q/2]."""
+    signed = values.astype(np.uint64).view(np.int64)
+    return np.where(signed > modulus // 2, signed - np.int64(modulus), signed)
+
+
+# -- serialized towers ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Towers:
+    """Where the RNS towers of a serialized polynomial sit: byte offsets of their N
+    coefficients, first tower first."""
+
+    offsets: tuple[int, ...]
+    ring_dim: int
+
+    def read(self, data: bytes | bytearray, tower: int) -> np.ndarray:
+        start = self.offsets[tower]
+        return np.frombuffer(bytes(data[start:start + 8 * self.ring_dim]), dtype="<u8") \
+            .astype(np.uint64)
+
+    def write(self, data: bytearray, tower: int, values: np.ndarray) -> None:
+        start = self.offsets[tower]
+        data[start:start + 8 * self.ring_dim] = values.astype("<u8").tobytes()
+
+
+def locate_towers(data: bytes | bytearray, ring_dim: int, count: int,
+                  moduli: tuple[int, ...] = ()) -> Towers:
+    """The towers of a serialized polynomial (or of the last element of a serialized
+    ciphertext), which must be exactly ``count``.
+
+    Each tower is a length field N followed by N 64-bit residues, towers evenly spaced
+    at the end of the bytes; if ``moduli`` are given, every residue of tower i must lie
+    below ``moduli[i]``.  Raises ProtocolError if the bytes do not hold that shape.
+    """
+    size_field, width = struct.pack("<Q", ring_dim), 8 * ring_dim
+    found, position, blob = [], 0, bytes(data)
+    while (hit := blob.find(size_field, position)) >= 0:
+        if hit + 8 + width <= len(blob):
+            found.append(hit + 8)
+        position = hit + 1
+    chain = _evenly_spaced_tail(found, width)
+    if len(chain) != count:
+        raise ProtocolError(f"serialized polynomial has {len(chain)} towers, expected {count}")
+    towers = Towers(tuple(chain), ring_dim)
+    for i, modulus in enumerate(moduli[:count]):
+        if np.any(towers.read(blob, i) >= np.uint64(modulus)):
+            raise ProtocolError(f"tower {i} of a serialized polynomial exceeds its modulus")
+    return towers
+
+
+def _evenly_spaced_tail(found: list[int], width: int) -> list[int]:
+    """The longest run of offsets at the end of ``found`` spaced evenly, ≥ ``width`` apart."""
+    if not found:
+        return []
+    chain = [found[-1]]
+    for offset in reversed(found[:-1]):
+        gap = chain[0] - offset
+        if gap < width:
+            continue  # a length field's pattern inside a tower's residues
+        if len(chain) > 1 and gap != chain[1] - chain[0]:
+            break
+        chain.insert(0, offset)
+    return chain
+
+
+# -- the context's moduli ------------------------------------------------------------------
+_moduli_lock = threading.Lock()
+_moduli: dict[bytes, tuple[int, ...]] = {}
+
+
+def tower_moduli(raw: openfhe.CryptoContext, fingerprint: bytes, ring_dim: int,
+                 towers: int) -> tuple[int, ...]:
+    """The ciphertext moduli q_0, q_1, … of a context (cached per parameter fingerprint).
+
+    Read from a throwaway encryption and its negation (a + (-a) = q wherever a ≠ 0);
+    the throwaway key pair is made and dropped here, it encrypts nothing of anyone's.
+    """
+    with _moduli_lock:
+        if fingerprint in _moduli:
+            return _moduli[fingerprint]
+    pair = raw.KeyGen()
+    plaintext = raw.MakeCKKSPackedPlaintext([float(secrets.randbelow(1000) + 1)])
+    ct = raw.Encrypt(pair.publicKey, plaintext)
+    ct.RemoveElement(0)  # keep c1: uniform, so every tower has nonzero residues
+    data = openfhe.Serialize(ct, openfhe.BINARY)
+    negated = openfhe.Serialize(raw.EvalNegate(ct), openfhe.BINARY)
+    layout = locate_towers(data, ring_dim, towers)
+    moduli = tuple(_modulus(layout.read(data, i), layout.read(negated, i))
+                   for i in range(towers))
+    with _moduli_lock:
+        _moduli[fingerprint] = moduli
+    return moduli
+
+
+def _modulus(values: np.ndarray, negated: np.ndarray) -> int:
+    sums = (values + negated)[values != 0]
+    if sums.size == 0 or not np.all(sums == sums[0]):
+        raise ProtocolError("cannot read a tower modulus")
+    return int(sums[0])
+
+
+def check_convention(secret_key_bytes: bytes, moduli: tuple[int, ...], ring_dim: int) -> None:
+    """ProtocolError unless :class:`Ntt` inverts OpenFHE's transform: a secret key's
+    towers must come back as the same ternary polynomial in every tower."""
+    layout = locate_towers(secret_key_bytes, ring_dim, len(moduli), moduli)
+    first = None
+    for i, modulus in enumerate(moduli):
+        signed = centered(ntt(modulus, ring_dim).inverse(layout.read(secret_key_bytes, i)),
+                          modulus)
+        if np.any(np.abs(signed) > 1) or (first is not None and np.any(signed != first)):
+            raise ProtocolError("OpenFHE's ring layout is not the one fednorm's NTT assumes")
+        first = signed

@@ -1,0 +1,178 @@
+"""Noise flooding read from the ring: the coefficients a server would see.
+
+A flooded decryption share is compared with the same share before flooding, tower by
+tower, carried back to the coefficient domain with fednorm's NTT (itself checked
+against OpenFHE on a secret key, whose coefficients are ternary): the difference must be
+one integer polynomial, the same in every tower, whose N coefficients are independent
+Gaussians of the documented σ, on no sublattice, and the fused decryption must keep the
+stated precision.  ``test`` preset; one paper-preset check of the NTT convention.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+
+import numpy as np
+import openfhe
+import pytest
+
+from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setup_locally
+from fednorm.engine.ckks.collective import DecryptionShare
+from fednorm.engine.ckks.flooding import flood_share
+from fednorm.engine.errors import InputError, ProtocolError
+
+P = 3
+
+
+class Fed:
+    def __init__(self, preset: str = "test") -> None:
+        self.ctx = CkksContext(preset)
+        self.parties, self.joint = setup_locally(self.ctx, P)
+        self.n = self.ctx.preset.ring_dim
+
+    def sum_of_uploads(self, values: np.ndarray) -> openfhe.Ciphertext:
+        cts = [self.ctx.encrypt_sum(self.joint.public_key, values) for _ in self.parties]
+        return reduce(self.ctx.add, cts)
+
+    def raw_shares(self, ct: openfhe.Ciphertext) -> list[openfhe.Ciphertext]:
+        """Every party's share of ``ct`` as OpenFHE makes it, before fednorm floods it."""
+        raw = self.ctx.raw
+        return [(raw.MultipartyDecryptLead if i == 0 else raw.MultipartyDecryptMain)(
+            [ct], party._sk)[0] for i, party in enumerate(self.parties)]
+
+
+@pytest.fixture(scope="module")
+def fed() -> Fed:
+    return Fed()
+
+
+def towers_of(ctx: CkksContext, share: openfhe.Ciphertext) -> list[np.ndarray]:
+    """The share's residues per tower, in OpenFHE's evaluation domain."""
+    data = openfhe.Serialize(share, openfhe.BINARY)
+    moduli = ctx.moduli[:ctx.towers(share)]
+    layout = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)
+    return [layout.read(data, i) for i in range(len(moduli))]
+
+
+def coefficients(ctx: CkksContext, towers: list[np.ndarray]) -> list[int]:
+    """The integer polynomial (centered mod Q = Π q_i) whose residues are ``towers``."""
+    moduli = ctx.moduli[:len(towers)]
+    n = ctx.preset.ring_dim
+    per_tower = [ring.ntt(q, n).inverse(t).tolist() for q, t in zip(moduli, towers, strict=True)]
+    big_q = math.prod(moduli)
+    weights = [(big_q // q) * pow(big_q // q, -1, q) for q in moduli]
+    out = []
+    for column in zip(*per_tower, strict=True):
+        value = sum(w * int(r) for w, r in zip(weights, column, strict=True)) % big_q
+        out.append(value - big_q if value > big_q // 2 else value)
+    return out
+
+
+def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,
+                   after: openfhe.Ciphertext) -> list[int]:
+    """What flooding added to a share: the integer polynomial (centered mod Π q_i) whose
+    residues are the towers' differences."""
+    moduli = ctx.moduli[:ctx.towers(before)]
+    return coefficients(ctx, [ring.add_mod(a, np.uint64(q) - b, q) for q, a, b in
+                              zip(moduli, towers_of(ctx, after), towers_of(ctx, before),
+                                  strict=True)])
+
+
+def test_the_ntt_is_openfhes(fed: Fed) -> None:
+    """Forward and inverse agree, and a secret key reads back ternary in every tower."""
+    q, n = fed.ctx.moduli[1], fed.n
+    values = np.random.default_rng(0).integers(0, q, n, dtype=np.uint64)
+    transform = ring.ntt(q, n)
+    assert np.array_equal(transform.inverse(transform.forward(values)), values)
+    key = openfhe.Serialize(fed.parties[1]._sk, openfhe.BINARY)
+    ring.check_convention(key, fed.ctx.moduli, n)
+    with pytest.raises(ProtocolError, match="not the one"):  # a wrong root is caught
+        shifted = bytearray(key)
+        layout = ring.locate_towers(shifted, n, len(fed.ctx.moduli), fed.ctx.moduli)
+        layout.write(shifted, 0, np.roll(layout.read(key, 0), 1))
+        ring.check_convention(bytes(shifted), fed.ctx.moduli, n)
+
+
+@pytest.mark.slow
+def test_the_ntt_is_openfhes_at_the_paper_preset() -> None:
+    ctx = CkksContext("paper")
+    parties, _ = setup_locally(ctx, 2)
+    ring.check_convention(openfhe.Serialize(parties[1]._sk, openfhe.BINARY), ctx.moduli,
+                          ctx.preset.ring_dim)
+
+
+def test_flooding_fills_every_coefficient_with_independent_noise(fed: Fed) -> None:
+    """Read from the ring: the added noise has gcd 1 (no sublattice), coefficients i and
+    N−i independent, and σ within 5 % of the documented √(12τ)·2^(s/2)·t."""
+    total = fed.sum_of_uploads(np.linspace(-1.0, 1.0, 64))
+    flooding = Flooding(fed.n, P, P)
+    before = fed.raw_shares(total)[1]
+    drawn = [flooding_noise(fed.ctx, before, flood_share(fed.ctx, before, flooding))
+             for _ in range(2)]
+    assert reduce(math.gcd, drawn[0]) == 1
+    noise = np.array(drawn[0] + drawn[1], dtype=np.float64)
+    assert flooding.sigma == pytest.approx(
+        math.sqrt(12 * flooding.decryptions) * 2**15 * flooding.ciphertext_noise_bound)
+    assert abs(np.std(noise) / flooding.sigma - 1) < 0.05
+    assert abs(np.mean(noise)) < 5 * flooding.sigma / math.sqrt(noise.size)
+    one = noise[:fed.n]
+    mirrored = one[1:][::-1]  # coefficient N−i beside coefficient i
+    assert not np.array_equal(one[1:], -mirrored)
+    correlation = np.corrcoef(one[1:], mirrored)[0, 1]
+    assert abs(correlation) < 5 / math.sqrt(fed.n)
+
+
+def test_the_fused_residue_is_not_the_unflooded_one(fed: Fed) -> None:
+    """A server that reduces the fused polynomial modulo the scaling factor (or anything
+    else) does not recover the unflooded residue, and the decryption keeps its
+    precision."""
+    values = np.linspace(-1.0, 1.0, 64)
+    total = fed.sum_of_uploads(values)
+    flooding = Flooding(fed.n, P, P)
+    raw = fed.raw_shares(total)
+    flooded = [flood_share(fed.ctx, share, flooding) for share in raw]
+    moduli = fed.ctx.moduli[:fed.ctx.towers(total)]
+
+    def fused(shares: list[openfhe.Ciphertext]) -> list[int]:
+        towers = [towers_of(fed.ctx, s) for s in shares]
+        summed = [reduce(lambda a, b: ring.add_mod(a, b, q), (t[i] for t in towers))
+                  for i, q in enumerate(moduli)]
+        return coefficients(fed.ctx, summed)
+
+    scale = round(math.sqrt(total.GetScalingFactor()))
+    plain, noisy = fused(raw), fused(flooded)
+    assert [c % scale for c in plain] != [c % scale for c in noisy]
+    decryption = SumDecryption(fed.ctx)
+    out = decryption.finalize(decryption.aggregate_shares(
+        fed.joint, total, [DecryptionShare(True, s) for s in flooded]), values.size)
+    np.testing.assert_allclose(out, P * values, rtol=0, atol=1e-11)
+
+
+def test_flooded_decryptions_keep_their_precision(fed: Fed) -> None:
+    """Through the engine's verbs: two flooded decryptions of one sum agree to the
+    decoder's precision at the default s = 30 (the flooding, ~1e-18 per slot here, is
+    far below it), and both equal the pooled sum."""
+    values = np.linspace(-1e3, 1e3, 512)
+    total = fed.sum_of_uploads(values)
+    decryption = SumDecryption(fed.ctx, Flooding(fed.n, P, P))
+    for _ in range(2):
+        shares = [decryption.generate_share(p, total) for p in fed.parties]
+        out = decryption.finalize(decryption.aggregate_shares(fed.joint, total, shares),
+                                  values.size)
+        np.testing.assert_allclose(out, P * values, rtol=0, atol=1e-9)
+
+
+def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(fed: Fed) -> None:
+    with pytest.raises(InputError, match=">= 20 bits"):
+        Flooding(fed.n, P, P, security_bits=19)
+    with pytest.raises(InputError, match="positive integer"):
+        Flooding(fed.n, P, P, decryptions=0)
+    flooding = Flooding(fed.n, P, P)
+    fresh = fed.ctx.encrypt(fed.joint.public_key, np.ones(4))
+    with pytest.raises(ProtocolError, match="not a sum upload"):
+        SumDecryption(fed.ctx, flooding).generate_share(fed.parties[0], fresh)
+    with pytest.raises(InputError, match="needs the party's flooding"):
+        SumDecryption(fed.ctx).generate_share(fed.parties[0], fed.sum_of_uploads(np.ones(4)))
+    with pytest.raises(ProtocolError, match="one-element"):
+        flood_share(fed.ctx, fresh, flooding)

@@ -11,6 +11,7 @@ stated precision.  ``test`` preset; one paper-preset check of the NTT convention
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import reduce
 
 import numpy as np
@@ -21,6 +22,8 @@ from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setu
 from fednorm.engine.ckks.collective import DecryptionShare
 from fednorm.engine.ckks.flooding import flood_share
 from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.protocols.base import FitOptions
+from fednorm.sim.federation import simulate
 
 P = 3
 
@@ -176,3 +179,14 @@ def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(fed: Fed
         SumDecryption(fed.ctx).generate_share(fed.parties[0], fed.sum_of_uploads(np.ones(4)))
     with pytest.raises(ProtocolError, match="one-element"):
         flood_share(fed.ctx, fresh, flooding)
+
+
+def test_a_party_serves_at_most_tau_flooded_decryptions() -> None:
+    """τ sizes the flooding, so a party refuses the decryption past it: PPF z-score with
+    revealed counts decrypts five sums, and keys declared for four stop at the fifth."""
+    parts = [np.arange(6.0).reshape(3, 2) + k for k in range(P)]
+    options = FitOptions(preset="test", reveal_counts=True)
+    fitted = simulate(parts, "zscore", "mhe", options).normalizer
+    np.testing.assert_allclose(fitted.mean, np.vstack(parts).mean(axis=0), rtol=1e-12)
+    with pytest.raises(ProtocolError, match="more than the 4 flooded decryptions"):
+        simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=4))

@@ -16,7 +16,12 @@ from typing import Literal
 
 import numpy as np
 
-from fednorm.engine.ckks.flooding import DEFAULT_SECURITY_BITS, check_security_bits
+from fednorm.engine.ckks.flooding import (
+    DEFAULT_DECRYPTIONS,
+    DEFAULT_SECURITY_BITS,
+    check_decryptions,
+    check_security_bits,
+)
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import RoleContext
@@ -48,9 +53,11 @@ class FitOptions:
     Their comparison precisions default (None) to each protocol's own: ``minmax_bits``
     and ``minmax_passes`` (PPF MinMax: bits per comparison, passes over narrowing
     windows), ``yeojohnson_sign_bits`` (PPF Yeo-Johnson: the sign of the derivative).
-    ``flooding_bits`` is the statistical security s of flooded decryptions (at least 20):
-    each party's share of a decrypted sum carries noise 2^s·√N above the sum's noise
-    bound (docs/LEAKAGE.md, "Decryption noise").
+    ``flooding_bits`` is the statistical security s of flooded decryptions (at least 20)
+    and ``flooding_decryptions`` the number τ of flooded decryptions one joint key may
+    serve: each party's share of a decrypted sum carries an integer Gaussian of std
+    √(12τ)·2^(s/2)·t per coefficient, t the sum's noise bound, and a party refuses a
+    decryption past τ (docs/LEAKAGE.md, "Decryption noise").
     """
 
     epsilon: float | None = None
@@ -65,6 +72,7 @@ class FitOptions:
     minmax_passes: int | None = None
     yeojohnson_sign_bits: float | None = None
     flooding_bits: int = DEFAULT_SECURITY_BITS
+    flooding_decryptions: int = DEFAULT_DECRYPTIONS
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -79,6 +87,7 @@ class FitOptions:
                 f"rank_probes must be in [1, {MAX_RANK_PROBES}], got {self.rank_probes}"
             )
         check_security_bits(self.flooding_bits)
+        check_decryptions(self.flooding_decryptions)
         if not 1 <= self.max_count <= 2**40:
             raise InputError(f"max_count must be in [1, 2^40], got {self.max_count}")
         if self.quantile_rule not in ("interpolate", "gap"):

@@ -13,7 +13,13 @@ them and *finalizes* — and the crypto math there; here is only the message flo
 - :mod:`.messages`: what crosses the wire; :mod:`.roles`: what each role holds.
 """
 
-from fednorm.protocols.collective.keys import LEAD, reusable, setup_party, setup_server
+from fednorm.protocols.collective.keys import (
+    LEAD,
+    flooding_arguments,
+    reusable,
+    setup_party,
+    setup_server,
+)
 from fednorm.protocols.collective.messages import (
     BootRequest,
     BootShare,
@@ -43,6 +49,7 @@ __all__ = [
     "ServerCrypto",
     "SetupDone",
     "SumDecryptRequest",
+    "flooding_arguments",
     "reusable",
     "serve_until",
     "setup_party",

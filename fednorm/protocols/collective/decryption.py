@@ -57,7 +57,8 @@ async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> Non
 
 
 async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest) -> None:
-    """Party: a flooded decryption share of the requested sum (this party's s)."""
+    """Party: a flooded decryption share of the requested sum (this party's s and τ)."""
+    crypto.count_flooded_share()
     await _answer(crypto, ckks.SumDecryption(crypto.ckks, crypto.flooding()), DECRYPT_SUM,
                   request.ciphertext)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fednorm.engine import ckks
 from fednorm.engine.messages import Message
@@ -37,6 +37,14 @@ from fednorm.protocols.collective.messages import (
 from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared_context
 
 LEAD = 1
+
+
+class FloodingOptions(Protocol):
+    """What key setup reads of a fit's options: s and τ of the flooded decryptions."""
+
+    flooding_bits: int
+    flooding_decryptions: int
+
 M = TypeVar("M", bound=Message)
 S = TypeVar("S")
 
@@ -87,16 +95,27 @@ async def _round_one(rc: RoleContext, setup: ckks.KeySetup) -> ckks.JointRoundOn
     return round_one
 
 
+def flooding_arguments(options: FloodingOptions) -> dict[str, int]:
+    """The flooding choices of a fit's options (s and τ), as :func:`setup_party` takes
+    them."""
+    return {"flooding_bits": options.flooding_bits,
+            "flooding_decryptions": options.flooding_decryptions}
+
+
 async def setup_party(
     rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = (),
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS,
+    flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS,
 ) -> PartyCrypto:
     """Party side of collective key generation; the secret key stays in ``PartyKeys``.
 
     Reuses the keys in ``rc.crypto`` under the same rule as :func:`setup_server`.
-    ``flooding_bits`` is s of the flooded (sum) decryptions this party answers.
+    ``flooding_bits`` is s of the flooded (sum) decryptions this party answers and
+    ``flooding_decryptions`` τ, how many the new keys serve; reused keys keep the τ (and
+    the count) they were made with.
     """
     ckks.check_security_bits(flooding_bits)
+    ckks.check_decryptions(flooding_decryptions)
     held = reusable(rc, PartyCrypto, preset, relinearize, rotations)
     if held is not None:
         rc.crypto = replace(held, rc=rc, flooding_bits=flooding_bits)
@@ -114,7 +133,8 @@ async def setup_party(
     joint = round_one.joint
     rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
                             rotations=tuple(rotations), n_parties=joint.n_parties,
-                            flooding_bits=flooding_bits)
+                            flooding_bits=flooding_bits,
+                            flooding_decryptions=flooding_decryptions)
     return rc.crypto
 
 

@@ -106,6 +106,8 @@ class PartyCrypto:
     boot_index: int = 0  # bootstraps answered under these keys: the next expected index
     n_parties: int = 1  # P, public: the joint key's number of shares
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
+    flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
+    flooded_shares: int = 0  # flooded decryption shares made under these keys so far
 
     def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
         """InputError unless P × this party's largest count fits ``max_count``.
@@ -135,7 +137,15 @@ class PartyCrypto:
     def flooding(self) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads."""
         return ckks.Flooding(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
-                             self.flooding_bits)
+                             self.flooding_bits, self.flooding_decryptions)
+
+    def count_flooded_share(self) -> None:
+        """Count one more flooded decryption under these keys; ProtocolError past τ
+        (the flooding is sized for at most τ decryptions of the joint key)."""
+        if self.flooded_shares >= self.flooding_decryptions:
+            raise ProtocolError(f"the server asked for more than the {self.flooding_decryptions}"
+                                " flooded decryptions these keys were declared for")
+        self.flooded_shares += 1
 
 
 def _sum(context: ckks.CkksContext, cts: list[openfhe.Ciphertext]) -> openfhe.Ciphertext:

@@ -18,7 +18,7 @@ import numpy as np
 from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import METHODS, FitOptions, Protocol
-from fednorm.protocols.collective import setup_party, setup_server
+from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
 from fednorm.protocols.ppf import minmax_layout, yeojohnson, zscore
 
 KeyNeeds = Callable[[FitOptions], dict[str, object]]
@@ -54,6 +54,6 @@ def setup_protocol(methods: Sequence[str]) -> Protocol:
 
     async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> None:
         await setup_party(rc, options.preset, **key_needs(methods, options),
-                          flooding_bits=options.flooding_bits)
+                          **flooding_arguments(options))
 
     return Protocol("keys-mhe", "keys", "mhe", server, party)

@@ -25,7 +25,7 @@ import numpy as np
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
-from fednorm.protocols.collective import setup_party, setup_server
+from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
 from fednorm.protocols.ledger import COLLECTIVE, declare
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain.robust import QUARTILES, RobustResult
@@ -63,7 +63,7 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
     X = ppf_minmax.check_minmax_input(check_party_data(X), options)
     crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options),
-                               flooding_bits=options.flooding_bits)
+                               **flooding_arguments(options))
     width = X.shape[1]
     await kth.share_pooled_counts(crypto, feature_counts(X))
     low, high = await ppf_minmax.minmax_party(crypto, X, options)

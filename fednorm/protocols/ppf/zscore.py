@@ -48,7 +48,13 @@ from fednorm.protocols.base import (
     feature_counts,
     register,
 )
-from fednorm.protocols.collective import PartyCrypto, ServerCrypto, setup_party, setup_server
+from fednorm.protocols.collective import (
+    PartyCrypto,
+    ServerCrypto,
+    flooding_arguments,
+    setup_party,
+    setup_server,
+)
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
@@ -184,7 +190,7 @@ def _inverse_and_presence(context: ckks.CkksContext, count: openfhe.Ciphertext, 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
     X = check_ppf_values(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
-                               flooding_bits=options.flooding_bits)
+                               **flooding_arguments(options))
     passes = Passes(revealed=options.reveal_counts,
                     inverse_bootstraps=0 if options.reveal_counts
                     else inverse_plan(crypto.ckks, options).bootstraps)

@@ -27,22 +27,29 @@ import openfhe
 
 from fednorm.engine.errors import ProtocolError
 
-if np.finfo(np.longdouble).nmant < 63:  # pragma: no cover - x86-64 has 80-bit long double
-    raise ImportError("fednorm's NTT needs a 64-bit-mantissa long double (x86-64)")
+_LOW32 = np.uint64(0xFFFF_FFFF)
+_32 = np.uint64(32)
 
 
-def _mulmod(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
-    """``a·b mod q`` for uint64 arrays of residues below ``q < 2^62``.
+def _mulhi(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The high 64 bits of the 128-bit products a·b (uint64), from 32-bit halves."""
+    a_lo, a_hi, b_lo, b_hi = a & _LOW32, a >> _32, b & _LOW32, b >> _32
+    lo_lo, hi_lo, lo_hi = a_lo * b_lo, a_hi * b_lo, a_lo * b_hi
+    middle = (lo_lo >> _32) + (hi_lo & _LOW32) + (lo_hi & _LOW32)
+    return a_hi * b_hi + (hi_lo >> _32) + (lo_hi >> _32) + (middle >> _32)
 
-    The quotient is estimated in 64-bit-mantissa floating point (off by at most one),
-    the remainder computed exactly in wrapping 64-bit arithmetic and corrected once.
-    """
+
+def _mulmod(a: np.ndarray, w: np.ndarray, w_shoup: np.ndarray, q: int) -> np.ndarray:
+    """``a·w mod q`` for residues ``a`` below ``q < 2^62`` and constants ``w`` with
+    ``w_shoup = ⌊w·2^64/q⌋`` (Shoup's multiplication: the quotient's estimate is off by at
+    most one, so one conditional subtraction finishes it)."""
     modulus = np.uint64(q)
-    quotient = np.floor(a.astype(np.longdouble) * b.astype(np.longdouble)
-                        / np.longdouble(q)).astype(np.uint64)
-    rest = (a * b - quotient * modulus).view(np.int64)
-    rest = np.where(rest < 0, rest + np.int64(q), rest)
-    return np.where(rest >= np.int64(q), rest - np.int64(q), rest).view(np.uint64)
+    rest = a * w - _mulhi(a, w_shoup) * modulus  # wraps mod 2^64 to the true value < 2q
+    return np.minimum(rest, rest - modulus)  # below q, rest − q wraps above rest
+
+
+def _shoup(w: np.ndarray, q: int) -> np.ndarray:
+    return np.array([(int(v) << 64) // q for v in w], dtype=np.uint64)
 
 
 def _bit_reversed(n: int) -> np.ndarray:
@@ -81,7 +88,9 @@ class Ntt:
     modulus: int
     ring_dim: int
     psi_powers: np.ndarray  # ψ^rev(k), k < N (bit-reversed order)
+    psi_shoup: np.ndarray  # their Shoup constants
     inverse_psi_powers: np.ndarray  # ψ^-rev(k)
+    inverse_psi_shoup: np.ndarray
     inverse_n: int
 
     @classmethod
@@ -90,7 +99,9 @@ class Ntt:
         rev = _bit_reversed(ring_dim)
         powers = _powers(psi, ring_dim, modulus)
         inverse = _powers(pow(psi, -1, modulus), ring_dim, modulus)
-        return cls(modulus, ring_dim, powers[rev], inverse[rev], pow(ring_dim, -1, modulus))
+        powers, inverse = powers[rev], inverse[rev]
+        return cls(modulus, ring_dim, powers, _shoup(powers, modulus), inverse,
+                   _shoup(inverse, modulus), pow(ring_dim, -1, modulus))
 
     def forward(self, coefficients: np.ndarray) -> np.ndarray:
         """Evaluation-domain residues (OpenFHE's order) of residues ``coefficients``."""
@@ -99,7 +110,9 @@ class Ntt:
         while groups < n:  # Cooley–Tukey: groups of 2·half, twiddle ψ^rev(groups + g)
             view = a.reshape(groups, 2, half)
             upper, lower = view[:, 0, :].copy(), view[:, 1, :]
-            twisted = _mulmod(lower, self.psi_powers[groups:2 * groups, None], q)
+            twiddles = slice(groups, 2 * groups)
+            twisted = _mulmod(lower, self.psi_powers[twiddles, None],
+                              self.psi_shoup[twiddles, None], q)
             view[:, 0, :] = add_mod(upper, twisted, q)
             view[:, 1, :] = _sub(upper, twisted, q)
             groups, half = groups * 2, half // 2
@@ -113,10 +126,13 @@ class Ntt:
             view = a.reshape(groups, 2, half)
             upper, lower = view[:, 0, :].copy(), view[:, 1, :].copy()
             view[:, 0, :] = add_mod(upper, lower, q)
+            twiddles = slice(groups, 2 * groups)
             view[:, 1, :] = _mulmod(_sub(upper, lower, q),
-                                    self.inverse_psi_powers[groups:2 * groups, None], q)
+                                    self.inverse_psi_powers[twiddles, None],
+                                    self.inverse_psi_shoup[twiddles, None], q)
             groups, half = groups // 2, half * 2
-        return _mulmod(a, np.full(n, self.inverse_n, dtype=np.uint64), q)
+        scale = np.array([self.inverse_n], dtype=np.uint64)
+        return _mulmod(a, scale, _shoup(scale, q), q)
 
 
 def _powers(base: int, count: int, q: int) -> np.ndarray:
@@ -128,12 +144,13 @@ def _powers(base: int, count: int, q: int) -> np.ndarray:
 
 
 def add_mod(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
-    total = a + b  # both below q < 2^62: no wrap
-    return np.where(total >= np.uint64(q), total - np.uint64(q), total)
+    """(a + b) mod q for residues below q < 2^62 (no wrap; min picks the reduced one)."""
+    total = a + b
+    return np.minimum(total, total - np.uint64(q))
 
 
 def _sub(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
-    return np.where(a >= b, a - b, a + (np.uint64(q) - b))
+    return add_mod(a, np.uint64(q) - b, q)
 
 
 @cache

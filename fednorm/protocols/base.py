@@ -41,7 +41,8 @@ class FitOptions:
 
     ``epsilon`` is the absolute precision of the rank search (the paper's ε); when
     it is None, each feature gets ``relative_epsilon`` times its own range, so a
-    feature near 1e-3 is found as precisely as one near 1e6.
+    feature near 1e-3 is found as precisely as one near 1e6 (0: exact, the search runs
+    in the float order until one float is left, at most 64 rounds of bisection).
 
     ``rank_probes`` is the number of points the rank search probes per target and round
     (1: the paper's bisection). K probes cut a bracket into K + 1 cells, so the search
@@ -80,8 +81,8 @@ class FitOptions:
         if self.vabs is not None and not all(
                 isinstance(v, numbers.Real) and math.isfinite(v) and v > 0 for v in self.vabs):
             raise InputError(f"vabs bounds must be finite positive numbers, got {self.vabs}")
-        if not 0 < self.relative_epsilon < 1:
-            raise InputError(f"relative_epsilon must be in (0, 1), got {self.relative_epsilon}")
+        if not 0 <= self.relative_epsilon < 1:
+            raise InputError(f"relative_epsilon must be in [0, 1), got {self.relative_epsilon}")
         if not 1 <= self.rank_probes <= MAX_RANK_PROBES:
             raise InputError(
                 f"rank_probes must be in [1, {MAX_RANK_PROBES}], got {self.rank_probes}"

@@ -34,6 +34,7 @@ import numpy as np
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import RoleContext
+from fednorm.protocols import float_order
 from fednorm.protocols.base import FitOptions, QuantileRule
 
 
@@ -113,10 +114,11 @@ def plan_quantiles(
 
 
 def feature_epsilon(low: np.ndarray, high: np.ndarray, options: FitOptions) -> np.ndarray:
-    """Per-feature search precision: the absolute ε if given, else relative to the range."""
+    """Per-feature search precision: the absolute ε if given, else relative to the range
+    (it may underflow to 0 on subnormal data: the search then runs to a single float)."""
     if options.epsilon is not None:
         return np.full(len(low), options.epsilon)
-    return np.maximum((high - low) * options.relative_epsilon, np.finfo(np.float64).tiny)
+    return high * options.relative_epsilon - low * options.relative_epsilon  # no overflow
 
 
 def start_search(
@@ -132,7 +134,16 @@ def start_search(
 
 
 class RankSearch:
-    """Server-side state of Algorithm 4 for many (feature, rank) targets at once."""
+    """Server-side state of Algorithm 4 for many (feature, rank) targets at once.
+
+    A target's bracket is kept as float64 order keys (:mod:`.float_order`): x_(k) lies in
+    (lo, hi], so at most k − 1 values lie at or below ``lo`` and at least k at or below
+    ``hi``.  With a precision ε > 0, probes are evenly spaced in value (what narrows a
+    bracket to ε fastest) while that still splits it; at the float spacing, or with
+    ε = 0 (exact), they are evenly spaced in the float order, so every round cuts the
+    floats in the bracket by K + 1 whatever their magnitudes (subnormals and signed zeros
+    included), and a target ends on one float at the latest.
+    """
 
     def __init__(
         self,
@@ -151,15 +162,15 @@ class RankSearch:
         self.ranks = plan.ranks
         self.gap = plan.gap
         self.n = counts[f]
-        self.lo = low[f].astype(np.float64)
-        self.hi = high[f].astype(np.float64)
+        self.lo = float_order.keys(low[f]) - 1  # exclusive: below every value
+        self.hi = float_order.keys(high[f])
         self.epsilon = epsilon[f]
         self.value = np.full(len(f), np.nan)
         self.done = np.zeros(len(f), dtype=bool)
         self.rounds = 0
         # The smallest and largest ranks are the bounds themselves: no search needed.
-        self._finish(~self.gap & (self.ranks <= 1), self.lo)
-        self._finish(~self.gap & (self.ranks >= self.n), self.hi)
+        self._finish(~self.gap & (self.ranks <= 1), low[f].astype(np.float64))
+        self._finish(~self.gap & (self.ranks >= self.n), high[f].astype(np.float64))
         self._finish_narrow()
 
     @property
@@ -168,11 +179,16 @@ class RankSearch:
 
     @property
     def planned_rounds(self) -> int:
-        """The rounds this search expects: its open brackets cut down to their ε (a target
-        between two order statistics may stop a round early or take one more)."""
+        """The rounds this search expects: its open brackets cut down to their ε or to one
+        float (a target between two order statistics may stop a round early or take one
+        more)."""
         open_ = ~self.done
-        width = np.where(np.isfinite(self.hi - self.lo), self.hi - self.lo, 0.0)
-        return rounds_to_narrow(width[open_], self.epsilon[open_], self.probes)
+        return planned_rounds(self.lo[open_], self.hi[open_], self.epsilon[open_],
+                              self.probes)
+
+    @staticmethod
+    def _value(order_keys: np.ndarray) -> np.ndarray:
+        return float_order.values(order_keys)
 
     def _finish(self, mask: np.ndarray, values: np.ndarray) -> None:
         mask = mask & ~self.done
@@ -180,7 +196,12 @@ class RankSearch:
         self.done |= mask
 
     def _finish_narrow(self) -> None:
-        self._finish(self.hi - self.lo <= self.epsilon, (self.lo + self.hi) / 2)
+        single = float_order.gap(self.lo, self.hi) <= np.uint64(1)
+        self._finish(single, self._value(self.hi))
+        low, high = self._value(self.lo), self._value(self.hi)
+        with np.errstate(over="ignore", invalid="ignore"):
+            narrow = high - low <= self.epsilon
+        self._finish(narrow, low / 2 + high / 2)
 
     def probe(self) -> RankProbe:
         """K points evenly inside each open target's bracket (K = 1: its midpoint),
@@ -190,10 +211,19 @@ class RankSearch:
                          points=self._points(open_).ravel())
 
     def _points(self, open_: np.ndarray) -> np.ndarray:
-        """(open targets, K) probe points; lo·(1 − w) + hi·w cannot overflow and gives
-        exactly (lo + hi) / 2 for K = 1."""
+        """(open targets, K) probe points: lo·(1 − w) + hi·w (no overflow; (lo + hi) / 2
+        for K = 1) for a target with ε > 0 where those split its bracket in the float
+        order, else K thresholds evenly spaced in the float order."""
+        lo, hi = self.lo[open_], self.hi[open_]
         weights = np.arange(1, self.probes + 1) / (self.probes + 1)
-        return self.lo[open_, None] * (1 - weights) + self.hi[open_, None] * weights
+        low, high = self._value(lo)[:, None], self._value(hi)[:, None]
+        by_value = float_order.keys(low * (1 - weights) + high * weights)
+        splits = (self.epsilon[open_] > 0) \
+            & np.all((by_value > lo[:, None]) & (by_value <= hi[:, None]), axis=1) \
+            & np.all(np.diff(by_value, axis=1) > 0, axis=1)
+        cuts = np.where(splits[:, None], by_value,
+                        float_order.thresholds(lo, hi, self.probes))
+        return self._value(cuts)
 
     def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
         """Narrow the open brackets with the pooled counts of values ≤ each probe point."""
@@ -202,7 +232,8 @@ class RankSearch:
             raise ProtocolError(
                 f"expected {len(open_) * self.probes} counts, got {len(at_most)}")
         self.rounds += 1
-        points = np.asarray(probe.points, dtype=np.float64).reshape(len(open_), self.probes)
+        points = float_order.keys(np.asarray(probe.points, dtype=np.float64)) \
+            .reshape(len(open_), self.probes)
         counts = np.asarray(at_most).reshape(len(open_), self.probes)
         k = self.ranks[open_, None]
         rows = np.arange(len(open_))
@@ -212,7 +243,7 @@ class RankSearch:
         accepted = np.zeros(len(self.done), dtype=bool)
         accepted[open_[in_gap]] = True
         value = np.zeros(len(self.done))
-        value[open_] = points[rows, exact.argmax(axis=1)]
+        value[open_] = self._value(points[rows, exact.argmax(axis=1)])
         self._finish(accepted, value)
         # x_(k) lies in the cell ending at the first probe with at least k values at or
         # below it: cell c of [lo, p_1, …, p_K, hi] runs from edge c to edge c + 1.
@@ -232,12 +263,33 @@ def probe_limit(options: FitOptions, quantiles: Sequence[float]) -> int:
 
 
 def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
-    """The most rounds a search from [low, high] to the options' ε can take: each round
-    cuts a bracket into ``rank_probes`` + 1 cells, plus two rounds of slack (a target
-    between two order statistics, a bracket that stops a little short)."""
-    width = np.where(np.isfinite(high - low), high - low, 0.0)
-    return rounds_to_narrow(width, feature_epsilon(low, high, options),
-                            options.rank_probes) + 2
+    """The most rounds a search from [low, high] can take: each round cuts a bracket into
+    ``rank_probes`` + 1 cells (in value while ε > 0, at most one round more in the float
+    order at its spacing; in the float order with ε = 0), plus two rounds of slack (a
+    target between two order statistics, a bracket that stops a little short)."""
+    finite = np.isfinite(low) & np.isfinite(high) & (low <= high)
+    low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
+    epsilon = feature_epsilon(low, high, options)
+    below, top = float_order.keys(low) - 1, float_order.keys(high)
+    exact = epsilon <= 0
+    by_value = rounds_to_narrow(np.where(exact, 0.0, high - low),
+                                np.where(exact, 1.0, epsilon), options.rank_probes)
+    by_order = float_order.rounds_to_single(below[exact], top[exact], options.rank_probes)
+    return max(by_value, by_order) + 2
+
+
+def planned_rounds(lo: np.ndarray, hi: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
+    """The rounds brackets (lo, hi] (order keys) are expected to take: in value to ε, but
+    no finer than the float spacing at a bracket's larger end; in the float order to one
+    float where ε = 0."""
+    exact = epsilon <= 0
+    low, high = float_order.values(lo), float_order.values(hi)
+    with np.errstate(over="ignore", invalid="ignore"):
+        width = np.where(exact, 0.0, np.nan_to_num(high - low, posinf=np.finfo(float).max))
+    finest = np.spacing(np.maximum(np.abs(low), np.abs(high)))
+    by_value = rounds_to_narrow(width, np.where(exact, 1.0, np.maximum(epsilon, finest)),
+                                probes)
+    return max(by_value, float_order.rounds_to_single(lo[exact], hi[exact], probes))
 
 
 def rounds_to_narrow(width: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
@@ -258,7 +310,8 @@ class SortedColumns:
     def __init__(self, X: np.ndarray, points_per_feature: int,
                  bounds: tuple[np.ndarray, np.ndarray] | None = None,
                  max_rounds: int | None = None) -> None:
-        self._columns = [np.sort(col[~np.isnan(col)]) for col in X.T]
+        # counted in the float order (:mod:`.float_order`), as the server cuts: −0.0 < +0.0
+        self._columns = [np.sort(float_order.keys(col[~np.isnan(col)])) for col in X.T]
         self._limit = points_per_feature
         self._bounds = bounds
         self._rounds_left = max_rounds
@@ -277,7 +330,8 @@ class SortedColumns:
                                 "feature in one round")
         self._check_against_bounds(features, np.asarray(probe.points, dtype=np.float64))
         counts = np.empty(len(features), dtype=np.float64)
-        for i, (j, point) in enumerate(zip(features, probe.points, strict=True)):
+        points = float_order.keys(np.asarray(probe.points, dtype=np.float64))
+        for i, (j, point) in enumerate(zip(features, points, strict=True)):
             counts[i] = np.searchsorted(self._columns[j], point, side="right")
         return counts
 

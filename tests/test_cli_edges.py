@@ -175,6 +175,14 @@ def test_a_long_run_shows_its_phase_and_bytes_on_a_terminal() -> None:
     sizes = [float(size) for size in re.findall(r"([\d.]+) MB sent", err)]
     assert sizes and sizes == sorted(sizes) and sizes[-1] > 1  # bytes so far, growing
     assert "max abs error" in out  # the report itself stays on stdout
+    assert "fednorm simulate zscore-mhe" in err
+
+
+def test_the_demos_progress_line_names_the_demo() -> None:
+    code, _, err = run_on_terminal(["demo", "--methods", "zscore", "--preset", "test",
+                                    "--parties", "3"])
+    assert code == 0, err
+    assert "fednorm demo zscore-mhe" in err and "fednorm simulate" not in err
 
 
 @pytest.mark.parametrize("flag", ["--json", "--quiet"])
@@ -346,3 +354,20 @@ def test_a_bad_worker_thread_count_exits_2(value: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("FEDNORM_WORKER_THREADS", value)
     code, out, err = run_cli(["simulate", "--parties", "2"], capsys)
     assert code == 2 and out == "" and "FEDNORM_WORKER_THREADS must be a positive" in err
+
+
+def test_the_version_and_every_default_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    """``fednorm --version`` names the installed version; ``--help`` shows the defaults of
+    --parties, --split and --seed (they were bare before)."""
+    from importlib import metadata
+
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0 and out.strip() == f"fednorm {metadata.version('fednorm')}"
+    code, out, _ = run_cli(["simulate", "--help"], capsys)
+    flat = " ".join(out.split())
+    assert code == 0
+    for shown in ("number of parties (default 10)", "feature:σ (default iid)",
+                  "its noise (default 0)"):
+        assert shown in flat
+    code, out, _ = run_cli(["demo", "--help"], capsys)
+    assert "number of parties (default 10)" in " ".join(out.split())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from fednorm.cli import bench, demo, net, simulate, study
 from fednorm.engine.errors import FednormError, InputError
@@ -17,10 +18,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fednorm",
         description="Federated and privacy-preserving data normalization for federated learning.",
     )
+    parser.add_argument("--version", action="version", version=f"fednorm {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMAND_MODULES:
         module.add_parser(subparsers)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the checkout's, for an editable install)."""
+    try:
+        return metadata.version("fednorm")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

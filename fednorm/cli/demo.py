@@ -59,7 +59,8 @@ def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: 
     return argparse.Namespace(
         dataset=args.dataset, target=None, parties=args.parties, split="iid", seed=0,
         method=methods, privacy=privacy, epsilon=None, ckks_preset=args.preset,
-        rank_probes=1, reveal_counts=False, vabs=args.vabs, json=False, quiet=args.quiet)
+        rank_probes=1, reveal_counts=False, vabs=args.vabs, json=False, quiet=args.quiet,
+        command="demo")
 
 
 def summary(rows: list[DemoRow], args: argparse.Namespace) -> str:
@@ -83,7 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="every normalization, plain then PPF, and a summary",
                               description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="bcw", help="'bcw' (built in) or a CSV path")
-    p.add_argument("--parties", type=int, default=10)
+    p.add_argument("--parties", type=int, default=10, help="number of parties (default 10)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--preset", choices=("test", "paper"), default="paper",

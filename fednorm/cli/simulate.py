@@ -102,7 +102,7 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
     label = ",".join(args.method)
-    progress = progress_for(args, f"fednorm simulate {label}-{args.privacy}")
+    progress = progress_for(args, f"fednorm {args.command} {label}-{args.privacy}")
     # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
     with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
         arrays = [p.X for p in parts]
@@ -195,9 +195,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="run a federation in memory and compare to pooled")
     p.add_argument("--dataset", default="bcw", help="'bcw' (built in) or a CSV path")
     p.add_argument("--target", help="target column of a CSV (kept out of the features)")
-    p.add_argument("--parties", type=int, default=10)
-    p.add_argument("--split", default="iid", help="iid | label:β | quantity:β | feature:σ")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parties", type=int, default=10, help="number of parties (default 10)")
+    p.add_argument("--split", default="iid",
+                   help="iid | label:β | quantity:β | feature:σ (default iid)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the partition and its noise (default 0)")
     p.add_argument("--method", type=parse_methods, default=("zscore",),
                    help=f"one of {', '.join(METHODS)}, or several separated by commas: "
                    "with --privacy mhe they share one joint key setup (default zscore)")

@@ -310,3 +310,43 @@ def test_errors_cross_process_boundaries(error: Exception) -> None:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is type(error) and str(back) == str(error)
     assert back.__dict__ == error.__dict__
+
+
+# -- signatures on key shares ---------------------------------------------------------------
+def test_a_signature_vouches_for_one_share_in_one_place_only() -> None:
+    """What a party signs binds session, protocol, round, kind, party and the share's
+    digest: a signature moved to any other of them, or made with another party's key,
+    does not verify; a trusted setup takes no certificate from the wire."""
+    import dataclasses
+    import pickle
+
+    from fednorm.engine import signing
+
+    keyrings = signing.trusted_setup([1, 2, 3])
+    statement = signing.Statement("s1", "zscore-mhe/setup", 1, "ckks.key_shares", 2,
+                                  b"\1" * 32)
+    signature = keyrings[2].signer.sign(statement)
+    verifier = keyrings[1].verifier
+    signing.verify(verifier, statement, signature, b"")
+    moved = {"session": "s2", "protocol": "minmax-mhe/setup", "round": 2,
+             "kind": "ckks.relin_round2", "party": 3, "digest": b"\2" * 32}
+    for name, value in moved.items():
+        with pytest.raises(ProtocolError, match="does not verify"):
+            signing.verify(verifier, dataclasses.replace(statement, **{name: value}),
+                           signature, b"")
+    with pytest.raises(ProtocolError, match="does not verify"):
+        signing.verify(verifier, statement, keyrings[3].signer.sign(
+            dataclasses.replace(statement, party=3)), b"")
+    with pytest.raises(ProtocolError, match="share of party 2 is unsigned"):
+        signing.verify(verifier, statement, b"", b"")
+    with pytest.raises(ProtocolError, match="malformed signature"):
+        signing.verify(verifier, statement, "not bytes", b"")
+    with pytest.raises(ProtocolError, match="handed out directly"):
+        signing.verify(verifier, statement, signature, b"a certificate")
+    with pytest.raises(ProtocolError, match="no verification key for party 4"):
+        signing.verify(verifier, dataclasses.replace(statement, party=4), signature, b"")
+    with pytest.raises(InputError, match="cannot sign for party 2"):
+        keyrings[1].signer.sign(statement)
+    with pytest.raises(TypeError, match="private key"):
+        pickle.dumps(keyrings[1].signer)
+

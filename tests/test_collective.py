@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.collective import (
     BootShare,
     DecryptShare,
@@ -94,3 +94,95 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
     # round one: the lead's shares added, then forwarded to parties 2..4, then theirs;
     # round two: all 4
     assert seen.events == ["add"] + ["forward"] * 3 + ["read", "add"] * 3 + ["read", "add"] * 4
+
+
+# -- what a party checks of the joint keys --------------------------------------------------
+def _parsed(ctx: ckks.CkksContext, shares: ckks.SetupShares) -> ckks.SetupShares:
+    """The shares as a party reads them off the wire."""
+    def back(obj: object, kind: str) -> object:
+        return ctx.from_bytes(kind, ctx.to_bytes(obj))
+    return ckks.SetupShares(
+        ckks.PublicKeyShare(back(shares.public_key.key, "public_key")),
+        ckks.RelinShare(1, back(shares.relin.key, "eval_key")),
+        ckks.RotationShare(shares.rotation.indices, back(shares.rotation.keys, "eval_key_map")))
+
+
+def _round_one(ctx: ckks.CkksContext, parties: int = 3) -> tuple[
+        ckks.KeySetup, list[ckks.PartyKeys], list[ckks.SetupShares]]:
+    setup = ckks.KeySetup(ctx, relinearize=True, rotations=(1,))
+    lead = setup.generate_keys(None)
+    lead_shares = setup.generate_shares(lead, None)
+    keys = [lead] + [setup.generate_keys(lead_shares) for _ in range(parties - 1)]
+    return setup, keys, [lead_shares] + [setup.generate_shares(k, lead_shares)
+                                         for k in keys[1:]]
+
+
+def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
+    """Parties compare the server's keys with their own by digest: the sum of the shares
+    as made (the lead's own view) and as parsed off the wire (everyone else's) must
+    digest alike, though a parsed public key serializes longer; another key must not."""
+    import openfhe
+
+    ctx = shared_context("test")
+    setup, _, shares = _round_one(ctx)
+    made, parsed = setup.round_one_sum(), setup.round_one_sum()
+    for share in shares:
+        made.add(share)
+        parsed.add(_parsed(ctx, share))
+    ours, theirs = made.result(), parsed.result()
+    key, their_key = ours.joint.public_key, theirs.joint.public_key
+    assert len(openfhe.Serialize(key, openfhe.BINARY)) != \
+        len(openfhe.Serialize(their_key, openfhe.BINARY))  # why the digest parses first
+    assert ckks.object_digest(key) == ckks.object_digest(their_key)
+    assert ckks.object_digest(ours.relin) == ckks.object_digest(theirs.relin)
+    assert ckks.object_digest(made.rotation_result()) == \
+        ckks.object_digest(parsed.rotation_result())
+    assert ckks.object_digest(shares[1].public_key.key) == \
+        ckks.object_digest(_parsed(ctx, shares[1]).public_key.key)
+    assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key.key)
+    assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin.key)
+    with pytest.raises(InputError, match="never serialized"):
+        ckks.object_digest(ctx.raw.KeyGen().secretKey)
+
+
+def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
+    ctx = shared_context("test")
+    setup, keys, shares = _round_one(ctx)
+    honest = setup.round_one_sum()
+    for share in shares:
+        honest.add(share)
+    server = honest.result()
+
+    def check() -> ckks.KeyCheck:
+        mine = ckks.KeyCheck(setup)
+        for share in shares:
+            mine.add(share)
+        return mine
+
+    other_setup, _, other_shares = _round_one(ctx)  # a key pair of the server's own
+    fake = other_setup.round_one_sum()
+    for share in other_shares:
+        fake.add(share)
+    forged = fake.result()
+    with pytest.raises(ProtocolError, match="other tags"):
+        check().check_round_one(forged)
+    same_tags = ckks.JointKeys(forged.joint.public_key, server.joint.tag,
+                               server.joint.party_tags)
+    with pytest.raises(ProtocolError, match="joint public key the server sent differs"):
+        check().check_round_one(ckks.JointRoundOne(same_tags, server.relin))
+    with pytest.raises(ProtocolError, match="round-1 relinearization aggregate"):
+        check().check_round_one(ckks.JointRoundOne(server.joint, shares[1].relin.key))
+
+    mine = check()
+    round_one = mine.check_round_one(server)
+    round_two = setup.round_two_sum(round_one.joint)
+    for party in keys:
+        share = setup.generate_round_two_share(party, round_one)
+        round_two.add(share, round_one.joint.tag)
+        mine.add_round_two(share)
+    installed = ckks.KeyDigests.of(round_two.result(), honest.rotation_result())
+    mine.check_final(installed)
+    with pytest.raises(ProtocolError, match="relinearization key the server installed"):
+        mine.check_final(ckks.KeyDigests(b"\0" * 32, installed.rotation))
+    with pytest.raises(ProtocolError, match="rotation keys the server installed differ"):
+        mine.check_final(ckks.KeyDigests(installed.relin, None))

@@ -24,15 +24,17 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     lead = setup.generate_keys(None)
     shares = setup.generate_shares(lead, None)
     message = LeadKeys.of(shares)
-    assert list(message.fields()) == ["public_key", "relin_share", "rotation_share"]
+    assert list(message.fields()) == ["signature", "certificate", "public_key", "relin_share",
+                                      "rotation_share"]
+    assert (message.signature, message.certificate) == (b"", b"")  # signed when sent
     back = message.shares(setup)
     assert back.public_key.key is shares.public_key.key
     assert (back.relin.round, back.relin.key) == (1, shares.relin.key)
     assert (back.rotation.indices, back.rotation.keys) == ((1,), shares.rotation.keys)
     other = setup.generate_keys(back)
     assert isinstance(KeyShares.of(setup.generate_shares(other, back)), KeyShares)
-    without_relin = KeyShares(public_key=message.public_key, relin_share=None,
-                              rotation_share=message.rotation_share)
+    without_relin = KeyShares(signature=b"", certificate=b"", public_key=message.public_key,
+                              relin_share=None, rotation_share=message.rotation_share)
     with pytest.raises(ProtocolError, match="relin-key share is missing"):
         without_relin.shares(setup)
     plain = ckks.KeySetup(ctx, relinearize=False)
@@ -45,7 +47,7 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     received = JointRound1.of(round_one).round_one()
     assert received.joint == round_one.joint and received.relin is round_one.relin
     round_two = setup.generate_round_two_share(other, received)
-    assert RelinRound2(share=round_two.key).as_share() == round_two
+    assert RelinRound2.of(round_two).as_share() == round_two
 
 
 def test_share_replies_say_which_operation_they_answer() -> None:
@@ -64,9 +66,8 @@ def test_share_replies_say_which_operation_they_answer() -> None:
 
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:
     """What the server holds during key setup: one party's shares (31 MB at ring 2^15)
-    and the running sums, never all P parties' — each share is added before the next
-    party's message is read; the lead's shares are added (and so checked) before they
-    are forwarded to the other parties."""
+    and the running sums, never all P parties' — each share is added (and so checked)
+    and forwarded to the other parties before the next party's message is read."""
     import numpy as np
 
     from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
@@ -78,11 +79,9 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
             self.events: list[str] = []
 
         def frame(self, event: FrameEvent) -> None:
-            if event.direction == "received" and event.kind in ("ckks.key_shares",
-                                                                "ckks.relin_round2"):
-                self.events.append("read")
-            if event.direction == "sent" and event.kind == "ckks.lead_keys":
-                self.events.append("forward")
+            shares = ("ckks.lead_keys", "ckks.key_shares", "ckks.relin_round2")
+            if event.kind in shares:
+                self.events.append("read" if event.direction == "received" else "forward")
 
         def crypto_call(self, event: CryptoEvent) -> None:
             if event.call in ("RoundOneSum.add", "RelinSum.add"):
@@ -91,9 +90,10 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
     seen = Order()
     parts = [np.random.default_rng(p).normal(size=(5, 2)) for p in range(4)]
     simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=seen)
-    # round one: the lead's shares added, then forwarded to parties 2..4, then theirs;
-    # round two: all 4
-    assert seen.events == ["add"] + ["forward"] * 3 + ["read", "add"] * 3 + ["read", "add"] * 4
+    # round one: the lead's shares, then parties 2..4's; round two: all 4; each read,
+    # added, then forwarded to the 3 other parties
+    assert seen.events == ["read", "add"] + ["forward"] * 3 + (
+        ["read", "add"] + ["forward"] * 3) * 3 + (["read", "add"] + ["forward"] * 3) * 4
 
 
 # -- what a party checks of the joint keys --------------------------------------------------

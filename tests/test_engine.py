@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fednorm.engine.codec import Header, decode_frame, encode_frame, register_ext_type
-from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    ProtocolTimeout,
+)
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import get_protocol
@@ -350,3 +356,10 @@ def test_a_signature_vouches_for_one_share_in_one_place_only() -> None:
     with pytest.raises(TypeError, match="private key"):
         pickle.dumps(keyrings[1].signer)
 
+
+async def test_a_party_without_a_signing_key_stops_before_any_key_setup_work() -> None:
+    from fednorm.protocols import FitOptions
+
+    with pytest.raises(FednormError, match=r"party [12] has no signing key"):
+        await run_federation(get_protocol("zscore", "mhe"), [np.ones((3, 1))] * 2,
+                             FitOptions(preset="test"), keyrings={})

@@ -26,6 +26,7 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
+from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import METHODS, Protocol, check_party_data
@@ -47,14 +48,18 @@ def role_context(
     tracer: Tracer | Sequence[Tracer] | None = None,
     crypto: Any = None,
     worker_limiter: trio.CapacityLimiter | None = None,
+    keyring: Keyring | None = None,
 ) -> RoleContext:
     """The context role ``me`` of ``protocol`` talks through in ``session``.
 
     ``tracer`` watches this role (its phases, its crypto calls, every frame it sends or
-    receives); ``crypto`` is what the role kept from an earlier run of the federation.
+    receives); ``crypto`` is what the role kept from an earlier run of the federation;
+    ``keyring`` is a party's signing key and its peers' verification keys (a PPF key
+    setup needs them, :mod:`fednorm.engine.signing`).
     """
     return RoleContext(me, links, session, protocol=protocol.name, timeout=timeout,
-                       crypto=crypto, worker_limiter=worker_limiter, tracer=tracer)
+                       crypto=crypto, worker_limiter=worker_limiter, tracer=tracer,
+                       keyring=keyring)
 
 
 async def play(ctx: RoleContext, protocol: Protocol, options: FitOptions,
@@ -129,20 +134,21 @@ ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far
 @dataclass
 class StepContexts:
     """The :data:`ContextFor` of role ``me`` over the same links for a whole session:
-    each step's context, made on the crypto the previous step left; ``made`` keeps them,
-    in order (their traffic)."""
+    each step's context, made on the crypto the previous step left (and, for a party,
+    its ``keyring``); ``made`` keeps them, in order (their traffic)."""
 
     me: int
     links: Mapping[int, Link]
     session: str
     timeout: float | None
     tracer: Tracer | Sequence[Tracer] | None = None
+    keyring: Keyring | None = None
     made: list[RoleContext] = field(default_factory=list)
 
     def __call__(self, protocol: Protocol, crypto: Any) -> RoleContext:
         self.made.append(role_context(self.me, self.links, self.session, protocol,
                                       timeout=self.timeout, tracer=self.tracer,
-                                      crypto=crypto))
+                                      crypto=crypto, keyring=self.keyring))
         return self.made[-1]
 
 

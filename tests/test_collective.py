@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.collective import (
     BootShare,
     DecryptShare,
@@ -24,15 +24,17 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     lead = setup.generate_keys(None)
     shares = setup.generate_shares(lead, None)
     message = LeadKeys.of(shares)
-    assert list(message.fields()) == ["public_key", "relin_share", "rotation_share"]
+    assert list(message.fields()) == ["signature", "certificate", "public_key", "relin_share",
+                                      "rotation_share"]
+    assert (message.signature, message.certificate) == (b"", b"")  # signed when sent
     back = message.shares(setup)
     assert back.public_key.key is shares.public_key.key
     assert (back.relin.round, back.relin.key) == (1, shares.relin.key)
     assert (back.rotation.indices, back.rotation.keys) == ((1,), shares.rotation.keys)
     other = setup.generate_keys(back)
     assert isinstance(KeyShares.of(setup.generate_shares(other, back)), KeyShares)
-    without_relin = KeyShares(public_key=message.public_key, relin_share=None,
-                              rotation_share=message.rotation_share)
+    without_relin = KeyShares(signature=b"", certificate=b"", public_key=message.public_key,
+                              relin_share=None, rotation_share=message.rotation_share)
     with pytest.raises(ProtocolError, match="relin-key share is missing"):
         without_relin.shares(setup)
     plain = ckks.KeySetup(ctx, relinearize=False)
@@ -45,7 +47,7 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     received = JointRound1.of(round_one).round_one()
     assert received.joint == round_one.joint and received.relin is round_one.relin
     round_two = setup.generate_round_two_share(other, received)
-    assert RelinRound2(share=round_two.key).as_share() == round_two
+    assert RelinRound2.of(round_two).as_share() == round_two
 
 
 def test_share_replies_say_which_operation_they_answer() -> None:
@@ -64,9 +66,8 @@ def test_share_replies_say_which_operation_they_answer() -> None:
 
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:
     """What the server holds during key setup: one party's shares (31 MB at ring 2^15)
-    and the running sums, never all P parties' — each share is added before the next
-    party's message is read; the lead's shares are added (and so checked) before they
-    are forwarded to the other parties."""
+    and the running sums, never all P parties' — each share is added (and so checked)
+    and forwarded to the other parties before the next party's message is read."""
     import numpy as np
 
     from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
@@ -78,11 +79,9 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
             self.events: list[str] = []
 
         def frame(self, event: FrameEvent) -> None:
-            if event.direction == "received" and event.kind in ("ckks.key_shares",
-                                                                "ckks.relin_round2"):
-                self.events.append("read")
-            if event.direction == "sent" and event.kind == "ckks.lead_keys":
-                self.events.append("forward")
+            shares = ("ckks.lead_keys", "ckks.key_shares", "ckks.relin_round2")
+            if event.kind in shares:
+                self.events.append("read" if event.direction == "received" else "forward")
 
         def crypto_call(self, event: CryptoEvent) -> None:
             if event.call in ("RoundOneSum.add", "RelinSum.add"):
@@ -91,6 +90,99 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
     seen = Order()
     parts = [np.random.default_rng(p).normal(size=(5, 2)) for p in range(4)]
     simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=seen)
-    # round one: the lead's shares added, then forwarded to parties 2..4, then theirs;
-    # round two: all 4
-    assert seen.events == ["add"] + ["forward"] * 3 + ["read", "add"] * 3 + ["read", "add"] * 4
+    # round one: the lead's shares, then parties 2..4's; round two: all 4; each read,
+    # added, then forwarded to the 3 other parties
+    assert seen.events == ["read", "add"] + ["forward"] * 3 + (
+        ["read", "add"] + ["forward"] * 3) * 3 + (["read", "add"] + ["forward"] * 3) * 4
+
+
+# -- what a party checks of the joint keys --------------------------------------------------
+def _parsed(ctx: ckks.CkksContext, shares: ckks.SetupShares) -> ckks.SetupShares:
+    """The shares as a party reads them off the wire."""
+    def back(obj: object, kind: str) -> object:
+        return ctx.from_bytes(kind, ctx.to_bytes(obj))
+    return ckks.SetupShares(
+        ckks.PublicKeyShare(back(shares.public_key.key, "public_key")),
+        ckks.RelinShare(1, back(shares.relin.key, "eval_key")),
+        ckks.RotationShare(shares.rotation.indices, back(shares.rotation.keys, "eval_key_map")))
+
+
+def _round_one(ctx: ckks.CkksContext, parties: int = 3) -> tuple[
+        ckks.KeySetup, list[ckks.PartyKeys], list[ckks.SetupShares]]:
+    setup = ckks.KeySetup(ctx, relinearize=True, rotations=(1,))
+    lead = setup.generate_keys(None)
+    lead_shares = setup.generate_shares(lead, None)
+    keys = [lead] + [setup.generate_keys(lead_shares) for _ in range(parties - 1)]
+    return setup, keys, [lead_shares] + [setup.generate_shares(k, lead_shares)
+                                         for k in keys[1:]]
+
+
+def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
+    """Parties compare the server's keys with their own by digest: the sum of the shares
+    as made (the lead's own view) and as parsed off the wire (everyone else's) must
+    digest alike, though a parsed public key serializes longer; another key must not."""
+    import openfhe
+
+    ctx = shared_context("test")
+    setup, _, shares = _round_one(ctx)
+    made, parsed = setup.round_one_sum(), setup.round_one_sum()
+    for share in shares:
+        made.add(share)
+        parsed.add(_parsed(ctx, share))
+    ours, theirs = made.result(), parsed.result()
+    key, their_key = ours.joint.public_key, theirs.joint.public_key
+    assert len(openfhe.Serialize(key, openfhe.BINARY)) != \
+        len(openfhe.Serialize(their_key, openfhe.BINARY))  # why the digest parses first
+    assert ckks.object_digest(key) == ckks.object_digest(their_key)
+    assert ckks.object_digest(ours.relin) == ckks.object_digest(theirs.relin)
+    assert ckks.object_digest(made.rotation_result()) == \
+        ckks.object_digest(parsed.rotation_result())
+    assert ckks.object_digest(shares[1].public_key.key) == \
+        ckks.object_digest(_parsed(ctx, shares[1]).public_key.key)
+    assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key.key)
+    assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin.key)
+    with pytest.raises(InputError, match="never serialized"):
+        ckks.object_digest(ctx.raw.KeyGen().secretKey)
+
+
+def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
+    ctx = shared_context("test")
+    setup, keys, shares = _round_one(ctx)
+    honest = setup.round_one_sum()
+    for share in shares:
+        honest.add(share)
+    server = honest.result()
+
+    def check() -> ckks.KeyCheck:
+        mine = ckks.KeyCheck(setup)
+        for share in shares:
+            mine.add(share)
+        return mine
+
+    other_setup, _, other_shares = _round_one(ctx)  # a key pair of the server's own
+    fake = other_setup.round_one_sum()
+    for share in other_shares:
+        fake.add(share)
+    forged = fake.result()
+    with pytest.raises(ProtocolError, match="other tags"):
+        check().check_round_one(forged)
+    same_tags = ckks.JointKeys(forged.joint.public_key, server.joint.tag,
+                               server.joint.party_tags)
+    with pytest.raises(ProtocolError, match="joint public key the server sent differs"):
+        check().check_round_one(ckks.JointRoundOne(same_tags, server.relin))
+    with pytest.raises(ProtocolError, match="round-1 relinearization aggregate"):
+        check().check_round_one(ckks.JointRoundOne(server.joint, shares[1].relin.key))
+
+    mine = check()
+    round_one = mine.check_round_one(server)
+    round_two = setup.round_two_sum(round_one.joint)
+    for party in keys:
+        share = setup.generate_round_two_share(party, round_one)
+        round_two.add(share, round_one.joint.tag)
+        mine.add_round_two(share)
+    installed = ckks.KeyDigests.of(round_two.result(), honest.rotation_result())
+    mine.check_final(installed)
+    with pytest.raises(ProtocolError, match="relinearization key the server installed"):
+        mine.check_final(ckks.KeyDigests(b"\0" * 32, installed.rotation))
+    with pytest.raises(ProtocolError, match="rotation keys the server installed differ"):
+        mine.check_final(ckks.KeyDigests(installed.relin, None))

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fednorm.engine.codec import Header, decode_frame, encode_frame, register_ext_type
-from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    ProtocolTimeout,
+)
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import get_protocol
@@ -310,3 +316,50 @@ def test_errors_cross_process_boundaries(error: Exception) -> None:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is type(error) and str(back) == str(error)
     assert back.__dict__ == error.__dict__
+
+
+# -- signatures on key shares ---------------------------------------------------------------
+def test_a_signature_vouches_for_one_share_in_one_place_only() -> None:
+    """What a party signs binds session, protocol, round, kind, party and the share's
+    digest: a signature moved to any other of them, or made with another party's key,
+    does not verify; a trusted setup takes no certificate from the wire."""
+    import dataclasses
+    import pickle
+
+    from fednorm.engine import signing
+
+    keyrings = signing.trusted_setup([1, 2, 3])
+    statement = signing.Statement("s1", "zscore-mhe/setup", 1, "ckks.key_shares", 2,
+                                  b"\1" * 32)
+    signature = keyrings[2].signer.sign(statement)
+    verifier = keyrings[1].verifier
+    signing.verify(verifier, statement, signature, b"")
+    moved = {"session": "s2", "protocol": "minmax-mhe/setup", "round": 2,
+             "kind": "ckks.relin_round2", "party": 3, "digest": b"\2" * 32}
+    for name, value in moved.items():
+        with pytest.raises(ProtocolError, match="does not verify"):
+            signing.verify(verifier, dataclasses.replace(statement, **{name: value}),
+                           signature, b"")
+    with pytest.raises(ProtocolError, match="does not verify"):
+        signing.verify(verifier, statement, keyrings[3].signer.sign(
+            dataclasses.replace(statement, party=3)), b"")
+    with pytest.raises(ProtocolError, match="share of party 2 is unsigned"):
+        signing.verify(verifier, statement, b"", b"")
+    with pytest.raises(ProtocolError, match="malformed signature"):
+        signing.verify(verifier, statement, "not bytes", b"")
+    with pytest.raises(ProtocolError, match="handed out directly"):
+        signing.verify(verifier, statement, signature, b"a certificate")
+    with pytest.raises(ProtocolError, match="no verification key for party 4"):
+        signing.verify(verifier, dataclasses.replace(statement, party=4), signature, b"")
+    with pytest.raises(InputError, match="cannot sign for party 2"):
+        keyrings[1].signer.sign(statement)
+    with pytest.raises(TypeError, match="private key"):
+        pickle.dumps(keyrings[1].signer)
+
+
+async def test_a_party_without_a_signing_key_stops_before_any_key_setup_work() -> None:
+    from fednorm.protocols import FitOptions
+
+    with pytest.raises(FednormError, match=r"party [12] has no signing key"):
+        await run_federation(get_protocol("zscore", "mhe"), [np.ones((3, 1))] * 2,
+                             FitOptions(preset="test"), keyrings={})

@@ -30,6 +30,7 @@ from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
 from fednorm.engine.errors import InputError, PartyDropped
 from fednorm.flower import fitted_normalizer, normalize, register_party
+from fednorm.flower.client import CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
 from fednorm.sim.federation import simulate
@@ -236,23 +237,33 @@ def test_a_session_of_several_methods_leaves_each_fit_on_every_node(pipe_dir: Pa
 
 
 def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
-    pipe_dir: Path,
+    pipe_dir: Path, certs: Path,
 ) -> None:
     recorder = Recorder()
     options = FitOptions(preset="test", vabs=(4e3,), minmax_bits=4, minmax_passes=2)
     grid = loopback(partition_of)
+    for context in grid.contexts.values():  # each party signs its key shares
+        context.node_config[CERTS_KEY] = str(certs)
     fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
     assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
     kinds = session_kinds(recorder)  # every frame within its step's ledger
     assert list(kinds) == list(fitted.traffic)  # in this order
     assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
     assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS
+    assert fitted.traffic["keys-mhe"].bytes_sent > 2 * fitted.traffic["keys-mhe"].bytes_received
     pooled = pooled_training_rows()
     np.testing.assert_allclose(fitted.normalizers["zscore"].mean, pooled.mean(axis=0),
                                rtol=1e-6)
     for context in grid.contexts.values():
         assert fitted_normalizer(context, "minmax").params() == \
             fitted.normalizers["minmax"].params()
+    wait_until_gone(pipe_dir)
+
+
+def test_a_ppf_session_needs_each_node_s_signing_key(pipe_dir: Path) -> None:
+    grid = loopback(partition_of)  # no fednorm-certs in the node config
+    with pytest.raises(PartyDropped, match=r"party \d has no signing key"):
+        normalize(grid, NODE_IDS, "zscore", "mhe", FitOptions(preset="test"))
     wait_until_gone(pipe_dir)
 
 
@@ -319,7 +330,7 @@ def node_id_from_log(path: Path, seconds: float = 60.0) -> int:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[Deployment]:
     home = tmp_path_factory.mktemp("flwr-home")
     pipe_dir = short_private_dir("fnf-")
     env = {**os.environ, "FLWR_HOME": str(home), PIPE_DIR_ENV: str(pipe_dir),
@@ -337,7 +348,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         commands[f"supernode-{pid}"] = [
             "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}",
             "--clientappio-api-address", f"127.0.0.1:{clientappio[pid]}",
-            "--node-config", f"partition-id={pid} num-partitions={NODES}"]
+            "--node-config", f'partition-id={pid} num-partitions={NODES} '
+                             f'{CERTS_KEY}="{certs}"']
     logs = {name: home / f"{name}.log" for name in commands}
     processes: list[subprocess.Popen[bytes]] = []
     try:

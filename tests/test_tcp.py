@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import re
 import shutil
@@ -37,7 +38,7 @@ from fednorm.multihost.handshake import (
 )
 from fednorm.multihost.lobby import Lobby, SchemaMismatch
 from fednorm.transport.tcp import HandshakeRefused, TcpLink, parse_address
-from fednorm.transport.tls import init_certs, party_context, server_context
+from fednorm.transport.tls import init_certs, party_context, party_keyring, server_context
 
 FEATURES = ("a", "b")
 
@@ -383,3 +384,32 @@ def test_a_renamed_party_certificate_fails_before_connecting(certs: Path,
         party_context(tmp_path, 3)
     with pytest.raises(InputError, match="not a certs directory"):
         server_context(tmp_path / "nowhere")
+
+
+# -- signing keys from the certificates ----------------------------------------------------
+def test_parties_sign_with_their_certificates_and_check_them_against_the_ca(
+    certs: Path, other_certs: Path,
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    from fednorm.engine import signing
+
+    statement = signing.Statement("s1", "zscore-mhe/setup", 1, "ckks.key_shares", 2,
+                                  b"\1" * 32)
+    two, three = party_keyring(certs, 2), party_keyring(certs, 3)
+    verifier = party_keyring(certs, 1).verifier
+    signing.verify(verifier, statement, two.signer.sign(statement), two.signer.certificate)
+    with pytest.raises(ProtocolError, match="sent for party 2 is party 3's"):
+        signing.verify(verifier, statement, three.signer.sign(
+            dataclasses.replace(statement, party=3)), three.signer.certificate)
+    stranger = party_keyring(other_certs, 2).signer  # same name, another federation's CA
+    with pytest.raises(ProtocolError, match="not signed by the federation CA"):
+        signing.verify(verifier, statement, stranger.sign(statement), stranger.certificate)
+    with pytest.raises(ProtocolError, match="missing or unreadable"):
+        signing.verify(verifier, statement, two.signer.sign(statement), b"")
+    key_of_one = serialization.load_pem_private_key((certs / "party-1.key").read_bytes(), None)
+    cert_of_two = x509.load_pem_x509_certificate((certs / "party-2.pem").read_bytes())
+    with pytest.raises(InputError, match="does not belong to its certificate"):
+        signing.Signer.of_certificate(2, key_of_one, cert_of_two)
+    with pytest.raises(InputError, match="not party 1's"):
+        signing.Signer.of_certificate(1, key_of_one, cert_of_two)

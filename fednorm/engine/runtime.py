@@ -23,6 +23,7 @@ import trio
 from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame
 from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
 from fednorm.engine.messages import Abort, Message
+from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
 
 SERVER = 0
@@ -86,11 +87,13 @@ class RoleContext:
         crypto: Any = None,
         worker_limiter: trio.CapacityLimiter | None = None,
         tracer: object | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.me = me
         self.session = session
         self.timeout = timeout
         self.crypto = crypto
+        self.keyring = keyring  # a party's signing key and its peers' verification keys
         self.stats = TrafficStats()
         self._links = dict(links)
         self._protocols = [protocol]

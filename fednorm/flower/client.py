@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 DataLoader = Callable[[Context], np.ndarray]
 STATE_KEY = "fednorm-normalizer"
+# Node config: a certs directory ('fednorm certs init') holding ca.pem and the certificate
+# and key of the party this node plays, which sign its key shares in a PPF key setup.
+CERTS_KEY = "fednorm-certs"
 WORKER_START_SECONDS = 120.0
 # The worker answers once the party waits again; allow for the party's own work on top.
 _RELAY_MARGIN_SECONDS = 30.0
@@ -60,7 +63,10 @@ def register_party(app: ClientApp, load_data: DataLoader) -> None:
 
     ``load_data(context)`` returns this node's feature matrix (rows by features, NaN for
     missing values); it is called once per session, on the node, and the data never
-    leaves the node.
+    leaves the node.  For PPF (``mhe``) sessions the node config's ``fednorm-certs``
+    names the directory with the federation's ``ca.pem`` and the certificate and key of
+    the party the node plays (party i+1 is the i-th node the ServerApp names): they sign
+    its key shares, and check the other parties'.
     """
 
     @app.query(ACTION)
@@ -81,7 +87,7 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         packet = {"session": request.session, "party": request.party,
                   "frames": request.frames, "closing": request.closing}
         if request.start is not None:
-            packet["setup"] = _setup(request, _checked(load_data(context)))
+            packet["setup"] = _setup(request, _checked(load_data(context)), context)
             start_worker(path, request.timeout)
         reply = _exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
@@ -113,12 +119,13 @@ def _checked(X: np.ndarray) -> np.ndarray:
     return check_party_data(X)
 
 
-def _setup(request: Request, X: np.ndarray) -> dict[str, object]:
+def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:
     assert request.start is not None
+    certs = context.node_config.get(CERTS_KEY)
     return {"party": request.party, "session": request.session,
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
-            "X": array_to_wire(X)}
+            "X": array_to_wire(X), "certs": None if certs is None else str(certs)}
 
 
 def _answer(request: Request, reply: dict[str, object], context: Context) -> Answer:

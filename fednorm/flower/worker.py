@@ -52,6 +52,7 @@ from fednorm.session import (
     play_session,
     root_cause,
 )
+from fednorm.transport.tls import party_keyring
 
 _PARENT_POLL_SECONDS = 0.5
 
@@ -122,7 +123,8 @@ class RelayLink:
 
 @dataclass(frozen=True)
 class Setup:
-    """What the first ClientApp run tells the worker: the session, the role, the data."""
+    """What the first ClientApp run tells the worker: the session, the role, the data,
+    and where the node keeps the certificates a PPF key setup signs with (or None)."""
 
     party: int
     session: str
@@ -131,6 +133,7 @@ class Setup:
     options: dict[str, Any]
     timeout: float
     X: np.ndarray
+    certs: str | None
 
     @classmethod
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
@@ -139,7 +142,7 @@ class Setup:
             return cls(int(setup["party"]), str(setup["session"]),
                        tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
-                       array_from_wire(setup["X"]))
+                       array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed setup on the party pipe: {exc}") from None
 
@@ -260,8 +263,9 @@ class PartyWorker:
     async def _party_role(self, setup: Setup) -> list[Normalizer]:
         plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
+        keyring = party_keyring(Path(setup.certs), setup.party) if setup.certs else None
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
-                                setup.timeout)
+                                setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
         return await play_session(contexts, plan, options, X)
 

@@ -38,7 +38,7 @@ from fednorm.session import (
     play_session,
 )
 from fednorm.transport.tcp import TcpLink
-from fednorm.transport.tls import party_context
+from fednorm.transport.tls import party_context, party_keyring
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Party:
             raise InputError(f"party ids are 1..N, got {config.party}")
         self.config = config
         self.context = party_context(config.certs, config.party)
+        self.keyring = party_keyring(config.certs, config.party)
         self.tracer = tracer
         self._log = log
 
@@ -80,7 +81,7 @@ class Party:
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
             contexts = StepContexts(config.party, {SERVER: link}, welcome.session,
-                                    timeouts.protocol, self.tracer)
+                                    timeouts.protocol, self.tracer, self.keyring)
             normalizers = await play_session(contexts, plan, options, X, features)
         finally:
             await link.aclose()

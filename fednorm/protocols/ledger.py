@@ -22,10 +22,17 @@ from fednorm.protocols.base import METHODS, PRIVACY_MODES
 Fields = Mapping[str, frozenset[str]]
 """Message kind → the fields it may carry in plaintext."""
 
-# Every PPF protocol: the key setup names each party's key tag (random identifiers);
-# a bootstrap request names the index of the common random element (a counter).
+# Every PPF protocol: the key setup names each party's key tag (random identifiers),
+# each share carries its maker's signature and certificate (public), and the server
+# names digests of the evaluation keys it installed; a bootstrap request names the
+# index of the common random element (a counter).
+_SIGNED = frozenset({"signature", "certificate"})
 COLLECTIVE: Fields = {
+    "ckks.lead_keys": _SIGNED,
+    "ckks.key_shares": _SIGNED,
     "ckks.joint_round1": frozenset({"party_tags"}),
+    "ckks.relin_round2": _SIGNED,
+    "ckks.setup_done": frozenset({"relin_key", "rotation_keys"}),
     "ckks.boot_request": frozenset({"index"}),
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from exceptiongroup import BaseExceptionGroup
 from fednorm.engine.ckks import in_process_run
 from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
+from fednorm.engine.signing import Keyring, trusted_setup
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
@@ -101,6 +102,7 @@ async def run_federation(
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
     party_tracer: Tracer | None = None,
+    keyrings: Mapping[int, Keyring] | None = None,
 ) -> SimulationResult:
     """Run ``protocol`` with one party per array, all in this trio run.
 
@@ -108,7 +110,10 @@ async def run_federation(
     with what it kept from the previous run and keeps what it holds after this one.
     ``features`` names the columns in error messages; ``tracer`` sees what the server
     does (its phases, crypto calls, and every frame it sends or receives, which is every
-    frame of the run), ``party_tracer`` what every party does.
+    frame of the run), ``party_tracer`` what every party does.  Each party signs its key
+    shares with its ``keyrings`` entry (by default a fresh key each, every verification
+    key handed to every party here, not through the server: :func:`~fednorm.engine.
+    signing.trusted_setup`).
     """
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
@@ -119,11 +124,12 @@ async def run_federation(
     party_ids = list(range(1, len(arrays) + 1))
     server_links, party_links = star_links(party_ids)
     limiter = trio.CapacityLimiter(worker_threads())
+    keyrings = trusted_setup(party_ids) if keyrings is None else keyrings
 
     def context(me: int, links: dict[int, Link], tracer: Tracer | None) -> RoleContext:
         return role_context(me, links, session, protocol, timeout=timeout, tracer=tracer,
                             crypto=keys.by_role.get(me) if keys is not None else None,
-                            worker_limiter=limiter)
+                            worker_limiter=limiter, keyring=keyrings.get(me))
 
     server_ctx = context(SERVER, dict(server_links), tracer)
     party_ctxs = {p: context(p, {SERVER: party_links[p]}, party_tracer) for p in party_ids}
@@ -198,15 +204,17 @@ def simulate_session(
     protocols = [get_protocol(method, privacy) for method in methods]
     check_federation_data(party_data)
     keys = FederationKeys()
+    keyrings = trusted_setup(range(1, len(party_data) + 1))
 
     async def run_all() -> SessionResult:
         setup = None
         if privacy == "mhe":
             step = setup_protocol([p.method for p in protocols])
             setup = (await run_federation(step, party_data, options, timeout=timeout,
-                                          keys=keys, tracer=tracer)).report
+                                          keys=keys, tracer=tracer, keyrings=keyrings)).report
         results = [await run_federation(protocol, party_data, options, timeout=timeout,
-                                        keys=keys, features=features, tracer=tracer)
+                                        keys=keys, features=features, tracer=tracer,
+                                        keyrings=keyrings)
                    for protocol in protocols]
         return SessionResult(setup, results)
 

@@ -6,7 +6,8 @@
     DIR/ca.key                  the CA's private key: only for issuing, keep it offline
     DIR/server.pem, server.key  the server's certificate (SAN localhost, 127.0.0.1, ::1,
                                 and every --host) and key
-    DIR/party-<i>.pem, .key     party i's client certificate (CN "party-<i>") and key
+    DIR/party-<i>.pem, .key     party i's client certificate (CN "party-<i>") and key,
+                                which also signs its key shares (:func:`party_keyring`)
 
 Keys are written 0600.  The server's host needs ``ca.pem`` and ``server.*``; party i's
 host needs ``ca.pem`` and ``party-<i>.*``.  Both sides require the peer's certificate
@@ -19,7 +20,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,17 +31,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fednorm.engine import signing
 from fednorm.engine.errors import InputError
+from fednorm.engine.signing import (
+    CertificateAuthority,
+    Keyring,
+    Signer,
+    party_from_cn,
+    party_name,
+)
 
 CA_NAME = "ca"
 SERVER_NAME = "server"
-PARTY_CN = re.compile(r"party-([1-9][0-9]{0,8})")
 DEFAULT_SAN = ("localhost", "127.0.0.1", "::1")
-
-
-def party_name(party: int) -> str:
-    """The certificate CN and file stem of party ``party``."""
-    return f"party-{party}"
 
 
 @dataclass(frozen=True)
@@ -112,13 +114,31 @@ def party_context(directory: Path, party: int) -> ssl.SSLContext:
     return _context(False, ca, pair)
 
 
+def party_keyring(directory: Path, party: int) -> Keyring:
+    """Party ``party``'s signing key for its key shares: the private key of its
+    certificate, which goes along with each signature, and the federation CA, against
+    which it checks the certificates that come with the other parties' signatures
+    (:mod:`fednorm.engine.signing`)."""
+    directory = Path(directory)
+    ca = _load_certificate(ca_file(directory))
+    pair = CertPair.named(directory, party_name(party))
+    pair.check(f"party {party}")
+    try:
+        key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"cannot read the private key {pair.key}: {exc}") from None
+    signer = Signer.of_certificate(party, key, _load_certificate(pair.cert))
+    return Keyring(signer, CertificateAuthority(ca))
+
+
+def _load_certificate(path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read certificate {path}: {exc}") from None
+
+
 # -- identities -----------------------------------------------------------------------
-def party_from_cn(common_name: str | None) -> int | None:
-    """The party id in a CN such as ``party-3``; None for anything else."""
-    match = PARTY_CN.fullmatch(common_name or "")
-    return int(match.group(1)) if match else None
-
-
 def peer_party(peer_cert: Mapping[str, Any] | None) -> int | None:
     """The party id of a verified peer certificate (``SSLObject.getpeercert()``)."""
     for rdn in (peer_cert or {}).get("subject", ()):
@@ -130,13 +150,7 @@ def peer_party(peer_cert: Mapping[str, Any] | None) -> int | None:
 
 def certificate_party(path: Path) -> int | None:
     """The party id a certificate file was issued to."""
-
-    try:
-        cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read certificate {path}: {exc}") from None
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return party_from_cn(str(names[0].value)) if names else None
+    return signing.certificate_party(_load_certificate(path))
 
 
 # -- issuing --------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from fednorm.engine.ckks.collective import (
     Decryption,
     DecryptionShare,
     JointRoundOne,
+    KeyCheck,
+    KeyDigests,
     KeySetup,
     PublicKeyAggregate,
     PublicKeyGen,
@@ -69,7 +71,7 @@ from fednorm.engine.ckks.local import (
     setup_locally,
 )
 from fednorm.engine.ckks.presets import PAPER, PRESETS, TEST, CkksPreset, get_preset
-from fednorm.engine.ckks.serial import KINDS
+from fednorm.engine.ckks.serial import KINDS, object_digest, objects_digest
 
 __all__ = [
     "COUNT_RANGE",
@@ -92,6 +94,8 @@ __all__ = [
     "InversePlan",
     "JointKeys",
     "JointRoundOne",
+    "KeyCheck",
+    "KeyDigests",
     "KeySetup",
     "LevelBudgetError",
     "LocalRefresh",
@@ -126,6 +130,8 @@ __all__ = [
     "max_and_min",
     "maximum",
     "minimum",
+    "object_digest",
+    "objects_digest",
     "plan_compare",
     "plan_inverse",
     "rotate_by",

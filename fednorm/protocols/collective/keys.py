@@ -1,16 +1,26 @@
 """Collective key setup over the network: :class:`~fednorm.engine.ckks.KeySetup` in three
-rounds.
+rounds, every share signed by the party that made it and checked by every other party.
 
 1. the lead party (party 1) generates its keys and its shares of every key operation
    (:class:`LeadKeys`); the server forwards them to the other parties;
 2. every other party generates its keys and shares on the lead's (:class:`KeyShares`);
-   the server aggregates the joint public key and the round-1 relinearization key and
-   sends both to all parties (:class:`JointRound1`), then finalizes the rotation keys;
-3. every party sends its round-2 relinearization share (:class:`RelinRound2`); the
-   server aggregates and finalizes the relinearization key (:class:`SetupDone`).
+   the server forwards each party's to every other party, aggregates the joint public
+   key and the round-1 relinearization key and sends both to all parties
+   (:class:`JointRound1`), then finalizes the rotation keys;
+3. every party sends its round-2 relinearization share (:class:`RelinRound2`), which the
+   server forwards too; it aggregates and finalizes the relinearization key and tells
+   the parties digests of the evaluation keys it installed (:class:`SetupDone`).
 
-The server adds each party's shares to running sums as it reads them, and lets them go
-before reading the next party's: it holds one party's shares at a time, not P.
+Every party checks the signature of every share it is forwarded (:mod:`.signatures`),
+adds the shares up itself (:class:`~fednorm.engine.ckks.KeyCheck`, the server's running
+sums) and stops with a :class:`ProtocolError` unless the server's joint public key,
+round-1 aggregate and installed evaluation keys are its own aggregates; it encrypts
+under its own.  A server that deviates cannot make it use a key whose secret it knows.
+
+A party sends its shares only once the earlier parties' have reached it, and the server
+reads the parties in order, forwarding each party's shares before reading the next: so
+nobody waits on a link its peer is busy sending on (over TCP, both would block), and the
+server holds one party's shares at a time, not P.
 
 Without relinearization (a protocol that never multiplies two ciphertexts) the third
 round and its 25 MB-per-party shares are skipped.  Secret keys never leave
@@ -24,6 +34,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Protocol, TypeVar
 
+import openfhe
+
 from fednorm.engine import ckks
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -35,6 +47,7 @@ from fednorm.protocols.collective.messages import (
     SetupDone,
 )
 from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared_context
+from fednorm.protocols.collective.signatures import keyring_of, signed, verified
 
 LEAD = 1
 
@@ -65,34 +78,35 @@ async def setup_server(
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
     with rc.subprotocol("setup"):
-        round_one = await _round_one(rc, setup)
+        round_one, rotation_keys = await _round_one(rc, setup)
         joint = round_one.joint
         relin_sum = setup.round_two_sum(joint)
+        relin_key = None
         if relin_sum is not None:
-            await _add_from(rc, rc.parties, RelinRound2, RelinRound2.as_share,
-                            partial(relin_sum.add, tag=joint.tag))
-            await rc.run_sync(setup.install_relin, joint, relin_sum)
-        await rc.broadcast(SetupDone())
+            rc.stats.rounds += 1
+            await _relay(rc, rc.parties, RelinRound2, RelinRound2.as_share,
+                         partial(relin_sum.add, tag=joint.tag))
+            relin_key = await rc.run_sync(setup.install_relin, joint, relin_sum)
+        digests = await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys)
+        await rc.broadcast(SetupDone.of(digests))
     rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
                              rotations=tuple(rotations))
     return rc.crypto
 
 
-async def _round_one(rc: RoleContext, setup: ckks.KeySetup) -> ckks.JointRoundOne:
-    """Server: the lead's keys checked and forwarded to the others, every party's shares
-    added up as they arrive, the joint keys of round one broadcast, rotation keys
-    finalized."""
-    lead = await rc.receive(LEAD, LeadKeys)
+async def _round_one(rc: RoleContext, setup: ckks.KeySetup
+                     ) -> tuple[ckks.JointRoundOne, openfhe.EvalKeyMap | None]:
+    """Server: every party's shares (the lead's first) added up and forwarded as they
+    arrive, the joint keys of round one broadcast, the rotation keys finalized (and
+    returned)."""
     total = setup.round_one_sum()
-    await rc.run_sync(total.add, lead.shares(setup))
-    await rc.forward(lead, rc.parties[1:])
-    del lead  # added and forwarded: not held through the round
-    await _add_from(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
-                    total.add)
+    rc.stats.rounds += 1
+    await _relay(rc, [LEAD], LeadKeys, partial(LeadKeys.shares, setup=setup), total.add)
+    await _relay(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
+                 total.add)
     round_one = await rc.run_sync(total.result)
     await rc.broadcast(JointRound1.of(round_one))
-    await rc.run_sync(total.finalize_rotations, round_one.joint)
-    return round_one
+    return round_one, await rc.run_sync(total.finalize_rotations, round_one.joint)
 
 
 def flooding_arguments(options: FloodingOptions) -> dict[str, int]:
@@ -120,17 +134,18 @@ async def setup_party(
     if held is not None:
         rc.crypto = replace(held, rc=rc, flooding_bits=flooding_bits)
         return rc.crypto
+    keyring_of(rc)  # without one nothing could be checked: stop before any work
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
+    check = ckks.KeyCheck(setup)
     with rc.subprotocol("setup"):
-        lead = None if rc.me == LEAD else (await rc.receive(SERVER, LeadKeys)).shares(setup)
-        keys = await rc.run_sync(setup.generate_keys, lead)
-        await _send_shares(rc, setup, keys, lead)
-        round_one = (await rc.receive(SERVER, JointRound1)).round_one()
+        keys, announced = await _party_round_one(rc, setup, check)
+        round_one = await rc.run_sync(check.check_round_one, announced.round_one())
         if setup.relin:
-            await _send_round_two_share(rc, setup, keys, round_one)
-        await rc.receive(SERVER, SetupDone)
-    joint = round_one.joint
+            await _party_round_two(rc, setup, keys, round_one, check)
+        done = await rc.receive(SERVER, SetupDone)
+        await rc.run_sync(check.check_final, done.digests())
+    joint = round_one.joint  # this party's own aggregate, equal to the server's
     rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
                             rotations=tuple(rotations), n_parties=joint.n_parties,
                             flooding_bits=flooding_bits,
@@ -138,19 +153,51 @@ async def setup_party(
     return rc.crypto
 
 
-async def _send_shares(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
-                       lead: object) -> None:
-    """Party: its shares of every key operation to the server (kept no longer: at
-    ring 2^15 they are ~31 MB a party, and a simulation holds P parties)."""
+async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.KeyCheck
+                           ) -> tuple[ckks.PartyKeys, JointRound1]:
+    """Party: every party's round-one shares added up in party order, its own among
+    them, every other one signature-checked first; its own sent once the earlier
+    parties' have arrived (they come in party order).  Returns its keys and the server's
+    round one, which ends the forwarded shares."""
+    lead = None
+    if rc.me != LEAD:
+        lead = (await verified(rc, LEAD, await rc.receive(SERVER, LeadKeys))).shares(setup)
+    keys = await rc.run_sync(setup.generate_keys, lead)
     mine = await rc.run_sync(setup.generate_shares, keys, lead)
-    await rc.send(SERVER, (KeyShares if lead else LeadKeys).of(mine))
+    if lead is not None:
+        await rc.run_sync(check.add, lead)
+    for party in range(LEAD + 1, rc.me):
+        await _add_round_one(rc, party, await rc.receive(SERVER, KeyShares), setup, check)
+    await rc.send(SERVER, await signed(rc, (KeyShares if lead else LeadKeys).of(mine)))
+    await rc.run_sync(check.add, mine)
+    del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
+    party = rc.me
+    while not isinstance(msg := await rc.receive(SERVER, (KeyShares, JointRound1)),
+                         JointRound1):
+        party += 1
+        await _add_round_one(rc, party, msg, setup, check)
+    return keys, msg
 
 
-async def _send_round_two_share(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
-                                round_one: ckks.JointRoundOne) -> None:
-    """Party: its round-two relinearization share (25 MB at ring 2^15), not kept either."""
+async def _add_round_one(rc: RoleContext, party: int, msg: KeyShares,
+                         setup: ckks.KeySetup, check: ckks.KeyCheck) -> None:
+    shares = (await verified(rc, party, msg)).shares(setup)
+    await rc.run_sync(check.add, shares)
+
+
+async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
+                           round_one: ckks.JointRoundOne, check: ckks.KeyCheck) -> None:
+    """Party: its round-two relinearization share, made on its own round-one aggregate,
+    sent once the earlier parties' have arrived; every party's added up, every other
+    one signature-checked first."""
     share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
-    await rc.send(SERVER, RelinRound2(share=share.key))
+    for party in range(LEAD, round_one.joint.n_parties + 1):
+        if party == rc.me:
+            await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
+            await rc.run_sync(check.add_round_two, share)
+        else:
+            other = await verified(rc, party, await rc.receive(SERVER, RelinRound2))
+            await rc.run_sync(check.add_round_two, other.as_share())
 
 
 C = TypeVar("C", ServerCrypto, PartyCrypto)
@@ -175,10 +222,13 @@ def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
     return held if set(rotations) <= set(held.rotations) else None
 
 
-async def _add_from(rc: RoleContext, parties: Sequence[int], expected: type[M],
-                    share_of: Callable[[M], S], add: Callable[[S], None]) -> None:
-    """One message from each of ``parties``, in order (a round among them), its share
-    added to a running sum (in a worker thread) and let go before the next is read."""
-    rc.stats.rounds += 1
+async def _relay(rc: RoleContext, parties: Sequence[int], expected: type[M],
+                 share_of: Callable[[M], S], add: Callable[[S], None]) -> None:
+    """Server: one message from each of ``parties``, in order, its share added to a
+    running sum (in a worker thread) and the message forwarded to every other party,
+    then let go before the next is read."""
     for party in parties:
-        await rc.run_sync(add, share_of(await rc.receive(party, expected)))
+        msg = await rc.receive(party, expected)
+        await rc.run_sync(add, share_of(msg))
+        await rc.forward(msg, [peer for peer in rc.parties if peer != party])
+        del msg

@@ -9,21 +9,45 @@ and back.  Kinds and fields are the wire format: changing one changes the bytes 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import openfhe
 
 from fednorm.engine import ckks
+from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
 
 
 # -- key setup -----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
-class _SetupShareFields(Message):
+class Signed(Message):
+    """A share message signed by the party that made it (:mod:`fednorm.engine.signing`):
+    the server forwards it to every other party, who checks the signature before it adds
+    the share.  ``certificate`` is the signer's federation certificate (DER), empty when
+    the verification keys were handed out directly."""
+
+    ROUND: ClassVar[int] = 0  # the setup round the share belongs to
+
+    signature: bytes
+    certificate: bytes
+
+    def share_digest(self) -> bytes:
+        """A digest of the share's bytes: what the signature covers with its place."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _SetupShareFields(Signed):
     """A party's first share of each key operation of the setup (None: not needed)."""
+
+    ROUND = 1
 
     public_key: openfhe.PublicKey
     relin_share: openfhe.EvalKey | None
     rotation_share: openfhe.EvalKeyMap | None
+
+    def share_digest(self) -> bytes:
+        return ckks.objects_digest((self.public_key, self.relin_share, self.rotation_share))
 
     def shares(self, setup: ckks.KeySetup) -> ckks.SetupShares:
         """The typed shares; ProtocolError if one the setup needs is missing."""
@@ -38,7 +62,8 @@ class _SetupShareFields(Message):
 
     @classmethod
     def of(cls, shares: ckks.SetupShares) -> _SetupShareFields:
-        return cls(public_key=shares.public_key.key,
+        """The shares as a message, not signed yet (:func:`.signatures.signed` signs it)."""
+        return cls(signature=b"", certificate=b"", public_key=shares.public_key.key,
                    relin_share=shares.relin.key if shares.relin else None,
                    rotation_share=shares.rotation.keys if shares.rotation else None)
 
@@ -51,7 +76,7 @@ class LeadKeys(_SetupShareFields):
 
 @message("ckks.key_shares")
 class KeyShares(_SetupShareFields):
-    """Another party's shares, made on the lead's."""
+    """Another party's shares, made on the lead's (the server forwards them too)."""
 
 
 @message("ckks.joint_round1")
@@ -76,18 +101,43 @@ class JointRound1(Message):
 
 
 @message("ckks.relin_round2")
-class RelinRound2(Message):
-    """A party's round-2 relinearization share."""
+class RelinRound2(Signed):
+    """A party's round-2 relinearization share (the server forwards it too)."""
+
+    ROUND = 2
 
     share: openfhe.EvalKey
+
+    def share_digest(self) -> bytes:
+        return ckks.object_digest(self.share)
 
     def as_share(self) -> ckks.RelinShare:
         return ckks.RelinShare(2, self.share)
 
+    @classmethod
+    def of(cls, share: ckks.RelinShare) -> RelinRound2:
+        """The share as a message, not signed yet."""
+        return cls(signature=b"", certificate=b"", share=share.key)
+
 
 @message("ckks.setup_done")
 class SetupDone(Message):
-    """The joint keys are ready: the protocol proper may start."""
+    """The joint keys are ready: the protocol proper may start.  It carries digests of
+    the evaluation keys the server installed (None: not made), which every party
+    compares with its own aggregates."""
+
+    relin_key: bytes | None
+    rotation_keys: bytes | None
+
+    def digests(self) -> ckks.KeyDigests:
+        for name in ("relin_key", "rotation_keys"):
+            if not isinstance(getattr(self, name), bytes | None):
+                raise ProtocolError(f"the server's {name} digest is malformed")
+        return ckks.KeyDigests(self.relin_key, self.rotation_keys)
+
+    @classmethod
+    def of(cls, digests: ckks.KeyDigests) -> SetupDone:
+        return cls(relin_key=digests.relin, rotation_keys=digests.rotation)
 
 
 # -- decryption ----------------------------------------------------------------------------

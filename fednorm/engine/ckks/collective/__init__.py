@@ -14,6 +14,8 @@ flooded sum decryption :class:`SumDecryption`  the same
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
                                                finalize (common_element: the seeded CRS)
 key setup              :class:`KeySetup`       the three key operations, composed
+                       :class:`KeyCheck`       a party's own aggregate of a setup, compared
+                                               with the server's
 =====================  ======================  ==============================================
 
 A party *generates a share* from its secret (a :class:`~fednorm.engine.ckks.keys.
@@ -53,6 +55,8 @@ from fednorm.engine.ckks.collective.keygen import (
 )
 from fednorm.engine.ckks.collective.setup import (
     JointRoundOne,
+    KeyCheck,
+    KeyDigests,
     KeySetup,
     RoundOneSum,
     SetupShares,
@@ -66,6 +70,8 @@ __all__ = [
     "Decryption",
     "DecryptionShare",
     "JointRoundOne",
+    "KeyCheck",
+    "KeyDigests",
     "KeySetup",
     "PublicKeyAggregate",
     "PublicKeyGen",

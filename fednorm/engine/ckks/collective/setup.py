@@ -16,6 +16,11 @@ parties send the shares of all of them together:
 
 A server adds each party's shares to running sums as they arrive, so it never holds every
 party's shares at once (at ring 2^15, ~31 MB a party in round one, 25 MB in round two).
+
+Every party adds up every party's shares too, with the same running sums
+(:class:`KeyCheck`), and refuses to go on unless the joint keys the server sends or
+installs are its own aggregates: a server that deviates cannot make a party encrypt
+under a key whose secret it knows.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from fednorm.engine.ckks.collective.keygen import (
 )
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
+from fednorm.engine.ckks.serial import object_digest
 from fednorm.engine.errors import ProtocolError
 
 
@@ -99,10 +105,13 @@ class KeySetup:
         without relinearization); :meth:`install_relin` installs the sum."""
         return self.relin.running_sum(joint.tag, 2) if self.relin else None
 
-    def install_relin(self, joint: JointKeys, relin_sum: RelinSum | None) -> None:
-        """Server: install the relinearization key summed by :meth:`round_two_sum`."""
+    def install_relin(self, joint: JointKeys,
+                      relin_sum: RelinSum | None) -> openfhe.EvalKey | None:
+        """Server: install the relinearization key summed by :meth:`round_two_sum` (and
+        return it; None without relinearization)."""
         if self.relin and relin_sum is not None:
-            self.relin.finalize(joint, relin_sum.result())
+            return self.relin.finalize(joint, relin_sum.result())
+        return None
 
     def generate_round_two_share(self, keys: PartyKeys,
                                  round_one: JointRoundOne) -> RelinShare | None:
@@ -151,7 +160,99 @@ class RoundOneSum:
         joint = self.setup.public_key.finalize(self.public_key.result())
         return JointRoundOne(joint, self.relin.result() if self.relin else None)
 
-    def finalize_rotations(self, joint: JointKeys) -> None:
-        """Install the rotation keys (none: nothing to do)."""
-        if self.setup.rotation is not None and self.rotation is not None:
-            self.setup.rotation.finalize(joint, self.rotation.result())
+    def rotation_result(self) -> openfhe.EvalKeyMap | None:
+        """The summed rotation keys (None: the setup makes none)."""
+        if self.setup.rotation is None or self.rotation is None:
+            return None
+        return self.rotation.result()
+
+    def finalize_rotations(self, joint: JointKeys) -> openfhe.EvalKeyMap | None:
+        """Install the rotation keys, and return them (none: nothing to do)."""
+        keys = self.rotation_result()
+        if self.setup.rotation is not None and keys is not None:
+            self.setup.rotation.finalize(joint, keys)
+        return keys
+
+
+@dataclass(frozen=True)
+class KeyDigests:
+    """Digests of the evaluation keys a setup finalized (None: the setup makes none):
+    what the server says it installed, and what a party compares with its own."""
+
+    relin: bytes | None
+    rotation: bytes | None
+
+    @classmethod
+    def of(cls, relin: openfhe.EvalKey | None,
+           rotation: openfhe.EvalKeyMap | None) -> KeyDigests:
+        return cls(None if relin is None else object_digest(relin),
+                   None if rotation is None else object_digest(rotation))
+
+
+class KeyCheck:
+    """A party's own aggregate of every party's shares, made with the server's running
+    sums, and its comparison with what the server says it holds.
+
+    The server could send a joint public key of its own, or a round-1 relinearization
+    aggregate of its choosing (a round-2 share made on it can reveal the secret), and
+    nothing in those objects tells them apart from the real ones.  So each party adds up
+    the shares itself (each signed by the party that made it: the caller checks that
+    before :meth:`add`), refuses to go on when the server's keys differ from its own
+    (:meth:`check_round_one`, :meth:`check_final`: digests of the serialized objects),
+    and keeps its own: it never encrypts under, or makes a share on, the server's.
+    """
+
+    def __init__(self, setup: KeySetup) -> None:
+        self.setup = setup
+        self.round_one = setup.round_one_sum()
+        self.joint: JointKeys | None = None
+        self.round_two: RelinSum | None = None
+
+    def add(self, shares: SetupShares) -> None:
+        """Add one party's round-one shares (lead first), checked as the server does."""
+        self.round_one.add(shares)
+
+    def check_round_one(self, theirs: JointRoundOne) -> JointRoundOne:
+        """This party's own round one, once the server's equals it; else ProtocolError
+        naming what differs."""
+        ours = self.round_one.result()
+        if tuple(theirs.joint.party_tags) != ours.joint.party_tags:
+            raise ProtocolError(f"the joint public key the server sent sums "
+                                f"{len(theirs.joint.party_tags)} key shares under other tags "
+                                f"than the {ours.joint.n_parties} signed public-key shares")
+        _require_same("joint public key", theirs.joint.public_key, ours.joint.public_key,
+                      "signed public-key shares: refusing to encrypt under it")
+        if (theirs.relin is None) != (ours.relin is None):
+            raise ProtocolError("the server's round one and this party's disagree on "
+                                "whether there is a relinearization key")
+        if ours.relin is not None:
+            _require_same("round-1 relinearization aggregate", theirs.relin, ours.relin,
+                          "signed round-1 shares: refusing to make a round-2 share on it")
+        self.joint = ours.joint
+        self.round_two = self.setup.round_two_sum(ours.joint)
+        return ours
+
+    def add_round_two(self, share: RelinShare) -> None:
+        """Add one party's round-2 relinearization share (party order)."""
+        if self.joint is None or self.round_two is None:
+            raise ProtocolError("a round-2 relinearization share before round one, or "
+                                "without relinearization")
+        self.round_two.add(share, self.joint.tag)
+
+    def check_final(self, theirs: KeyDigests) -> None:
+        """ProtocolError unless the evaluation keys the server installed are this
+        party's own aggregates (the relinearization key of round 2, the rotation keys)."""
+        relin = self.round_two.result() if self.round_two is not None else None
+        ours = KeyDigests.of(relin, self.round_one.rotation_result())
+        for what, mine, server in (("relinearization key", ours.relin, theirs.relin),
+                                   ("rotation keys", ours.rotation, theirs.rotation)):
+            if mine != server:
+                raise ProtocolError(f"the {what} the server installed "
+                                    f"{'differ' if what.endswith('s') else 'differs'} from "
+                                    "this party's own aggregate of the signed shares")
+
+
+def _require_same(what: str, theirs: object, ours: object, why: str) -> None:
+    if type(theirs) is not type(ours) or object_digest(theirs) != object_digest(ours):
+        raise ProtocolError(f"the {what} the server sent differs from this party's own "
+                            f"aggregate of the {why}")

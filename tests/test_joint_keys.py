@@ -1,0 +1,281 @@
+"""A server that deviates in the key setup, against the real party roles: every party
+checks the joint keys against its own aggregate of shares signed by the parties that made
+them, and refuses to encrypt anything otherwise.  In memory (keys handed out by the
+harness) and over TCP (the parties' federation certificates).
+
+The deviating servers run the real server role and only edit what it receives or sends
+(:func:`tamper`), so each attack is exactly one substitution on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from deviating import deviating
+
+from fednorm.engine.errors import FednormError, ProtocolError
+from fednorm.engine.messages import Message
+from fednorm.engine.runtime import RoleContext
+from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
+from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols.collective import JointRound1, KeyShares, shared_context
+from fednorm.protocols.ppf import zscore as ppf
+from fednorm.sim.federation import run_federation
+
+TEST = FitOptions(preset="test")
+UPLOAD = "ppf_zscore.encrypted_sums"  # the first thing a party encrypts
+Edit = Callable[[int, Message], Message]
+
+
+def parts(parties: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.normal(2, 3, size=(6 + p, 2)) for p in range(parties)]
+
+
+def tamper(rc: RoleContext, *, received: Edit | None = None, sent: Edit | None = None
+           ) -> None:
+    """Make this server role see ``received(peer, msg)`` instead of what ``peer`` sent,
+    and send ``sent(peer, msg)`` instead of what it meant to (re-encoded)."""
+    receive, send = rc.receive, rc.send
+
+    async def receiving(peer: int, expected: object) -> Message:
+        msg = await receive(peer, expected)
+        return received(peer, msg) if received else msg
+
+    async def sending(peer: int, msg: Message, body: bytes | None = None,
+                      frames: dict[int, bytes] | None = None) -> None:
+        edited = sent(peer, msg) if sent else msg
+        if edited is msg:
+            return await send(peer, msg, body, frames)
+        return await send(peer, edited)
+
+    rc.receive, rc.send = receiving, sending  # this role object only
+
+
+class PartyWatch(Tracer):
+    """What the parties send and encrypt, by party."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[str]] = {}
+        self.encrypted: list[str] = []
+        self.received: dict[str, list[str]] = {}
+
+    def frame(self, event: FrameEvent) -> None:
+        kinds = self.sent if event.direction == "sent" else self.received
+        kinds.setdefault(event.role, []).append(event.kind)
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if "encrypt" in event.call:
+            self.encrypted.append(event.role)
+
+    def assert_nothing_encrypted(self) -> None:
+        assert not self.encrypted
+        assert not any(UPLOAD in kinds for kinds in self.sent.values()), self.sent
+
+
+async def run(server, watch: PartyWatch, refusing: set[int]) -> dict[int, BaseException]:
+    """A PPF z-score federation with ``server`` in place of the server role: the error of
+    each party's (honest) role, by party.  In one process the first failure cancels the
+    rest, so each party's error is held back until all of ``refusing`` have reached
+    their own verdict."""
+    errors: dict[int, BaseException] = {}
+
+    async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> object:
+        try:
+            return await ppf.party(rc, X, options)
+        except FednormError as exc:
+            errors[rc.me] = exc
+            if not refusing <= set(errors):
+                await trio.sleep_forever()
+            raise
+
+    protocol = deviating("zscore", server=server, party=party)
+    with pytest.raises(ProtocolError):
+        await run_federation(protocol, parts(), TEST, timeout=120, party_tracer=watch)
+    return errors
+
+
+# -- (a) a joint public key of the server's own ---------------------------------------------
+def own_joint_key(msg: Message) -> Message:
+    """JointRound1 with a public key the server made (it keeps the secret), under the
+    joint tag the parties expect, and the honest party tags and round-1 aggregate."""
+    if not isinstance(msg, JointRound1):
+        return msg
+    pair = shared_context("test").raw.KeyGen()
+    pair.publicKey.SetKeyTag(msg.public_key.GetKeyTag())
+    return dataclasses.replace(msg, public_key=pair.publicKey)
+
+
+async def fake_joint_key_server(rc: RoleContext, options: FitOptions) -> object:
+    cache: dict[str, Message] = {}  # one fake key, the same to every party
+
+    def sent(peer: int, msg: Message) -> Message:
+        if isinstance(msg, JointRound1):
+            return cache.setdefault("joint", own_joint_key(msg))
+        return msg
+
+    tamper(rc, sent=sent)
+    return await ppf.server(rc, options)
+
+
+async def test_a_joint_key_of_the_server_s_own_is_refused_by_every_party() -> None:
+    watch = PartyWatch()
+    errors = await run(fake_joint_key_server, watch, {1, 2, 3})
+    assert sorted(errors) == [1, 2, 3]
+    for error in errors.values():
+        assert isinstance(error, ProtocolError) and "joint public key" in str(error), error
+    watch.assert_nothing_encrypted()
+
+
+# -- (b) a key share "of party 2" that party 2 did not make ---------------------------------
+Sign = Callable[[KeyShares, RoleContext], KeyShares]
+
+
+def forged_shares(lead: Message) -> KeyShares:
+    """Shares the server made itself on the lead's: valid shares, which only a signature
+    can tell apart from party 2's."""
+    from fednorm.engine import ckks
+
+    setup = ckks.KeySetup(shared_context("test"), **ppf.setup_arguments(TEST))
+    lead_shares = lead.shares(setup)
+    return KeyShares.of(setup.generate_shares(setup.generate_keys(lead_shares), lead_shares))
+
+
+def unsigned(msg: KeyShares, rc: RoleContext) -> KeyShares:
+    return msg
+
+
+def signed_for_party_2(key: object, certificate: bytes = b"") -> Sign:
+    """Sign the forged shares in party 2's name with ``key``, a key of the server's."""
+    def sign(msg: KeyShares, rc: RoleContext) -> KeyShares:
+        from fednorm.engine import signing
+
+        signer = signing.Signer(2, key, certificate)
+        statement = signing.Statement(rc.session, rc.protocol, msg.ROUND, msg.KIND, 2,
+                                      msg.share_digest())
+        return dataclasses.replace(msg, signature=signer.sign(statement),
+                                   certificate=certificate)
+    return sign
+
+
+def forging_server(sign: Sign):
+    """A server that takes forged shares for party 2's, sums them into the joint key it
+    sends and forwards them to the others: a party adding up what it was sent would get
+    exactly the server's joint key."""
+    async def server(rc: RoleContext, options: FitOptions) -> object:
+        lead: list[Message] = []
+
+        def received(peer: int, msg: Message) -> Message:
+            if peer == 1 and not lead:
+                lead.append(msg)
+            if peer != 2 or not isinstance(msg, KeyShares):
+                return msg
+            return sign(forged_shares(lead[0]), rc)
+
+        tamper(rc, received=received)
+        return await ppf.server(rc, options)
+
+    return server
+
+
+def own_ed25519_key() -> object:
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    return ed25519.Ed25519PrivateKey.generate()
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed-by-the-server"])
+async def test_a_key_share_the_server_made_for_party_2_is_refused(signed: bool) -> None:
+    watch = PartyWatch()
+    sign = signed_for_party_2(own_ed25519_key()) if signed else unsigned
+    errors = await run(forging_server(sign), watch, {1, 3})
+    for party in (1, 3):  # sent the forged share in party 2's place
+        error = errors[party]
+        assert isinstance(error, ProtocolError), error
+        assert "share of party 2" in str(error), error
+        assert ("signature does not verify" if signed else "is unsigned") in str(error)
+    watch.assert_nothing_encrypted()
+
+
+# -- (c) an honest server ------------------------------------------------------------------
+async def test_an_honest_run_passes_and_every_party_checked_every_share() -> None:
+    watch = PartyWatch()
+    data = parts(4)
+    result = await run_federation(get_protocol("zscore", "mhe"), data, TEST, timeout=120,
+                                  party_tracer=watch)
+    pooled = np.vstack(data)
+    np.testing.assert_allclose(result.normalizer.mean, pooled.mean(axis=0), rtol=1e-6)
+    for party in range(1, 5):  # every other party's shares of both rounds, signed
+        received = watch.received[f"party {party}"]
+        round_one = received.count("ckks.key_shares") + received.count("ckks.lead_keys")
+        assert (round_one, received.count("ckks.relin_round2")) == (3, 3)
+    assert UPLOAD in watch.sent["party 1"]
+
+
+# -- over TCP, with the federation's certificates -----------------------------------------
+def tcp_run(certs: Path, server, monkeypatch: pytest.MonkeyPatch
+            ) -> tuple[dict[int, BaseException], PartyWatch, object]:
+    """PPF z-score between a multi-host server playing ``server`` and three real
+    :class:`Party` runs over TCP + TLS: each party's error, what they sent, the outcome."""
+    import fednorm.session
+    from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
+    from fednorm.multihost.party import Party
+    from fednorm.multihost.server import Server
+
+    real = fednorm.session.get_protocol
+    monkeypatch.setattr(fednorm.session, "get_protocol", lambda method, privacy: (
+        deviating(method, privacy, server=server) if privacy == "mhe" else
+        real(method, privacy)))
+    slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
+    config = ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore",), certs=certs,
+                          privacy="mhe", options=TEST, timeouts=slow)
+    watch, errors = PartyWatch(), {}
+    tcp_server = Server(config)
+
+    async def party(p: int, port: int) -> None:
+        try:
+            await Party(PartyConfig("127.0.0.1", port, p, certs, slow), tracer=watch).run(
+                parts()[p - 1], ["a", "b"])
+        except FednormError as exc:
+            errors[p] = exc
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            _, port = await nursery.start(tcp_server.serve)
+            for p in (1, 2, 3):
+                nursery.start_soon(party, p, port)
+
+    trio.run(main)
+    return errors, watch, tcp_server.outcomes[0]
+
+
+def test_over_tcp_a_joint_key_of_the_server_s_own_is_refused(
+    certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    errors, watch, outcome = tcp_run(certs, fake_joint_key_server, monkeypatch)
+    assert sorted(errors) == [1, 2, 3] and outcome.error is not None
+    for error in errors.values():  # each checked the others' certificates first
+        assert isinstance(error, ProtocolError) and "joint public key" in str(error), error
+    watch.assert_nothing_encrypted()
+
+
+def test_over_tcp_a_share_signed_with_the_server_s_certificate_is_refused(
+    certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's own certificate is CA-signed too, but names no party."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    cert = x509.load_pem_x509_certificate((certs / "server.pem").read_bytes())
+    key = serialization.load_pem_private_key((certs / "server.key").read_bytes(), None)
+    sign = signed_for_party_2(key, cert.public_bytes(serialization.Encoding.DER))
+    errors, watch, _ = tcp_run(certs, forging_server(sign), monkeypatch)
+    for party in (1, 3):
+        assert isinstance(errors[party], ProtocolError), errors
+        assert "certificate sent for party 2 is no party's" in str(errors[party])
+    watch.assert_nothing_encrypted()

@@ -105,9 +105,10 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
         extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg))
         assert not extra, (header.kind, extra)
         requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
-    # Bootstraps and the relinearization key's second round depend on the options.
-    stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {"ckks.boot_request",
-                                                                 "ckks.relin_round2"}
+    # Bootstraps, sum decryptions and the relinearization key's second round depend on
+    # the protocol and its options.
+    stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {
+        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)
     assert requests == parties * len(widths)  # every decryption asks every party once

@@ -34,6 +34,7 @@ COLLECTIVE: Fields = {
     "ckks.relin_round2": _SIGNED,
     "ckks.setup_done": frozenset({"relin_key", "rotation_keys"}),
     "ckks.boot_request": frozenset({"index"}),
+    "ckks.decrypt_sum_request": frozenset({"index"}),
 }
 
 ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEAKAGE.md)

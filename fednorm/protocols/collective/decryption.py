@@ -13,12 +13,16 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
+from fednorm.engine.errors import ProtocolError
+from fednorm.protocols.collective import sums
 from fednorm.protocols.collective.messages import (
     DecryptRequest,
     DecryptShare,
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.rounds import request_shares, send_share
+from fednorm.protocols.collective.signatures import keyring_of
+from fednorm.protocols.collective.sums import PooledSum
 
 if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
@@ -28,23 +32,26 @@ DECRYPT, DECRYPT_SUM = "decrypt", "decrypt_sum"  # the sub-protocols
 
 async def decrypt(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
     """Server: the plain decryption of ``ct``, first ``n`` slots."""
-    return await _decryption_round(crypto, ckks.Decryption(crypto.ckks), DECRYPT,
-                                   DecryptRequest, ct, n)
+    decryption = ckks.Decryption(crypto.ckks)
+    prepared = await crypto.rc.run_sync(decryption.prepare, ct)
+    return await _decryption_round(crypto, decryption, DECRYPT,
+                                   DecryptRequest(ciphertext=prepared), prepared, n)
 
 
-async def decrypt_sum(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-    """Server: the flooded decryption of a sum of sum uploads, first ``n`` slots."""
+async def decrypt_sum(crypto: ServerCrypto, pooled: PooledSum, n: int) -> np.ndarray:
+    """Server: the flooded decryption of a sum of signed sum uploads, first ``n`` slots;
+    the request relays the uploads, from which each party recomputes the sum."""
+    request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
     return await _decryption_round(crypto, ckks.SumDecryption(crypto.ckks), DECRYPT_SUM,
-                                   SumDecryptRequest, ct, n)
+                                   request, pooled.total, n)
 
 
 async def _decryption_round(crypto: ServerCrypto, decryption: ckks.Decryption, name: str,
-                            request: type[DecryptRequest | SumDecryptRequest],
-                            ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-    """Prepare ``ct``, ask every party for a share of it, aggregate and finalize."""
+                            request: DecryptRequest | SumDecryptRequest,
+                            prepared: openfhe.Ciphertext, n: int) -> np.ndarray:
+    """Ask every party for a share of ``prepared``, aggregate and finalize."""
     crypto.decryptions += 1
-    prepared = await crypto.rc.run_sync(decryption.prepare, ct)
-    replies = await request_shares(crypto.rc, name, request(ciphertext=prepared), DecryptShare)
+    replies = await request_shares(crypto.rc, name, request, DecryptShare)
     shares = [reply.as_share(decryption) for reply in replies]
     plaintext = await crypto.rc.run_sync(decryption.aggregate_shares, crypto.joint, prepared,
                                          shares)
@@ -57,10 +64,24 @@ async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> Non
 
 
 async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest) -> None:
-    """Party: a flooded decryption share of the requested sum (this party's s and τ)."""
+    """Party: a flooded decryption share (this party's s and τ) of the sum it recomputes
+    from the relayed uploads, each checked (:func:`.sums.verified_total`); one decryption
+    per set of uploads."""
+    index = request.index
+    if not isinstance(index, int) or not 0 <= index < len(crypto.own_sums):
+        raise ProtocolError(f"a sum decryption request names sum upload #{index!r}, which "
+                            "this party never sent")
+    if index in crypto.decrypted_sums:
+        raise ProtocolError(f"a sum decryption request asks again for sum uploads #{index}, "
+                            "already decrypted")
+    uploads = request.uploads if isinstance(request.uploads, list) else []
+    total = await crypto.rc.run_sync(
+        sums.verified_total, crypto.ckks, keyring_of(crypto.rc), crypto.rc.session,
+        range(1, crypto.n_parties + 1), index, uploads, crypto.own_sums[index])
     crypto.count_flooded_share()
+    crypto.decrypted_sums.add(index)
     await _answer(crypto, ckks.SumDecryption(crypto.ckks, crypto.flooding()), DECRYPT_SUM,
-                  request.ciphertext)
+                  total)
 
 
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,

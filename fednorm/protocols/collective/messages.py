@@ -16,6 +16,7 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
+from fednorm.protocols.collective.sums import SumUpload
 
 
 # -- key setup -----------------------------------------------------------------------------
@@ -150,9 +151,12 @@ class DecryptRequest(Message):
 
 @message("ckks.decrypt_sum_request")
 class SumDecryptRequest(Message):
-    """Decrypt a sum of fresh uploads: every party floods its share (docs/LEAKAGE.md)."""
+    """Decrypt the sum of every party's sum upload #``index``, relayed here in party
+    order: every party checks their signatures, recomputes the sum and floods its share
+    (docs/LEAKAGE.md)."""
 
-    ciphertext: openfhe.Ciphertext
+    index: int
+    uploads: list[SumUpload]
 
 
 @message("ckks.decrypt_share")

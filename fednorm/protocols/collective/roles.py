@@ -10,7 +10,7 @@ public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum` and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -20,7 +20,9 @@ from fednorm.engine import ckks
 from fednorm.engine.codec import register_ext_type
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.collective import bootstrap, decryption
+from fednorm.protocols.collective import bootstrap, decryption, sums
+from fednorm.protocols.collective.signatures import keyring_of
+from fednorm.protocols.collective.sums import PooledSum, SumUpload
 
 
 @cache
@@ -36,6 +38,7 @@ def shared_context(preset: str) -> ckks.CkksContext:
     """
     context = _context(preset)
     context.register_codec_types(register_ext_type)
+    sums.register_codec(context, register_ext_type)
     return context
 
 
@@ -65,24 +68,39 @@ class ServerCrypto:
         """
         return await decryption.decrypt(self, ct, n)
 
-    async def decrypt_sum(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+    async def decrypt_sum(self, pooled: PooledSum, n: int) -> np.ndarray:
         """Flooded collective decryption of a sum of the parties' sum uploads
-        (:meth:`PartyCrypto.encrypt_for_sum`): the first ``n`` slots, to the server.
+        (:meth:`PartyCrypto.encrypt_for_sum`, pooled by :meth:`add_all`): the first ``n``
+        slots, to the server.  The request relays the signed uploads, from which every
+        party recomputes the sum it decrypts (:mod:`.sums`).
 
         Each party adds noise 2^s·√N above the sum's noise bound to its share, so the
         fused values carry an absolute error of ~1e-11 (paper preset, P=10, s=30).
         """
-        return await decryption.decrypt_sum(self, ct, n)
+        return await decryption.decrypt_sum(self, pooled, n)
 
     async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed."""
         return await bootstrap.bootstrap(self, ct)
 
-    async def add_all(self, cts: Mapping[int, openfhe.Ciphertext]) -> openfhe.Ciphertext:
-        """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one."""
+    async def add_all(self, cts: Mapping[int, openfhe.Ciphertext | SumUpload]
+                      ) -> openfhe.Ciphertext | PooledSum:
+        """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one;
+        over signed sum uploads, the :class:`PooledSum` that keeps them for its
+        decryption."""
+        if any(isinstance(ct, SumUpload) for ct in cts.values()):
+            return await self.rc.run_sync(self._pool, cts)
         for party, ct in cts.items():
             self.check_joint(ct, f"ciphertext from party {party}")
         return await self.rc.run_sync(_sum, self.ckks, list(cts.values()))
+
+    def _pool(self, uploads: Mapping[int, object]) -> PooledSum:
+        if sorted(uploads) != list(self.rc.parties):
+            raise ProtocolError("a sum needs one upload from every party")
+        for party, upload in uploads.items():
+            if isinstance(upload, SumUpload):
+                self.check_joint(upload.ciphertext, f"sum upload from party {party}")
+        return sums.pool(self.ckks, uploads)
 
     def check_joint(self, ct: object, what: str) -> None:
         """ProtocolError unless ``ct`` is a ciphertext under this federation's joint key."""
@@ -108,6 +126,8 @@ class PartyCrypto:
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
     flooded_shares: int = 0  # flooded decryption shares made under these keys so far
+    own_sums: list[bytes] = field(default_factory=list)  # digest of each sum upload sent
+    decrypted_sums: set[int] = field(default_factory=set)  # upload indices decrypted
 
     def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
         """InputError unless P × this party's largest count fits ``max_count``.
@@ -128,11 +148,17 @@ class PartyCrypto:
         multiplies a few times (:meth:`~fednorm.engine.ckks.CkksContext.upload_level`)."""
         return await self.rc.run_sync(self.ckks.encrypt, self.public_key, values, level)
 
-    async def encrypt_for_sum(self, values: np.ndarray) -> openfhe.Ciphertext:
+    async def encrypt_for_sum(self, values: np.ndarray) -> SumUpload:
         """Encrypt values the server only adds up and decrypts with :meth:`ServerCrypto.
         decrypt_sum` (counts, sums): scale Δ², 4 towers (2.1 MB instead of 6.3 MB at the
-        paper preset), so the flooded decryption keeps its precision."""
-        return await self.rc.run_sync(self.ckks.encrypt_sum, self.public_key, values)
+        paper preset), so the flooded decryption keeps its precision; signed by this
+        party as its next sum upload of the session (:mod:`.sums`)."""
+        keyring, index = keyring_of(self.rc), len(self.own_sums)
+        ct = await self.rc.run_sync(self.ckks.encrypt_sum, self.public_key, values)
+        upload, digest = await self.rc.run_sync(sums.sign_upload, keyring, self.rc.session,
+                                                index, ct)
+        self.own_sums.append(digest)
+        return upload
 
     def flooding(self) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads."""

@@ -19,12 +19,12 @@ collective key setup (no relinearization key needed: nothing is multiplied).
 from __future__ import annotations
 
 import numpy as np
-import openfhe
 
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
+from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import Allowance
 from fednorm.protocols.ppf.phases import serve_phase
 from fednorm.protocols.rank import (
@@ -62,7 +62,7 @@ class PooledCounts(Message):
 class EncryptedCounts(Message):
     """A party's counts (per feature, or per probe), encrypted under the joint key."""
 
-    counts: openfhe.Ciphertext
+    counts: SumUpload
     width: int
 
 

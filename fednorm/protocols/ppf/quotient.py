@@ -29,6 +29,7 @@ from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
+from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
 from fednorm.protocols.ppf.phases import serve_phase
 
@@ -54,9 +55,10 @@ PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
 
 @message("ppf_zscore.encrypted_vector")
 class EncryptedVector(Message):
-    """A party's per-feature vector, encrypted (possibly scaled by the server's scales)."""
+    """A party's per-feature vector, encrypted (possibly scaled by the server's scales);
+    a signed sum upload with revealed counts."""
 
-    values: openfhe.Ciphertext
+    values: openfhe.Ciphertext | SumUpload
 
 
 @message("ppf_zscore.scales")
@@ -178,7 +180,8 @@ class Passes:
     def coarse(self) -> Allowance:
         return COARSE_FLOODED if self.revealed else COARSE
 
-    async def upload(self, crypto: PartyCrypto, values: np.ndarray) -> openfhe.Ciphertext:
+    async def upload(self, crypto: PartyCrypto, values: np.ndarray
+                     ) -> openfhe.Ciphertext | SumUpload:
         if self.revealed:
             if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
                 raise InputError(

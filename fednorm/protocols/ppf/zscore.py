@@ -55,6 +55,7 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
+from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
@@ -95,8 +96,11 @@ the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass 
 
 @message("ppf_zscore.encrypted_sums")
 class EncryptedSums(Message):
-    total: openfhe.Ciphertext
-    count: openfhe.Ciphertext
+    """Σx and the count per feature: ciphertexts, or signed sum uploads with revealed
+    counts."""
+
+    total: openfhe.Ciphertext | SumUpload
+    count: openfhe.Ciphertext | SumUpload
     width: int
 
 

@@ -1,0 +1,114 @@
+"""Signed sum uploads against a deviating server, through the real party roles.
+
+A flooded sum decryption request relays every party's signed upload; each party checks
+the signatures, that its own entry is what it sent, and decrypts the sum it recomputes.
+A server that substitutes a party's own upload for the sum, forges an upload in another
+party's name, or asks for one set twice is refused, and receives no share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from deviating import deviating
+
+from fednorm.engine import signing
+from fednorm.engine.errors import ProtocolError
+from fednorm.protocols.base import FitOptions
+from fednorm.protocols.collective import DecryptShare, SumDecryptRequest
+from fednorm.protocols.collective.rounds import request_shares
+from fednorm.protocols.collective.sums import SumUpload, sign_upload
+from fednorm.protocols.ppf import zscore as ppf_zscore
+from fednorm.sim.federation import run_federation, simulate
+
+REVEAL = FitOptions(preset="test", reveal_counts=True)
+PARTS = [np.arange(8.0).reshape(4, 2) * (k + 1) for k in range(3)]
+
+Forge = Callable[[object, dict[int, SumUpload]], tuple[int, list[SumUpload]]]
+
+
+def _attack(forge: Forge) -> tuple[BaseException, list[int]]:
+    """Run PPF z-score (revealed counts) with a server that, after the sums arrive, asks
+    for the decryption ``forge`` builds from the parties' count uploads; returns the
+    refusal and the parties whose shares the server received."""
+    received: list[int] = []
+
+    async def server(rc, options):
+        crypto = await ppf_zscore.setup_server(rc, options.preset,
+                                               **ppf_zscore.setup_arguments(options))
+        sums = await rc.gather(ppf_zscore.EncryptedSums)
+        index, uploads = forge(crypto, {p: m.count for p, m in sums.items()})
+        replies = await request_shares(rc, "decrypt_sum",
+                                       SumDecryptRequest(index=index, uploads=uploads),
+                                       DecryptShare)
+        received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
+        raise ProtocolError("the attacking server stops here")
+
+    with pytest.raises(ProtocolError) as refusal:
+        trio.run(partial(run_federation, deviating("zscore", server=server), PARTS, REVEAL,
+                         timeout=60))
+    return refusal.value, received
+
+
+def test_an_honest_run_decrypts_the_pooled_sums() -> None:
+    fitted = simulate(PARTS, "zscore", "mhe", REVEAL).normalizer
+    np.testing.assert_allclose(fitted.mean, np.vstack(PARTS).mean(axis=0), rtol=1e-12)
+
+
+def test_a_partys_own_upload_in_place_of_the_sum_is_refused() -> None:
+    """Party 1's count thrice: the others see, as theirs, an upload they did not sign."""
+    refusal, received = _attack(lambda crypto, counts: (counts[1].index, [counts[1]] * 3))
+    assert "sum decryption request" in str(refusal)
+    assert received == []
+
+
+def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
+    """The server encrypts zeros as 'party 2's count' and signs with a key of its own:
+    the sum would be party 1's and party 3's counts alone."""
+    def forge(crypto, counts):
+        zeros = crypto.ckks.encrypt_sum(crypto.joint.public_key, np.zeros(2))
+        own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
+                                  signing.TrustedKeys({}))
+        forged, _ = sign_upload(own_key, crypto.rc.session, counts[2].index, zeros)
+        return counts[1].index, [counts[1], forged, counts[3]]
+
+    refusal, received = _attack(forge)
+    assert "sum decryption request relays a forged upload" in str(refusal)
+    assert "party 2" in str(refusal) and "signature" in str(refusal)
+    assert received == []
+
+
+def test_a_set_of_uploads_is_decrypted_once() -> None:
+    """The honest request answered, then the same set again: refused."""
+    received: list[int] = []
+
+    async def server(rc, options):
+        crypto = await ppf_zscore.setup_server(rc, options.preset,
+                                               **ppf_zscore.setup_arguments(options))
+        sums = await rc.gather(ppf_zscore.EncryptedSums)
+        pooled = await crypto.add_all({p: m.count for p, m in sums.items()})
+        await crypto.decrypt_sum(pooled, 2)
+        request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
+        replies = await request_shares(rc, "decrypt_sum", request, DecryptShare)
+        received.extend(rc.parties[:len(replies)])
+
+    with pytest.raises(ProtocolError, match="already decrypted"):
+        trio.run(partial(run_federation, deviating("zscore", server=server), PARTS, REVEAL,
+                         timeout=60))
+    assert received == []
+
+
+def test_a_relayed_upload_must_carry_its_index() -> None:
+    """An upload of another index under the requested one is refused, naming it."""
+    def forge(crypto, counts):
+        return counts[1].index, [counts[1], replace(counts[2], index=0), counts[3]]
+
+    refusal, received = _attack(forge)
+    assert "sum decryption request" in str(refusal) and "sum upload #" in str(refusal)
+    assert received == []

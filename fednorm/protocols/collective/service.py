@@ -46,16 +46,16 @@ _SERVICES: dict[type[Message], _Service] = {
 
 async def serve_until(
     crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
-    bootstraps: int | None = None, sums: int = 0,
+    bootstraps: int = 0, sums: int = 0,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
 
     At most ``decryptions`` decryption requests, ``sums`` flooded decryptions of sum
-    uploads (and, if given, ``bootstraps`` bootstrap requests) are honoured in this
-    phase: the ledger fixes what each protocol step may reveal and compute, and a server
-    asking for more is refused.  A bootstrap request must name the next common random
-    element of these keys (never one used before).
+    uploads and ``bootstraps`` bootstrap requests are honoured in this phase: the ledger
+    fixes what each protocol step may reveal and compute, and a server asking for more
+    is refused.  A bootstrap request must name the next common random element of these
+    keys (never one used before).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
@@ -65,12 +65,10 @@ async def serve_until(
         if isinstance(msg, kinds):
             return msg  # type: ignore[return-value]
         service = _SERVICES[type(msg)]
-        allowed = left[type(msg)]
-        if allowed is not None:
-            if allowed <= 0:
-                raise ProtocolError(f"the server asked for more {service.noun} than "
-                                    "the protocol step declares")
-            left[type(msg)] = allowed - 1
+        if left[type(msg)] <= 0:
+            raise ProtocolError(f"the server asked for more {service.noun} than the "
+                                "protocol step declares")
+        left[type(msg)] -= 1
         await service.answer(crypto, msg)
 
 

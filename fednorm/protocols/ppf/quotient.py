@@ -168,11 +168,11 @@ class Passes:
 
     ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
     before the first pass (the ledger's count; none at all later, none with revealed
-    counts); None leaves them uncapped (a caller that bootstraps elsewhere).
+    counts, none where the inverse was computed earlier).
     """
 
     revealed: bool = False
-    inverse_bootstraps: int | None = None
+    inverse_bootstraps: int = 0
 
     @property
     def coarse(self) -> Allowance:
@@ -197,15 +197,13 @@ class Passes:
         """Answer the server's requests within ``allowance`` (as flooded sums with revealed
         counts, plus the inverse's bootstraps if this is the ``first`` phase) until
         ``expected`` arrives."""
-        bootstraps = None if self.inverse_bootstraps is None else \
-            self.inverse_bootstraps if first else 0
-        allowance = allowance.with_bootstraps(bootstraps)
+        allowance = allowance.with_bootstraps(self.inverse_bootstraps if first else 0)
         return await serve_phase(crypto, expected,
                                  allowance.as_sums() if self.revealed else allowance)
 
 
 ENCRYPTED = Passes()
-"""Numerators over the encrypted inverse, its bootstraps capped elsewhere (or not)."""
+"""Numerators over an encrypted inverse computed before (no bootstraps in the passes)."""
 
 
 async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: int,

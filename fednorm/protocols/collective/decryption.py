@@ -52,7 +52,7 @@ async def _decryption_round(crypto: ServerCrypto, decryption: ckks.Decryption, n
 
 
 async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> None:
-    """Party: a decryption share of the requested ciphertext."""
+    """Party: a decryption share of the requested ciphertext (never a second one)."""
     await _answer(crypto, ckks.Decryption(crypto.ckks), DECRYPT, request.ciphertext)
 
 
@@ -62,7 +62,11 @@ async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest)
                   request.ciphertext)
 
 
+_REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request"}
+
+
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,
                   ct: openfhe.Ciphertext) -> None:
+    await crypto.claim_share(_REQUESTS[name], ct)
     share = await crypto.rc.run_sync(decryption.generate_share, crypto.keys, ct)
     await send_share(crypto.rc, name, DecryptShare.of(share))

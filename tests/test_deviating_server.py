@@ -140,6 +140,29 @@ async def test_a_second_decryption_of_the_same_ciphertext_is_refused(variant) ->
     assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 2
 
 
+# -- (c) the coarse pass's retry spent on ⟨n_g⟩ ----------------------------------------------
+class CountOnRetry(ServerCrypto):
+    """The mean's coarse pass decrypted honestly, then its spare decryption (meant for
+    a retry at 2^-40) spent on ⟨n_g⟩, which hidden-count mode never reveals."""
+
+    count: openfhe.Ciphertext
+
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        values = await super().decrypt(ct, n)
+        if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
+            await super().decrypt(self.count, n)
+        return values
+
+
+async def test_the_coarse_retry_spent_on_the_pooled_count_is_refused() -> None:
+    async def server(rc, options):
+        return await zscore_server_with(rc, options, CountOnRetry)
+
+    at_server, at_parties = await _refused(server, "zscore", TEST, "decryption retry refused")
+    assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
+    assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 3
+
+
 def test_a_party_keeps_its_share_digests_when_a_session_reuses_its_keys() -> None:
     """A later protocol of a session reuses the party's keys as ``setup_party`` does
     (``dataclasses.replace``): the digests go along, so a repeat across protocols is

@@ -160,12 +160,16 @@ async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
     async def greedy_server(rc, options):
         crypto, _ = await zscore_server_start(rc, options)
         # Before the first scales a party helps with the presence bit and the coarse pass
-        # of μ, which may take two requests (the second at a smaller scale if the first is
-        # too large to decode); one more is beyond the ledger.  (What a request decrypts a
-        # party cannot check: see docs/LEAKAGE.md, "Threat model"; each is of another
-        # ciphertext, as a repeat is refused as such.)
-        for i in range(1 + quotient.COARSE_DECRYPTIONS + 1):
-            await crypto.decrypt(crypto.encrypt(np.full(2, float(i))), 2)
+        # of μ, and that pass's retry (its request at 2^-40, bound to it: accepted here);
+        # one more is beyond the ledger.  (What a request decrypts a party cannot check:
+        # see docs/LEAKAGE.md, "Threat model"; each is of another ciphertext, as a repeat
+        # is refused as such.)
+        presence, coarse, more = (crypto.encrypt(np.full(2, v)) for v in (1.0, 2.0**45, 3.0))
+        await crypto.decrypt(presence, 2)
+        np.testing.assert_allclose(await crypto.decrypt(coarse, 2), 2.0**45, rtol=1e-9)
+        np.testing.assert_allclose(await crypto.decrypt_shifted(coarse, 2), 2.0**45,
+                                   rtol=1e-6)
+        await crypto.decrypt(more, 2)
 
     cheat = deviating("zscore", server=greedy_server)
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]

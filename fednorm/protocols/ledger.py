@@ -36,7 +36,10 @@ ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEA
 @dataclass(frozen=True)
 class Allowance:
     """What a party helps compute in one phase, at most: decryptions, flooded decryptions
-    of sum uploads, and collective bootstraps (each on the next common element).
+    of sum uploads, collective bootstraps (each on the next common element), and
+    ``retries``: once the decryptions are spent, decryptions of the request just before
+    times the public 2^-40, for values too large to decode
+    (:func:`fednorm.protocols.collective.decryption.shifted`).
 
     Bootstraps are declared like decryptions (none unless declared): a phase that
     bootstraps declares exactly how many, from the same public plan the server follows
@@ -45,17 +48,20 @@ class Allowance:
     decryptions: int = 0
     sums: int = 0
     bootstraps: int = 0
+    retries: int = 0
 
     def times(self, n: int) -> Allowance:
         """The allowance of ``n`` such phases in a row (one per ciphertext chunk, ...)."""
-        return Allowance(self.decryptions * n, self.sums * n, self.bootstraps * n)
+        return Allowance(self.decryptions * n, self.sums * n, self.bootstraps * n,
+                         self.retries * n)
 
     def __add__(self, other: Allowance) -> Allowance:
         return Allowance(self.decryptions + other.decryptions, self.sums + other.sums,
-                         self.bootstraps + other.bootstraps)
+                         self.bootstraps + other.bootstraps, self.retries + other.retries)
 
     def as_sums(self) -> Allowance:
-        """The same number of decryptions, of sum uploads (flooded) instead."""
+        """The same number of decryptions, of sum uploads (flooded) instead (a sum upload
+        always decodes: no retries)."""
         return Allowance(0, self.sums + self.decryptions, self.bootstraps)
 
     def with_bootstraps(self, bootstraps: int) -> Allowance:

@@ -67,6 +67,13 @@ class ServerCrypto:
         """
         return await decryption.decrypt(self, ct, n)
 
+    async def decrypt_shifted(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        """:meth:`decrypt` of ``ct`` once more, right after it failed to decode (values
+        too large): its request times the public 2^-40, values scaled back — the one
+        retry a phase may declare, which parties accept only bound to that request
+        (:func:`~fednorm.protocols.collective.decryption.shifted`)."""
+        return await decryption.decrypt_shifted(self, ct, n)
+
     async def decrypt_sum(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
         """Flooded collective decryption of a sum of the parties' sum uploads
         (:meth:`PartyCrypto.encrypt_for_sum`): the first ``n`` slots, to the server.

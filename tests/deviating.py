@@ -23,3 +23,32 @@ async def zscore_server_start(rc, options):
     crypto = await ppf_zscore.setup_server(rc, options.preset)
     sums = await rc.gather(ppf_zscore.EncryptedSums)
     return crypto, await crypto.add_all({p: m.count for p, m in sums.items()})
+
+
+def deviating_crypto(crypto, cls):
+    """``crypto`` (a role's collective state, with the real keys) as an instance of
+    ``cls``, a subclass whose collective calls deviate."""
+    from dataclasses import fields
+
+    return cls(**{f.name: getattr(crypto, f.name) for f in fields(crypto)})
+
+
+async def zscore_server_with(rc, options, cls):
+    """The honest PPF z-score server (encrypted inverse), its collective calls made by
+    ``cls`` (:func:`deviating_crypto`), which finds ⟨n_g⟩ in its ``count``."""
+    import numpy as np
+
+    from fednorm.protocols.base import agreed_width
+    from fednorm.protocols.normalizers import ZScoreNormalizer
+    from fednorm.protocols.ppf import zscore as ppf_zscore
+
+    crypto = deviating_crypto(await ppf_zscore.setup_server(rc, options.preset), cls)
+    sums = await rc.gather(ppf_zscore.EncryptedSums)
+    width = agreed_width(sums)
+    total = await crypto.add_all({p: m.total for p, m in sums.items()})
+    crypto.count = await crypto.add_all({p: m.count for p, m in sums.items()})
+    inverse, present = await ppf_zscore._count_inverse(crypto, crypto.count, width, options)
+    mean, var = await ppf_zscore.pooled_moments(crypto, total, inverse, width, options)
+    mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
+    await rc.broadcast(ppf_zscore.PpfZScoreResult(mean=mean, var=var))
+    return ZScoreNormalizer(mean, var)

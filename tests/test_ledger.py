@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
+import trio
 from deviating import deviating, zscore_server_start
 from recording import KEY_SETUP_KINDS, Recorder, plaintext_fields, session_kinds, spy_secret_keys
 from test_ppf_yeojohnson import plan_for
@@ -15,12 +17,17 @@ from test_ppf_yeojohnson import plan_for
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
-from fednorm.protocols import FitOptions
-from fednorm.protocols.collective import BootRequest, serve_until
+from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols.collective import BootRequest, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
-from fednorm.sim.federation import run_federation, simulate, simulate_session
+from fednorm.protocols.ppf.minmax_layout import MinMaxSettings
+from fednorm.protocols.ppf.yeojohnson_cores import planned_refreshes
+from fednorm.protocols.ppf.yeojohnson_search import sign_plan
+from fednorm.sim.federation import run_federation, simulate_session
 
 DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
 TEST = FitOptions(preset="test")
@@ -89,16 +96,65 @@ def _record_widths(monkeypatch) -> list[int]:
     return widths
 
 
+class PartyPhases(Tracer):
+    """Party 1's phases as the wire shows them: the collective requests it received up to
+    each message of the server that ends a phase, as (that message's kind, bootstraps)."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, int]] = []
+        self._bootstraps = 0
+
+    def frame(self, event: FrameEvent) -> None:
+        if event.role != "party 1" or event.direction != "received":
+            return
+        if event.kind == "ckks.boot_request":
+            self._bootstraps += 1
+        elif event.kind not in DECRYPT_KINDS:
+            self.phases.append((event.kind, self._bootstraps))
+            self._bootstraps = 0
+
+    def bootstrapping(self) -> list[tuple[str, int]]:
+        """The phases that bootstrapped."""
+        return [(kind, n) for kind, n in self.phases if n]
+
+
+def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
+    """The bootstraps each phase of ``case`` declares (those with any), in order, as each
+    party derives them from the public plan: (the server message ending the phase, the
+    phase's bootstraps)."""
+    options, parties, width = case.options, len(case.parts), case.parts[0].shape[1]
+    context = shared_context(options.preset)
+    if case.method == "zscore":
+        return [] if options.reveal_counts else [
+            ("ppf_zscore.scales", ppf.inverse_plan(context, options).bootstraps)]
+    if case.method in ("minmax", "robust"):
+        settings = MinMaxSettings.from_options(options)
+        boots = ppf_minmax.pass_allowance(context, width, parties, settings).bootstraps
+        return [("ppf_minmax.window", boots)] * (settings.passes - 1) + [
+            ("ppf_minmax.result", boots)]
+    plan = plan_for(np.vstack(case.parts), YJ_VABS)
+    planned = planned_refreshes(context, parties, plan.layout, sign_plan(options),
+                                options.max_count)
+    probes = [planned.pooling] + [planned.round] * (plan.rounds - 1)
+    return [(kind, n) for kind, n in [("ppf_yeojohnson.flags", planned.flags)]
+            + [("ppf_yeojohnson.probes", n) for n in probes]
+            + [("ppf_yeojohnson.lambdas", planned.round)] if n]
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> None:
     """Every protocol, plain and PPF: only declared plaintext fields cross, every declared
     kind is used (the ledger is not stale), the decryptions reveal what the ledger says,
-    and no frame carries secret-key bytes."""
+    each phase bootstraps exactly as often as it declares, and no frame carries
+    secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
-    recorder = Recorder()
+    recorder, phases = Recorder(), PartyPhases()
     widths = _record_widths(monkeypatch)
-    simulate(list(case.parts), case.method, case.privacy, case.options, timeout=900,
-             tracer=recorder)
+    trio.run(partial(run_federation, get_protocol(case.method, case.privacy),
+                     list(case.parts), case.options, timeout=900, tracer=recorder,
+                     party_tracer=phases))
+    if case.privacy == "mhe":
+        assert phases.bootstrapping() == _declared_bootstraps(case)
     kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)

@@ -158,13 +158,18 @@ async def test_a_ciphertext_under_a_private_key_is_rejected() -> None:
 
 async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
     async def greedy_server(rc, options):
-        crypto, count = await zscore_server_start(rc, options)
+        crypto, _ = await zscore_server_start(rc, options)
         # Before the first scales a party helps with the presence bit and the coarse pass
-        # of μ, which may take two requests (the second at a smaller scale if the first is
-        # too large to decode); one more is beyond the ledger.  (What a request decrypts a
-        # party cannot check: see docs/LEAKAGE.md, "Threat model".)
-        for _ in range(1 + quotient.COARSE_DECRYPTIONS + 1):
-            await crypto.decrypt(count, 2)
+        # of μ, and that pass's retry (its request at 2^-40, bound to it: accepted here);
+        # one more is beyond the ledger.  (What a request decrypts a party cannot check:
+        # see docs/LEAKAGE.md, "Threat model"; each is of another ciphertext, as a repeat
+        # is refused as such.)
+        presence, coarse, more = (crypto.encrypt(np.full(2, v)) for v in (1.0, 2.0**45, 3.0))
+        await crypto.decrypt(presence, 2)
+        np.testing.assert_allclose(await crypto.decrypt(coarse, 2), 2.0**45, rtol=1e-9)
+        np.testing.assert_allclose(await crypto.decrypt_shifted(coarse, 2), 2.0**45,
+                                   rtol=1e-6)
+        await crypto.decrypt(more, 2)
 
     cheat = deviating("zscore", server=greedy_server)
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
@@ -232,11 +237,12 @@ def test_a_feature_without_values_is_nan_as_in_plain_mode(reveal_counts) -> None
 
 async def test_a_party_refuses_bootstraps_beyond_the_inverse() -> None:
     """The encrypted inverse's bootstraps are public (its plan); one more, e.g. to refresh
-    a ciphertext the ledger does not list, is refused."""
+    a ciphertext the ledger does not list, is refused (each of another ciphertext: a
+    repeat would be refused as such, see test_deviating_server.py)."""
     async def server(rc, options):
-        crypto, count = await zscore_server_start(rc, options)
-        for _ in range(ppf.inverse_plan(crypto.ckks, options).bootstraps + 1):
-            await crypto.bootstrap(count)
+        crypto, _ = await zscore_server_start(rc, options)
+        for i in range(ppf.inverse_plan(crypto.ckks, options).bootstraps + 1):
+            await crypto.bootstrap(crypto.encrypt(np.full(2, float(i))))
 
     cheat = deviating("zscore", server=server)
     with pytest.raises(ProtocolError, match="more bootstraps"):

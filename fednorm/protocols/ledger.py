@@ -3,19 +3,20 @@ parties help decrypt and bootstrap in each phase.
 
 Each protocol module declares its own entry beside its roles: the plaintext fields per
 message kind (:func:`declare`, its ``LEDGER``) and, for a PPF protocol, the
-:class:`Allowance` of every phase a party serves (module constants, which the party's
-roles hand to :func:`fednorm.protocols.ppf.phases.serve_phase`: a server asking for
-more is refused).  Everything else a protocol sends is CKKS material (ciphertexts, keys,
-shares).  This module holds the machinery and assembles the declarations: the
-parametrized ledger test runs every protocol over a recording transport and fails on any
-plaintext field not declared (:func:`undeclared`), and ``docs/LEAKAGE.md`` carries
-:func:`markdown`.
+:class:`Allowance` of every phase a party serves (module constants for decryptions;
+bootstraps from the public plan of the server's step,
+:func:`fednorm.protocols.ppf.driver.planned_requests`), which the party's roles hand to
+:func:`fednorm.protocols.ppf.phases.serve_phase`: a server asking for more is refused.
+Everything else a protocol sends is CKKS material (ciphertexts, keys, shares).  This
+module holds the machinery and assembles the declarations: the parametrized ledger test
+runs every protocol over a recording transport and fails on any plaintext field not
+declared (:func:`undeclared`), and ``docs/LEAKAGE.md`` carries :func:`markdown`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fednorm.protocols.base import METHODS, PRIVACY_MODES
 
@@ -43,33 +44,40 @@ ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEA
 @dataclass(frozen=True)
 class Allowance:
     """What a party helps compute in one phase, at most: decryptions, flooded decryptions
-    of sum uploads, and collective bootstraps (None: as many as the server asks for,
-    each on the next common element)."""
+    of sum uploads, collective bootstraps (each on the next common element), and
+    ``retries``: once the decryptions are spent, decryptions of the request just before
+    times the public 2^-40, for values too large to decode
+    (:func:`fednorm.protocols.collective.decryption.shifted`).
+
+    Bootstraps are declared like decryptions (none unless declared): a phase that
+    bootstraps declares exactly how many, from the same public plan the server follows
+    (the comparison schedule, the inverse's, the slot layout), so one more is refused."""
 
     decryptions: int = 0
     sums: int = 0
-    bootstraps: int | None = None
+    bootstraps: int = 0
+    retries: int = 0
 
     def times(self, n: int) -> Allowance:
         """The allowance of ``n`` such phases in a row (one per ciphertext chunk, ...)."""
-        boots = None if self.bootstraps is None else self.bootstraps * n
-        return Allowance(self.decryptions * n, self.sums * n, boots)
+        return Allowance(self.decryptions * n, self.sums * n, self.bootstraps * n,
+                         self.retries * n)
 
     def __add__(self, other: Allowance) -> Allowance:
-        boots = (None if self.bootstraps is None or other.bootstraps is None
-                 else self.bootstraps + other.bootstraps)
-        return Allowance(self.decryptions + other.decryptions, self.sums + other.sums, boots)
+        return Allowance(self.decryptions + other.decryptions, self.sums + other.sums,
+                         self.bootstraps + other.bootstraps, self.retries + other.retries)
 
     def as_sums(self) -> Allowance:
-        """The same number of decryptions, of sum uploads (flooded) instead."""
+        """The same number of decryptions, of sum uploads (flooded) instead (a sum upload
+        always decodes: no retries)."""
         return Allowance(0, self.sums + self.decryptions, self.bootstraps)
 
-    def with_bootstraps(self, bootstraps: int | None) -> Allowance:
-        return Allowance(self.decryptions, self.sums, bootstraps)
+    def with_bootstraps(self, bootstraps: int) -> Allowance:
+        return replace(self, bootstraps=bootstraps)
 
 
 NOTHING = Allowance()
-"""A phase that decrypts nothing (bootstraps uncapped, as each names the next element)."""
+"""A phase that asks for nothing: no decryption, no bootstrap."""
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ from fednorm.engine.ckks.flooding import Flooding, check_decryptions, check_secu
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import DECRYPT_SHARE_TOWERS, JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.ckks.levels import (
+    LevelArithmetic,
     LevelBudgetError,
+    Levels,
     Refresh,
     consumed_levels,
     levels_left,
@@ -97,7 +99,9 @@ __all__ = [
     "KeyCheck",
     "KeyDigests",
     "KeySetup",
+    "LevelArithmetic",
     "LevelBudgetError",
+    "Levels",
     "LocalRefresh",
     "PartyKeys",
     "PublicKeyAggregate",

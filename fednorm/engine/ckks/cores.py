@@ -10,7 +10,9 @@ other requests too (a protocol's core asks for decryptions); the engine's cores 
 ever yield ciphertexts to refresh.
 
 ``x = yield from core`` composes cores; :func:`drive` runs one with an async ``refresh``
-callback, on the caller's task (tests, local runs).
+callback, on the caller's task (tests, local runs).  A core touches ciphertexts only
+through its context, so it also runs on level counts
+(:class:`~fednorm.engine.ckks.levels.LevelArithmetic`): the same schedule, no crypto.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, TypeVar
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.levels import LevelBudgetError, Refresh, consumed_levels, levels_left
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
 from fednorm.engine.errors import InputError
 
 T = TypeVar("T")
@@ -41,17 +43,17 @@ def refreshed(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int
     budget = ctx.level_budget
     if not 0 <= needed <= budget:
         raise InputError(f"needed={needed} levels, but the budget is {budget}")
-    left = levels_left(ct, budget)
+    left = ctx.levels_left(ct)
     if left >= needed:
         return ct
     if left < 0:
         raise LevelBudgetError(
-            f"ciphertext consumed {consumed_levels(ct)} levels, past the bootstrap budget "
+            f"ciphertext consumed {ctx.consumed(ct)} levels, past the bootstrap budget "
             f"{budget}: it can no longer be refreshed")
     fresh = yield ct
-    if levels_left(fresh, budget) < needed:
+    if ctx.levels_left(fresh) < needed:
         raise LevelBudgetError(
-            f"refresh returned a ciphertext with {levels_left(fresh, budget)} levels left, "
+            f"refresh returned a ciphertext with {ctx.levels_left(fresh)} levels left, "
             f"{needed} needed")
     return fresh
 

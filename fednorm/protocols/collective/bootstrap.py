@@ -2,7 +2,8 @@
 
 The common random element is never sent: both sides derive the ``index``-th of the
 joint key (:meth:`~fednorm.engine.ckks.Bootstrap.common_element`), and both count the
-bootstraps run under these keys, so a party refuses an index it did not expect.
+bootstraps run under these keys, so a party refuses an index it did not expect, and
+a ``c1`` it made a share of before.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ async def bootstrap(crypto: ServerCrypto, ct: openfhe.Ciphertext) -> openfhe.Cip
 
 
 async def answer_bootstrap(crypto: PartyCrypto, request: BootRequest) -> None:
-    """Party: a bootstrap share, on the common element this party derives itself."""
+    """Party: a bootstrap share, on the common element this party derives itself, of a
+    ``c1`` it never made a share of."""
     if request.index != crypto.boot_index:
         raise ProtocolError(f"bootstrap request for common element #{request.index}, "
                             f"expected #{crypto.boot_index} (reused or skipped)")
     crypto.boot_index += 1
+    await crypto.claim_share("bootstrap request", request.c1)
     share = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).generate_share, crypto.keys,
                                      crypto.public_key, request.c1, request.index)
     await send_share(crypto.rc, BOOTSTRAP, BootShare.of(share))

@@ -3,6 +3,13 @@
 Two kinds share one flow: a plain decryption (:class:`~fednorm.engine.ckks.Decryption`,
 sub-protocol ``decrypt``) and a flooded decryption of a sum of uploads
 (:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocol ``decrypt_sum``).
+
+A plain decryption whose values were too large to decode may be retried once where a
+phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`), and only bound
+to the request it retries: that request's ciphertext times the public 2^-RETRY_SHIFT
+(:func:`shifted`), which a party recomputes from the request it answered and compares
+byte for byte (:func:`require_retry_of`).  So a retry reveals the same values, scaled,
+and no spare decryption is left for another ciphertext.
 """
 
 from __future__ import annotations
@@ -28,29 +35,57 @@ if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
 
 DECRYPT, DECRYPT_SUM = "decrypt", "decrypt_sum"  # the sub-protocols
+RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
 
 
 async def decrypt(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
     """Server: the plain decryption of ``ct``, first ``n`` slots."""
     decryption = ckks.Decryption(crypto.ckks)
     prepared = await crypto.rc.run_sync(decryption.prepare, ct)
-    return await _decryption_round(crypto, decryption, DECRYPT,
-                                   DecryptRequest(ciphertext=prepared), prepared, n)
+    crypto.decryptions += 1
+    return await _shares_fused(crypto, decryption, DECRYPT,
+                               DecryptRequest(ciphertext=prepared), prepared, n)
+
+
+async def decrypt_shifted(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int
+                          ) -> np.ndarray:
+    """Server: the retry of :func:`decrypt` of ``ct`` (whose values did not decode),
+    right after it: the same request times 2^-RETRY_SHIFT, its values scaled back.
+
+    The request is recomputed (``prepare`` is deterministic, so it is the one the
+    parties answered) and shifted by :func:`shifted`, as every party recomputes it."""
+    decryption = ckks.Decryption(crypto.ckks)
+    request = await crypto.rc.run_sync(
+        lambda: shifted(crypto.ckks, decryption.prepare(ct)))
+    crypto.decryptions += 1
+    values = await _shares_fused(crypto, decryption, DECRYPT,
+                                 DecryptRequest(ciphertext=request), request, n)
+    return values * 2.0**RETRY_SHIFT
+
+
+def shifted(context: ckks.CkksContext, request: openfhe.Ciphertext) -> openfhe.Ciphertext:
+    """A retried request: ``request`` times 2^-RETRY_SHIFT, deterministic (a product by
+    a power of two, then OpenFHE's rescale), so server and parties get the same bytes.
+
+    Shifting the prepared request (compressed, at doubled scale) scales its noise with
+    its values, so they decode: in PPF z-score, variances up to 2^80 (docs/LEAKAGE.md)."""
+    return context.mul(request, 2.0**-RETRY_SHIFT)
 
 
 async def decrypt_sum(crypto: ServerCrypto, pooled: PooledSum, n: int) -> np.ndarray:
     """Server: the flooded decryption of a sum of signed sum uploads, first ``n`` slots;
     the request relays the uploads, from which each party recomputes the sum."""
-    request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
-    return await _decryption_round(crypto, ckks.SumDecryption(crypto.ckks), DECRYPT_SUM,
-                                   request, pooled.total, n)
-
-
-async def _decryption_round(crypto: ServerCrypto, decryption: ckks.Decryption, name: str,
-                            request: DecryptRequest | SumDecryptRequest,
-                            prepared: openfhe.Ciphertext, n: int) -> np.ndarray:
-    """Ask every party for a share of ``prepared``, aggregate and finalize."""
     crypto.decryptions += 1
+    request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
+    return await _shares_fused(crypto, ckks.SumDecryption(crypto.ckks), DECRYPT_SUM,
+                               request, pooled.total, n)
+
+
+async def _shares_fused(crypto: ServerCrypto, decryption: ckks.Decryption, name: str,
+                        request: DecryptRequest | SumDecryptRequest,
+                        prepared: openfhe.Ciphertext, n: int) -> np.ndarray:
+    """Send ``request`` (for shares of ``prepared``) to every party, aggregate their
+    shares and finalize."""
     replies = await request_shares(crypto.rc, name, request, DecryptShare)
     shares = [reply.as_share(decryption) for reply in replies]
     plaintext = await crypto.rc.run_sync(decryption.aggregate_shares, crypto.joint, prepared,
@@ -59,7 +94,7 @@ async def _decryption_round(crypto: ServerCrypto, decryption: ckks.Decryption, n
 
 
 async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> None:
-    """Party: a decryption share of the requested ciphertext."""
+    """Party: a decryption share of the requested ciphertext (never a second one)."""
     await _answer(crypto, ckks.Decryption(crypto.ckks), DECRYPT, request.ciphertext)
 
 
@@ -84,7 +119,33 @@ async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest)
                   total)
 
 
+_REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request"}
+
+
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,
                   ct: openfhe.Ciphertext) -> None:
+    await crypto.claim_share(_REQUESTS[name], ct)
     share = await crypto.rc.run_sync(decryption.generate_share, crypto.keys, ct)
     await send_share(crypto.rc, name, DecryptShare.of(share))
+
+
+async def require_retry_of(crypto: PartyCrypto, previous: openfhe.Ciphertext | None,
+                           request: DecryptRequest) -> None:
+    """Party: ProtocolError unless ``request`` is the retry of ``previous`` (the decryption
+    request answered just before): :func:`shifted` of it, recomputed here, byte for byte."""
+    if previous is None or not await crypto.rc.run_sync(
+            _is_shifted, crypto.ckks, previous, request.ciphertext):
+        raise ProtocolError("decryption retry refused: its ciphertext is not the previous "
+                            f"request's times 2^-{RETRY_SHIFT}")
+
+
+def _is_shifted(context: ckks.CkksContext, previous: openfhe.Ciphertext,
+                retry: object) -> bool:
+    if not isinstance(retry, openfhe.Ciphertext):
+        return False
+    try:
+        expected = shifted(context, previous)
+    except ProtocolError:  # no level left to shift: nothing can be its retry
+        return False
+    return openfhe.Serialize(expected, openfhe.BINARY) == \
+        openfhe.Serialize(retry, openfhe.BINARY)

@@ -4,11 +4,13 @@ The server holds the context and the joint public material, never a secret; a pa
 holds its :class:`~fednorm.engine.ckks.PartyKeys` (secret, never sent) and the joint
 public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum` and
 :meth:`~ServerCrypto.bootstrap` each run one network round of a collective operation
-(:mod:`.decryption`, :mod:`.bootstrap`).
+(:mod:`.decryption`, :mod:`.bootstrap`); a party makes at most one share of any
+ciphertext (:meth:`PartyCrypto.claim_share`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -67,6 +69,13 @@ class ServerCrypto:
         absolute error, and a request no larger than the shares that come back.
         """
         return await decryption.decrypt(self, ct, n)
+
+    async def decrypt_shifted(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        """:meth:`decrypt` of ``ct`` once more, right after it failed to decode (values
+        too large): its request times the public 2^-40, values scaled back — the one
+        retry a phase may declare, which parties accept only bound to that request
+        (:func:`~fednorm.protocols.collective.decryption.shifted`)."""
+        return await decryption.decrypt_shifted(self, ct, n)
 
     async def decrypt_sum(self, pooled: PooledSum, n: int) -> np.ndarray:
         """Flooded collective decryption of a sum of the parties' sum uploads
@@ -128,6 +137,22 @@ class PartyCrypto:
     flooded_shares: int = 0  # flooded decryption shares made under these keys so far
     own_sums: list[bytes] = field(default_factory=list)  # digest of each sum upload sent
     decrypted_sums: set[int] = field(default_factory=set)  # upload indices decrypted
+    shared: dict[bytes, str] = field(default_factory=dict)
+    """:func:`share_digest` of every ciphertext this party made a share of under these
+    keys (in every protocol of a session: a reuse of the keys keeps it) → the request."""
+
+    async def claim_share(self, request: str, ct: openfhe.Ciphertext) -> None:
+        """Before making a share of ``ct`` (for ``request``, e.g. "bootstrap request"):
+        ProtocolError if this party made one before, in any request.
+
+        Two shares of one ciphertext with fresh noise let the server average that noise
+        away (retrying a multiparty protocol is insecure), so each ciphertext gets one.
+        """
+        digest = await self.rc.run_sync(share_digest, ct)
+        if digest in self.shared:
+            raise ProtocolError(f"{request} refused: this party already made a share of "
+                                f"that ciphertext (for a {self.shared[digest]})")
+        self.shared[digest] = request
 
     def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
         """InputError unless P × this party's largest count fits ``max_count``.
@@ -172,6 +197,24 @@ class PartyCrypto:
             raise ProtocolError(f"the server asked for more than the {self.flooding_decryptions}"
                                 " flooded decryptions these keys were declared for")
         self.flooded_shares += 1
+
+
+def share_digest(ct: openfhe.Ciphertext) -> bytes:
+    """SHA-256 of what a party's share of ``ct`` depends on: its last element, c1.
+
+    A decryption share is c1·s + e (plus c0 for the lead), a bootstrap share is made
+    of c1 alone; so c1 is serialized without c0 and with the metadata that does not
+    enter a share reset (scale, its degree, slots, hop level): a server cannot make a
+    repeat look new by adding a constant (which changes c0 only) or relabelling it.
+    """
+    c1 = ct.Clone()
+    while c1.NumberCiphertextElements() > 1:
+        c1.RemoveElement(0)
+    c1.SetNoiseScaleDeg(1)
+    c1.SetScalingFactor(1.0)
+    c1.SetSlots(1)
+    c1.SetHopLevel(0)
+    return hashlib.sha256(openfhe.Serialize(c1, openfhe.BINARY)).digest()
 
 
 def _sum(context: ckks.CkksContext, cts: list[openfhe.Ciphertext]) -> openfhe.Ciphertext:

@@ -1,8 +1,9 @@
 """The party's service loop: answer the server's collective requests during a protocol.
 
 A party answers decryption and bootstrap requests with :func:`serve_until`, which also
-caps how many of each the server may ask for in each phase — so a party, not just the
-server, enforces the leakage ledger.
+caps how many of each the server may ask for in each phase, binds a decryption's retry
+to the request it retries, and never shares one ciphertext twice — so a party, not just
+the server, enforces the leakage ledger.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fednorm.protocols.collective.decryption import (
     DECRYPT_SUM,
     answer_decryption,
     answer_sum_decryption,
+    require_retry_of,
 )
 from fednorm.protocols.collective.messages import BootRequest, DecryptRequest, SumDecryptRequest
 from fednorm.protocols.collective.roles import PartyCrypto
@@ -46,31 +48,39 @@ _SERVICES: dict[type[Message], _Service] = {
 
 async def serve_until(
     crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
-    bootstraps: int | None = None, sums: int = 0,
+    bootstraps: int = 0, sums: int = 0, retries: int = 0,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
 
     At most ``decryptions`` decryption requests, ``sums`` flooded decryptions of sum
-    uploads (and, if given, ``bootstraps`` bootstrap requests) are honoured in this
-    phase: the ledger fixes what each protocol step may reveal and compute, and a server
-    asking for more is refused.  A bootstrap request must name the next common random
-    element of these keys (never one used before).
+    uploads and ``bootstraps`` bootstrap requests are honoured in this phase: the ledger
+    fixes what each protocol step may reveal and compute, and a server asking for more
+    is refused.  Once the decryptions are spent, ``retries`` more are honoured, each
+    only as the retry of the decryption request just before
+    (:func:`~.decryption.require_retry_of`).  A bootstrap request must name the next
+    common random element of these keys (never one used before), and no request may
+    ask for a second share of a ciphertext (:meth:`PartyCrypto.claim_share`).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
     left = {BootRequest: bootstraps, SumDecryptRequest: sums, DecryptRequest: decryptions}
+    previous = None  # the last decryption request answered: what a retry must repeat
     while True:
         msg = await _next_request_or(rc, kinds)
         if isinstance(msg, kinds):
             return msg  # type: ignore[return-value]
         service = _SERVICES[type(msg)]
-        allowed = left[type(msg)]
-        if allowed is not None:
-            if allowed <= 0:
-                raise ProtocolError(f"the server asked for more {service.noun} than "
-                                    "the protocol step declares")
-            left[type(msg)] = allowed - 1
+        if left[type(msg)] > 0:
+            left[type(msg)] -= 1
+        elif isinstance(msg, DecryptRequest) and retries > 0:
+            await require_retry_of(crypto, previous, msg)
+            retries -= 1
+        else:
+            raise ProtocolError(f"the server asked for more {service.noun} than the "
+                                "protocol step declares")
+        if isinstance(msg, DecryptRequest):
+            previous = msg.ciphertext
         await service.answer(crypto, msg)
 
 

@@ -7,6 +7,8 @@ from the federation: a ciphertext to refresh (a collective bootstrap) or a
 arithmetic between two requests in a worker thread (``RoleContext.run_sync``), so the
 event loop stays free for the parties' frames, and answers each request with one round
 of :class:`~fednorm.protocols.collective.ServerCrypto`, in the order the core asks.
+:func:`planned_requests` runs a core on level counts instead: the requests it will make,
+known from public sizes alone (a party's allowance for the server's step).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.cores import Core
+from fednorm.engine.ckks.levels import Levels
 from fednorm.protocols.collective import ServerCrypto
+from fednorm.protocols.ledger import Allowance
 
 T = TypeVar("T")
 
@@ -72,3 +76,20 @@ async def run_core(crypto: ServerCrypto, core: Core[T], phase: str) -> T:
             else:
                 answer = await crypto.bootstrap(step.request)
     return step.value
+
+
+def planned_requests(core: Core[T]) -> tuple[T, Allowance]:
+    """``core`` built on level counts (:class:`~fednorm.engine.ckks.LevelArithmetic`, its
+    inputs :class:`~fednorm.engine.ckks.Levels`), run to the end: its result, and the
+    decryptions and bootstraps it asked for — what the same core asks of the parties on
+    ciphertexts, since a core's requests depend on levels only.  Each refresh is
+    answered with a fresh ciphertext, each decryption with zeros."""
+    advance, answer, asked = _Resume(core), None, Allowance()
+    while not (step := advance(answer)).done:
+        if isinstance(step.request, Decrypt):
+            asked += Allowance(decryptions=1)
+            answer = np.zeros(step.request.width)
+        else:
+            asked += Allowance(bootstraps=1)
+            answer = Levels(0)
+    return step.value, asked

@@ -70,7 +70,7 @@ from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import checks
 from fednorm.protocols.ppf.checks import vabs_vector
-from fednorm.protocols.ppf.driver import decrypted, run_core
+from fednorm.protocols.ppf.driver import decrypted, planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
     HEADROOM,
     Layout,
@@ -121,7 +121,8 @@ PLAINTEXT = {
 global max, revealed anyway), and the result."""
 
 PASS = Allowance(decryptions=1)
-"""Each pass, per ciphertext chunk of features: the masked maximum of block 0."""
+"""Each pass, per ciphertext chunk of features: the masked maximum of block 0, and the
+comparisons' bootstraps (:func:`pass_allowance`)."""
 
 LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT})
 
@@ -217,6 +218,22 @@ def top_of_blocks_core(context: ckks.CkksContext, layout: Layout,
     return (yield from decrypted(masked, layout.chunk_slots(chunk)))
 
 
+def pass_allowance(context: ckks.CkksContext, width: int, parties: int,
+                   settings: MinMaxSettings) -> Allowance:
+    """A pass, as a party serves it: per chunk :data:`PASS`, with the bootstraps of the
+    server's own core (:func:`top_of_blocks_core`) run on level counts — on fresh
+    uploads, one packed ciphertext per group of parties, all of it public."""
+    levels = ckks.LevelArithmetic.like(context)
+    layout = Layout(context.slots, width)
+    packed = [ckks.Levels(0)] * len(party_groups(list(range(1, parties + 1))))
+    allowance = Allowance()
+    for chunk in range(layout.chunks):
+        _, planned = planned_requests(top_of_blocks_core(
+            levels, layout, packed, chunk, parties, settings.plan))
+        allowance += PASS.with_bootstraps(planned.bootstraps)
+    return allowance
+
+
 # -- party ----------------------------------------------------------------------------------
 async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -229,6 +246,7 @@ async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
     top = local_top(X)
     window = Window.initial(vabs_vector(options, width))
     position = block_position(rc.me)
+    allowance = pass_allowance(crypto.ckks, width, crypto.n_parties, settings)
     with rc.subprotocol("minmax"):
         for pass_ in range(settings.passes):
             scaled = window.encode(top)
@@ -237,7 +255,7 @@ async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
             await rc.send(SERVER, EncryptedExtremes(chunks=chunks, width=width))
             last = pass_ + 1 == settings.passes
             reply = await serve_phase(crypto, MinMaxExtremes if last else MinMaxWindow,
-                                      PASS.times(layout.chunks))
+                                      allowance)
             if not last:
                 window = window.received(reply.low, reply.high)
     return (as_float_vector(reply.min, width, "global min"),

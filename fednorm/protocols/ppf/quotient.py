@@ -6,8 +6,9 @@ therefore decrypted twice: the coarse pass gives every feature's magnitude; the 
 sends per-feature powers of two (:class:`Scales`), the parties re-encrypt their
 numerators scaled by them (all slots now of one order), and the precise pass is exact in
 every slot.  Both passes reveal the same quantity (the first coarsely).  A coarse
-quotient too large to decode (beyond ~2^40) is decrypted once more, shifted by a public
-2^-40 (:func:`_coarse_quotient`).
+quotient too large to decode is decrypted once more, shifted by the public 2^-40: the
+retry each coarse pass declares (:data:`COARSE`), bound to the first request
+(:func:`_coarse_quotient`).
 
 The denominator is the encrypted ⟨max_count / n_g⟩ (an encrypted inverse) or, with
 revealed counts, max_count / n_g in plaintext, where every numerator is a sum upload
@@ -35,13 +36,14 @@ from fednorm.protocols.ppf.phases import serve_phase
 
 M = TypeVar("M", bound=Message)
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
-COARSE_SHIFT = 40  # a coarse quotient too large to decode is decrypted again at 2^-40
-COARSE_DECRYPTIONS = 2  # so a party helps decrypt a coarse pass at most twice
 COARSE_NOISE_FLOOR = 2.0**-10  # |coarse mean| below this counts as zero for scales
 MAX_SCALED_VALUE = 2.0**50  # a party refuses scales pushing its |value · scale| beyond
 
-COARSE = Allowance(decryptions=COARSE_DECRYPTIONS)
-"""The coarse pass: the quotient, and once more shifted if it does not decode."""
+COARSE = Allowance(decryptions=1, retries=1)
+"""The coarse pass: the quotient, and, if it does not decode, its request once more
+times 2^-40 — a party accepts that second decryption only as exactly this retry
+(:func:`~fednorm.protocols.collective.decryption.require_retry_of`), so it reveals the
+same quotient and nothing else."""
 
 COARSE_FLOODED = Allowance(sums=1)
 """The coarse pass with revealed counts: one flooded sum (it always decodes)."""
@@ -124,38 +126,44 @@ async def _coarse_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
     width: int, options: FitOptions,
 ) -> np.ndarray:
-    """The coarse pass: numerator / n_g, decrypted once more at 2^-COARSE_SHIFT if too
-    large to decode (quotients beyond ~2^40, e.g. variances of values beyond ~1e6).
+    """The coarse pass: numerator / n_g, decrypted once more at 2^-40 if too large to
+    decode (quotients beyond ~2^42 after the product, e.g. variances of values beyond
+    ~1e6; :meth:`~fednorm.protocols.collective.ServerCrypto.decrypt_shifted`).
 
-    The second decryption reveals the same quotient, scaled by a public constant.
-    Shifting the numerator *before* the product keeps the product's noise small; the
-    shifted pass resolves quotients of ~2^14 … 2^54 (measured), enough for the scales.
+    The retry is the first request times the public 2^-40, which every party checks
+    before it answers: the same quotient, revealed once more at a public scale.
     """
     if isinstance(scaled_inverse, np.ndarray):  # a flooded sum: it always decodes
         return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+    ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
     try:
-        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
+        return await crypto.decrypt(ct, width)
     except ckks.DecodeOverflow:
-        shifted = await crypto.rc.run_sync(crypto.ckks.mul, numerator, 2.0**-COARSE_SHIFT)
-        quotient = await _decrypt_quotient(crypto, shifted, scaled_inverse, width, options)
-        return quotient * 2.0**COARSE_SHIFT
+        return await crypto.decrypt_shifted(ct, width)
 
 
 async def _decrypt_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
     width: int, options: FitOptions,
 ) -> np.ndarray:
-    """Decrypt ⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩; with
-    revealed counts, the numerator (a sum upload) is decrypted and divided in the clear."""
+    """Decrypt ⟨numerator / n_g⟩ (:func:`_encrypted_quotient`); with revealed counts, the
+    numerator (a sum upload) is decrypted and divided in the clear."""
     if isinstance(scaled_inverse, np.ndarray):
         total = await crypto.decrypt_sum(numerator, width)
         return total * (scaled_inverse[:width] / options.max_count)
+    ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
+    return await crypto.decrypt(ct, width)
+
+
+async def _encrypted_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertext,
+                              scaled_inverse: openfhe.Ciphertext, options: FitOptions
+                              ) -> openfhe.Ciphertext:
+    """⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩."""
     context = crypto.ckks
     # 1/max_count is applied after the product: before it, the numerator would be tiny
     # and the product's absolute noise would swamp small-valued features.
-    ct = await crypto.rc.run_sync(
+    return await crypto.rc.run_sync(
         lambda: context.mul(context.mul(numerator, scaled_inverse), 1.0 / options.max_count))
-    return await crypto.decrypt(ct, width)
 
 
 # -- party --------------------------------------------------------------------------------
@@ -166,15 +174,15 @@ class Passes:
     With revealed counts every value is a sum upload whose decryption the party floods
     (:meth:`ServerCrypto.decrypt_sum`); with the encrypted inverse it is a numerator the
     server multiplies by ⟨max_count/n_g⟩ before a (not flooded, see docs/LEAKAGE.md)
-    decryption, which may be retried once at a smaller scale in a coarse pass.
+    decryption, which may be retried once at 2^-40 in a coarse pass (:data:`COARSE`).
 
     ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
     before the first pass (the ledger's count; none at all later, none with revealed
-    counts); None leaves them uncapped (a caller that bootstraps elsewhere).
+    counts, none where the inverse was computed earlier).
     """
 
     revealed: bool = False
-    inverse_bootstraps: int | None = None
+    inverse_bootstraps: int = 0
 
     @property
     def coarse(self) -> Allowance:
@@ -200,15 +208,13 @@ class Passes:
         """Answer the server's requests within ``allowance`` (as flooded sums with revealed
         counts, plus the inverse's bootstraps if this is the ``first`` phase) until
         ``expected`` arrives."""
-        bootstraps = None if self.inverse_bootstraps is None else \
-            self.inverse_bootstraps if first else 0
-        allowance = allowance.with_bootstraps(bootstraps)
+        allowance = allowance.with_bootstraps(self.inverse_bootstraps if first else 0)
         return await serve_phase(crypto, expected,
                                  allowance.as_sums() if self.revealed else allowance)
 
 
 ENCRYPTED = Passes()
-"""Numerators over the encrypted inverse, its bootstraps capped elsewhere (or not)."""
+"""Numerators over an encrypted inverse computed before (no bootstraps in the passes)."""
 
 
 async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: int,

@@ -83,6 +83,7 @@ from fednorm.protocols.ppf.phases import serve_phase
 from fednorm.protocols.ppf.quotient import EncryptedVector
 from fednorm.protocols.ppf.yeojohnson_cores import (
     Pooled,
+    planned_refreshes,
     pooled_core,
     sign_flags_core,
     soft_signs_core,
@@ -104,7 +105,8 @@ from fednorm.protocols.ppf.yeojohnson_search import (
 
 # -- the ledger --------------------------------------------------------------------------
 FLAGS = Allowance(decryptions=1)
-"""The product of the parties' sign flags (3 bits per feature)."""
+"""The product of the parties' sign flags (3 bits per feature), and the bootstraps of
+its product tree (:class:`~.yeojohnson_cores.Refreshes`, as for the other steps)."""
 
 SEARCH_ROUND = Allowance(decryptions=1)
 """Each search round: the composite sign at every probe, nothing else."""
@@ -261,6 +263,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     width = X.shape[1]
     mine = SignFlags.local(X)
     layout = Layout(crypto.ckks.slots, width, probe_count(width, crypto.ckks.slots))
+    refreshes = planned_refreshes(crypto.ckks, crypto.n_parties, layout, sign_plan(options),
+                                  options.max_count)
     log_sums = np.nansum(np.sign(X) * np.log1p(np.abs(X)), axis=0)
     await rc.send(SERVER, EncryptedStart(
         counts=await crypto.encrypt(layout.tiled(feature_counts(X))),
@@ -268,9 +272,12 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
             layout.tiled(log_sums / np.log1p(checks.vabs_vector(options, width)), blocks=1)),
         absent=await crypto.encrypt(mine.absent()),
         width=width))
-    flags = _received_flags(await serve_phase(crypto, Flags, FLAGS), mine)
+    flags = _received_flags(await serve_phase(
+        crypto, Flags, FLAGS.with_bootstraps(refreshes.flags)), mine)
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
-    msg, rounds = await serve_phase(crypto, (Probes, Lambdas), POOLING), 0
+    msg = await serve_phase(crypto, (Probes, Lambdas),
+                            POOLING.with_bootstraps(refreshes.pooling))
+    rounds = 0
     with rc.phase("λ search", planned_rounds=plan.rounds):
         while isinstance(msg, Probes):
             rounds += 1
@@ -279,7 +286,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
             sums = plan.scaled_sums(X, _checked_probes(msg.lambdas, plan))
             await rc.send(SERVER, EncryptedMoments(
                 values=await crypto.encrypt(layout.packed(list(sums)))))
-            msg = await serve_phase(crypto, (Probes, Lambdas), SEARCH_ROUND)
+            msg = await serve_phase(crypto, (Probes, Lambdas),
+                                    SEARCH_ROUND.with_bootstraps(refreshes.round))
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
     await _zscore_party(crypto, yeo_johnson(X, lambdas), width)

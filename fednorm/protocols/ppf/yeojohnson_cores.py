@@ -5,7 +5,8 @@ federation — a ciphertext to refresh (collective bootstrap) or a decryption
 (:func:`~fednorm.protocols.ppf.driver.decrypted`) — and is run by
 :func:`~fednorm.protocols.ppf.driver.run_core`, off the event loop.  The order of the
 requests is the protocol's: the parties answer them in that order, within the ledger's
-allowances.
+allowances, whose bootstraps are these cores' own, run on level counts
+(:func:`planned_refreshes`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from fednorm.engine.ckks.compare import ComparePlan, step_core
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.cores import Core, done, fully_refreshed, pairwise, refreshed
 from fednorm.engine.ckks.inversion import inverse_core
-from fednorm.protocols.ppf.driver import decrypted
+from fednorm.engine.ckks.levels import LevelArithmetic, Levels
+from fednorm.protocols.ppf.driver import decrypted, planned_requests
 from fednorm.protocols.ppf.yeojohnson_math import SignFlags
 from fednorm.protocols.ppf.yeojohnson_search import Layout
 
@@ -99,3 +101,27 @@ def soft_signs_core(context: CkksContext, moments: openfhe.Ciphertext, pooled: P
     h = yield from step_core(context, t, sign, end_level=context.level_budget)
     soft = 2 * (yield from decrypted(h, layout.used)) - 1
     return layout.from_slots(soft)
+
+
+@dataclass(frozen=True)
+class Refreshes:
+    """The collective bootstraps of each step of the server's search, as a party answers
+    them: the sign flags, the pooling before the first probes, and every round."""
+
+    flags: int
+    pooling: int
+    round: int
+
+
+def planned_refreshes(context: CkksContext, parties: int, layout: Layout, sign: ComparePlan,
+                      max_count: int) -> Refreshes:
+    """:class:`Refreshes` from the cores above run on level counts, on fresh uploads:
+    every input is public (P, the layout, the sign's plan), the values play no part."""
+    levels = LevelArithmetic.like(context)
+    fresh = Levels(0)
+    _, flags = planned_requests(sign_flags_core(levels, [fresh] * parties, layout.width))
+    pooled, pooling = planned_requests(pooled_core(
+        levels, fresh, fresh, layout, np.zeros(layout.width, dtype=bool), max_count))
+    _, rounds = planned_requests(soft_signs_core(levels, fresh, pooled, layout, sign,
+                                                 max_count))
+    return Refreshes(flags.bootstraps, pooling.bootstraps, rounds.bootstraps)

@@ -1,0 +1,176 @@
+"""A server that deviates, against the real party roles: each party refuses the request
+the ledger does not allow, and the wire shows that the server got no share of it.
+
+Each deviating server is the honest one with its collective calls made by a
+:class:`~fednorm.protocols.collective.ServerCrypto` subclass (:func:`deviating_crypto`)
+that adds one request: the parties must refuse that request, and only that one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import openfhe
+import pytest
+from deviating import deviating, deviating_crypto, zscore_server_with
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.protocols import FitOptions
+from fednorm.protocols.collective import (
+    DecryptRequest,
+    DecryptShare,
+    ServerCrypto,
+    setup_server,
+)
+from fednorm.protocols.collective.rounds import request_shares
+from fednorm.protocols.normalizers import MinMaxNormalizer
+from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.ppf.minmax_layout import setup_arguments
+from fednorm.sim.federation import run_federation
+
+TEST = FitOptions(preset="test")
+ONE_CHEAP_PASS = FitOptions(preset="test", vabs=(20.0,), minmax_bits=4, minmax_passes=1)
+REQUEST_SHARE = {"ckks.boot_request": "ckks.boot_share",
+                 "ckks.decrypt_request": "ckks.decrypt_share"}
+
+
+@dataclass
+class Frames(Tracer):
+    """Every frame a role (or every party, as a party tracer) sends or receives."""
+
+    events: list[FrameEvent] = field(default_factory=list)
+
+    def frame(self, event: FrameEvent) -> None:
+        self.events.append(event)
+
+    def count(self, role: str, direction: str, kind: str, peer: str | None = None) -> int:
+        return sum(e.role == role and e.direction == direction and e.kind == kind
+                   and (peer is None or e.peer == peer) for e in self.events)
+
+
+def _parts(rows: int = 6, features: int = 2) -> list[np.ndarray]:
+    rng = np.random.default_rng(21)
+    return [rng.normal(1, 2, size=(rows, features)) for _ in range(3)]
+
+
+async def _refused(server, method: str, options: FitOptions, match: str) -> tuple[Frames,
+                                                                                   Frames]:
+    """Run ``server`` against the real parties; the run must fail with a ProtocolError
+    matching ``match``.  The server's frames and the parties' frames."""
+    at_server, at_parties = Frames(), Frames()
+    with pytest.raises(ProtocolError, match=match):
+        await run_federation(deviating(method, server=server), _parts(), options,
+                             timeout=300, tracer=at_server, party_tracer=at_parties)
+    return at_server, at_parties
+
+
+def assert_last_request_unanswered(at_server: Frames, at_parties: Frames,
+                                   request: str) -> None:
+    """Every party answered every ``request`` the server sent it but the last (the
+    deviating one): it sent no share of that one, and the server received none."""
+    share = REQUEST_SHARE[request]
+    for party in (f"party {p}" for p in (1, 2, 3)):
+        asked = at_server.count("server", "sent", request, peer=party)
+        sent = at_parties.count(party, "sent", share)
+        received = at_server.count("server", "received", share, peer=party)
+        assert asked >= 1, f"the server never sent {request} to {party}"
+        assert sent == received == asked - 1, (party, asked, sent, received)
+
+
+# -- (a) one bootstrap more than a MinMax pass declares ------------------------------------
+class ExtraBootstrap(ServerCrypto):
+    """Before the pass's decryption, one more bootstrap: of a fresh ciphertext, so it is
+    neither a repeat nor past the level budget — only more than the pass needs."""
+
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        await self.bootstrap(self.encrypt(np.zeros(4)))
+        return await super().decrypt(ct, n)
+
+
+async def test_a_bootstrap_beyond_a_minmax_pass_is_refused() -> None:
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, **setup_arguments(options))
+        low, high = await ppf_minmax.minmax_server(
+            deviating_crypto(crypto, ExtraBootstrap), None, options)
+        return MinMaxNormalizer(low, high)
+
+    at_server, at_parties = await _refused(server, "minmax", ONE_CHEAP_PASS,
+                                           "more bootstraps than the protocol step declares")
+    assert_last_request_unanswered(at_server, at_parties, "ckks.boot_request")
+    assert at_server.count("server", "sent", "ckks.decrypt_request") == 0
+
+
+# -- (b) a second decryption of the same ciphertext ----------------------------------------
+Variant = Callable[[ckks.CkksContext, openfhe.Ciphertext], openfhe.Ciphertext]
+SAME: Variant = lambda context, prepared: prepared  # noqa: E731
+PLUS_ONE: Variant = lambda context, prepared: context.add(prepared, 1.0)  # noqa: E731
+
+
+def repeating(variant: Variant) -> type[ServerCrypto]:
+    class RepeatFirstDecryption(ServerCrypto):
+        """The first decryption (the presence bits), then its request again as
+        ``variant`` makes it: fresh shares of the same ciphertext."""
+
+        async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+            values = await super().decrypt(ct, n)
+            if self.decryptions == 1:
+                prepared = ckks.Decryption(self.ckks).prepare(ct)
+                await request_shares(self.rc, "decrypt", DecryptRequest(
+                    ciphertext=variant(self.ckks, prepared)), DecryptShare)
+            return values
+
+    return RepeatFirstDecryption
+
+
+@pytest.mark.parametrize("variant", [SAME, PLUS_ONE], ids=["same", "plus-a-constant"])
+async def test_a_second_decryption_of_the_same_ciphertext_is_refused(variant) -> None:
+    """Within the phase's count (the presence bit and the mean's coarse pass), so only
+    the repeat itself is refused; a public constant added changes c0 only, and a
+    non-lead party's share depends on c1 alone."""
+    async def server(rc, options):
+        return await zscore_server_with(rc, options, repeating(variant))
+
+    at_server, at_parties = await _refused(server, "zscore", TEST,
+                                           "decryption request refused: this party already")
+    assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
+    assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 2
+
+
+# -- (c) the coarse pass's retry spent on ⟨n_g⟩ ----------------------------------------------
+class CountOnRetry(ServerCrypto):
+    """The mean's coarse pass decrypted honestly, then its spare decryption (meant for
+    a retry at 2^-40) spent on ⟨n_g⟩, which hidden-count mode never reveals."""
+
+    count: openfhe.Ciphertext
+
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        values = await super().decrypt(ct, n)
+        if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
+            await super().decrypt(self.count, n)
+        return values
+
+
+async def test_the_coarse_retry_spent_on_the_pooled_count_is_refused() -> None:
+    async def server(rc, options):
+        return await zscore_server_with(rc, options, CountOnRetry)
+
+    at_server, at_parties = await _refused(server, "zscore", TEST, "decryption retry refused")
+    assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
+    assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 3
+
+
+def test_a_party_keeps_its_share_digests_when_a_session_reuses_its_keys() -> None:
+    """A later protocol of a session reuses the party's keys as ``setup_party`` does
+    (``dataclasses.replace``): the digests go along, so a repeat across protocols is
+    refused too."""
+    from dataclasses import replace
+
+    from fednorm.protocols.collective import PartyCrypto, shared_context
+
+    crypto = PartyCrypto(None, shared_context("test"), None, None)
+    crypto.shared[b"digest"] = "decryption request"
+    assert replace(crypto, rc=None, flooding_bits=40).shared is crypto.shared

@@ -140,6 +140,30 @@ async def test_a_second_decryption_of_the_same_ciphertext_is_refused(variant) ->
     assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 2
 
 
+class RepeatFirstBootstrap(ServerCrypto):
+    """The inverse's first bootstrap, then the same ciphertext again on the next common
+    element (within the phase's count): a fresh share of the same c1."""
+
+    first: openfhe.Ciphertext | None = None
+
+    async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        if self.first is None:
+            self.first = ct
+        elif self.bootstraps == 1:
+            await super().bootstrap(self.first)
+        return await super().bootstrap(ct)
+
+
+async def test_a_second_bootstrap_of_the_same_ciphertext_is_refused() -> None:
+    async def server(rc, options):
+        return await zscore_server_with(rc, options, RepeatFirstBootstrap)
+
+    at_server, at_parties = await _refused(server, "zscore", TEST,
+                                           "bootstrap request refused: this party already")
+    assert_last_request_unanswered(at_server, at_parties, "ckks.boot_request")
+    assert at_server.count("server", "sent", "ckks.boot_request", "party 1") == 2
+
+
 # -- (c) the coarse pass's retry spent on ⟨n_g⟩ ----------------------------------------------
 class CountOnRetry(ServerCrypto):
     """The mean's coarse pass decrypted honestly, then its spare decryption (meant for

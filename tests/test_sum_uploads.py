@@ -79,8 +79,10 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
         return counts[1].index, [counts[1], forged, counts[3]]
 
     refusal, received = _attack(forge)
-    assert "sum decryption request relays a forged upload" in str(refusal)
-    assert "party 2" in str(refusal) and "signature" in str(refusal)
+    # Parties 1 and 3 find the signature wrong, party 2 its own entry not its own: the
+    # run ends with whichever refusal comes first.
+    assert ("a forged upload" in str(refusal) and "signature" in str(refusal)) \
+        or "as this party's upload" in str(refusal)
     assert received == []
 
 

@@ -9,11 +9,11 @@ sent: server and parties each expand it from a public seed they derive alike
 (:func:`bootstrap_seed`), and a party refuses a request for any other seed.
 
 OpenFHE 1.6.1's Python API cannot seed its sampler or build a ring element from
-numbers, so the element is written into a serialized template: the byte layout of a
-random element (made once per joint key with ``IntMPBootRandomElementGen``) is found by
-comparing two random elements, the tower moduli from ``a + (-a) = q``, and each tower's
-coefficients are then drawn uniformly mod ``q_i`` from SHAKE-256(seed) by rejection
-sampling.  Uniform coefficients in the evaluation (NTT) domain are uniform ring
+numbers, so the element is written into a serialized template: the towers of a random
+element (made once per joint key with ``IntMPBootRandomElementGen``) are located by
+:func:`.ring.locate_towers`, and each tower's coefficients are then drawn uniformly mod
+``q_i`` (the context's moduli) from SHAKE-256(seed) by rejection sampling.  Uniform
+coefficients in the evaluation (NTT) domain are uniform ring
 elements, as OpenFHE's own sampler draws them.
 """
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import openfhe
 
+from fednorm.engine.ckks import ring
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import ProtocolError
@@ -46,24 +46,16 @@ def bootstrap_seed(joint_tag: str, index: int) -> bytes:
     return hashlib.sha256(_DOMAIN + joint_tag.encode() + struct.pack("<Q", index)).digest()
 
 
-@dataclass(frozen=True)
-class _Tower:
-    offset: int  # byte offset of the tower's N little-endian uint64 coefficients
-    modulus: int
-
-
 class CommonRandomElements:
     """Expands seeds into full-level random elements under one joint key."""
 
     def __init__(self, ctx: CkksContext, joint_public_key: openfhe.PublicKey) -> None:
-        first = ctx.raw.IntMPBootRandomElementGen(joint_public_key)
-        second = ctx.raw.IntMPBootRandomElementGen(joint_public_key)
+        template = ctx.raw.IntMPBootRandomElementGen(joint_public_key)
         self._ring_dim = ctx.preset.ring_dim
-        self._template = openfhe.Serialize(first, openfhe.BINARY)
-        other = openfhe.Serialize(second, openfhe.BINARY)
-        negated = openfhe.Serialize(ctx.raw.EvalNegate(first), openfhe.BINARY)
-        self._towers = _locate_towers(self._template, other, negated, self._ring_dim,
-                                      ctx.preset.towers)
+        self._template = openfhe.Serialize(template, openfhe.BINARY)
+        self._moduli = ctx.moduli
+        self._towers = ring.locate_towers(self._template, self._ring_dim, len(self._moduli),
+                                          self._moduli)
         self._recent: dict[bytes, openfhe.Ciphertext] = {}
         self._lock = threading.Lock()
 
@@ -85,64 +77,9 @@ class CommonRandomElements:
 
     def _expand(self, seed: bytes) -> openfhe.Ciphertext:
         data = bytearray(self._template)
-        width = 8 * self._ring_dim
-        for i, tower in enumerate(self._towers):
-            values = _uniform_mod(seed, i, tower.modulus, self._ring_dim)
-            data[tower.offset:tower.offset + width] = values.astype("<u8").tobytes()
+        for i, modulus in enumerate(self._moduli):
+            self._towers.write(data, i, _uniform_mod(seed, i, modulus, self._ring_dim))
         return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
-
-
-def _locate_towers(template: bytes, other: bytes, negated: bytes, ring_dim: int,
-                   towers: int) -> list[_Tower]:
-    """Where each tower's coefficients sit in a serialized random element, and its modulus.
-
-    Raises ProtocolError if the layout is not the expected one (towers × N coefficients,
-    every other byte identical between two random elements).
-    """
-    if not len(template) == len(other) == len(negated):
-        raise ProtocolError("random elements serialize to different lengths")
-    size_field = struct.pack("<Q", ring_dim)
-    width = 8 * ring_dim
-    found: list[_Tower] = []
-    position = 0
-    while len(found) < towers:
-        offset = template.find(size_field, position) + 8
-        if offset < 8 or offset + width > len(template):
-            raise ProtocolError("cannot find the coefficient layout of a random element")
-        first, last = slice(offset, offset + 8), slice(offset + width - 8, offset + width)
-        if other[offset - 8:offset] != size_field or template[first] == other[first] \
-                or template[last] == other[last]:  # random coefficients differ at both ends
-            position = offset - 7
-            continue
-        region = slice(offset, offset + width)
-        found.append(_Tower(offset, _modulus(template[region], negated[region])))
-        position = offset + width
-    _require_only_coefficients_differ(template, other, found, width)
-    return found
-
-
-def _modulus(values: bytes, negated: bytes) -> int:
-    """q from a tower of ``a`` and the same tower of ``-a`` (a + (-a) = q where a ≠ 0)."""
-    a = np.frombuffer(values, dtype="<u8")
-    minus_a = np.frombuffer(negated, dtype="<u8")
-    sums = (a + minus_a)[a != 0]
-    if sums.size == 0 or not np.all(sums == sums[0]):
-        raise ProtocolError("cannot read a tower modulus of the random element")
-    modulus = int(sums[0])
-    if not 2**20 < modulus < 2**62 or np.any(a >= modulus):
-        raise ProtocolError(f"implausible tower modulus {modulus}")
-    return modulus
-
-
-def _require_only_coefficients_differ(template: bytes, other: bytes, towers: list[_Tower],
-                                      width: int) -> None:
-    start = 0
-    for tower in towers:
-        if template[start:tower.offset] != other[start:tower.offset]:
-            raise ProtocolError("random elements differ outside their coefficients")
-        start = tower.offset + width
-    if template[start:] != other[start:]:
-        raise ProtocolError("random elements differ outside their coefficients")
 
 
 def _uniform_mod(seed: bytes, tower: int, modulus: int, count: int) -> np.ndarray:

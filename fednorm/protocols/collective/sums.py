@@ -52,9 +52,10 @@ def statement(session: str, party: int, index: int, digest: bytes) -> signing.St
 
 
 def upload_digest(ciphertext: openfhe.Ciphertext) -> bytes:
-    """The digest a sum upload is signed and checked by: of the ciphertext as a receiver
-    parses it (a ciphertext made in this process serializes other bytes than its parsed
-    copy, see :func:`fednorm.engine.ckks.serial.object_digest`)."""
+    """The digest a party signs its sum upload with: of the ciphertext as a receiver will
+    parse it (a ciphertext made in this process serializes other bytes than its parsed
+    copy, see :func:`fednorm.engine.ckks.serial.object_digest`); a receiver holds the
+    parsed copy and digests it as it is."""
     parsed = ckks.serial.deserialize(openfhe.DeserializeCiphertextString,
                                      openfhe.Serialize(ciphertext, openfhe.BINARY))
     return ckks.object_digest(parsed)
@@ -106,7 +107,7 @@ def verified_total(context: ckks.CkksContext, keyring: signing.Keyring, session:
         if not isinstance(upload, SumUpload) or upload.index != index:
             raise ProtocolError(f"a sum decryption request relays, as party {party}'s, "
                                 f"something other than its sum upload #{index}")
-        digest = upload_digest(upload.ciphertext)
+        digest = ckks.object_digest(upload.ciphertext)  # parsed from the request
         if party == keyring.party and digest != own_digest:
             raise ProtocolError(f"a sum decryption request relays, as this party's upload "
                                 f"#{index}, a ciphertext it did not send")

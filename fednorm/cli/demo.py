@@ -58,7 +58,8 @@ def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: 
                    ) -> argparse.Namespace:
     return argparse.Namespace(
         dataset=args.dataset, target=None, parties=args.parties, split="iid", seed=0,
-        method=methods, privacy=privacy, epsilon=None, ckks_preset=args.preset,
+        method=methods, privacy=privacy, algorithm="default", epsilon=None,
+        ckks_preset=args.preset,
         rank_probes=1, reveal_counts=False, vabs=args.vabs, json=False, quiet=args.quiet,
         command="demo")
 

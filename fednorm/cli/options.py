@@ -19,8 +19,13 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
     ``--preset``); ``vabs_default`` is added to the V_abs help."""
     parser.add_argument(preset_flag, dest="ckks_preset", choices=("test", "paper"),
                         default="paper", help="CKKS parameters for --privacy mhe")
+    parser.add_argument("--algorithm", choices=("default", "paper"), default="default",
+                        help="mhe: 'default' protocols decrypt only flooded sums and exact "
+                             "bits (no V_abs, no bootstraps); 'paper' runs the paper's "
+                             "algorithms (default: %(default)s)")
     parser.add_argument("--reveal-counts", action="store_true",
-                        help="mhe: decrypt the pooled counts instead of inverting them encrypted")
+                        help="mhe --algorithm paper: decrypt the pooled counts instead of "
+                             "inverting them encrypted (the default algorithm always does)")
     parser.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
     parser.add_argument("--rank-probes", type=int, default=1, metavar="K",
                         help="robust: points probed per quantile and round (default 1, the "
@@ -31,7 +36,7 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
 
 
 def fit_options(args: argparse.Namespace) -> FitOptions:
-    options = FitOptions(epsilon=args.epsilon, preset=args.ckks_preset,
+    options = FitOptions(algorithm=args.algorithm, epsilon=args.epsilon, preset=args.ckks_preset,
                          rank_probes=args.rank_probes, reveal_counts=args.reveal_counts,
                          vabs=parse_vabs(args.vabs))
     return check_fit_options(options)

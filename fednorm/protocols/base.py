@@ -30,6 +30,8 @@ from fednorm.protocols.normalizers import Normalizer
 METHODS = ("zscore", "minmax", "robust", "yeojohnson")
 PRIVACY_MODES = ("plain", "mhe")
 QuantileRule = Literal["interpolate", "gap"]
+Algorithm = Literal["default", "paper"]
+ALGORITHMS = ("default", "paper")
 
 
 MAX_RANK_PROBES = 255  # 8 bits of bracket per round; more buys little and costs many counts
@@ -49,6 +51,11 @@ class FitOptions:
     needs log(K + 1) / log 2 times fewer rounds, and reveals K pooled counts per target
     and round instead of one.
 
+    ``algorithm`` picks a PPF (``mhe``) protocol's kind: ``"default"``, built from flooded
+    decryptions of sums and of exact bits only (no V_abs, no bootstraps), or ``"paper"``,
+    the paper's Algorithms 1, 3–5 and fednorm's encrypted Yeo-Johnson search
+    (docs/LEAKAGE.md compares them).  Plain protocols have one kind.
+
     PPF (``mhe``) protocols use ``preset`` (CKKS parameters), ``max_count`` (the largest
     pooled per-feature count the encrypted inverse supports) and ``reveal_counts``.
     Their comparison precisions default (None) to each protocol's own: ``minmax_bits``
@@ -61,6 +68,7 @@ class FitOptions:
     decryption past τ (docs/LEAKAGE.md, "Decryption noise").
     """
 
+    algorithm: Algorithm = "default"
     epsilon: float | None = None
     relative_epsilon: float = 1e-9
     quantile_rule: QuantileRule = "interpolate"
@@ -76,6 +84,8 @@ class FitOptions:
     flooding_decryptions: int = DEFAULT_DECRYPTIONS
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise InputError(f"algorithm must be 'default' or 'paper', not {self.algorithm!r}")
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise InputError(f"epsilon must be a finite positive number, got {self.epsilon}")
         if self.vabs is not None and not all(
@@ -111,6 +121,29 @@ class Protocol:
     privacy: str
     server: ServerRole
     party: PartyRole
+
+
+Roles = tuple[ServerRole, PartyRole]
+
+
+def by_algorithm(default: Roles | None, paper: Roles) -> Roles:
+    """One PPF protocol's two roles, each running the kind ``FitOptions.algorithm`` names
+    (the server sends its options to the parties, so all roles run the same kind)."""
+    kinds = {"default": default, "paper": paper}
+
+    def roles(options: FitOptions) -> Roles:
+        chosen = kinds[options.algorithm]
+        if chosen is None:
+            raise InputError(f"this method has no {options.algorithm!r} algorithm")
+        return chosen
+
+    async def server(ctx: RoleContext, options: FitOptions) -> Normalizer:
+        return await roles(options)[0](ctx, options)
+
+    async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> Normalizer:
+        return await roles(options)[1](ctx, X, options)
+
+    return server, party
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}

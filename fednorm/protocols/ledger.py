@@ -87,39 +87,52 @@ class Declaration:
     method: str
     privacy: str
     plaintext: Fields
+    algorithm: str = "default"
+
+    @property
+    def label(self) -> str:
+        """``zscore-mhe``, ``zscore-mhe (paper)``."""
+        kind = "" if self.algorithm == "default" else f" ({self.algorithm})"
+        return f"{self.method}-{self.privacy}{kind}"
 
 
-PLAINTEXT: dict[tuple[str, str], Fields] = {}
-"""(method, privacy) → message kind → the fields it may carry in plaintext; filled by
-the protocol modules' :func:`declare` as :mod:`fednorm.protocols` imports them."""
+Key = tuple[str, str, str]  # (method, privacy, algorithm)
 
-DECLARATIONS: dict[tuple[str, str], Declaration] = {}
+PLAINTEXT: dict[Key, Fields] = {}
+"""(method, privacy, algorithm) → message kind → the fields it may carry in plaintext;
+filled by the protocol modules' :func:`declare` as :mod:`fednorm.protocols` imports
+them."""
+
+DECLARATIONS: dict[Key, Declaration] = {}
 
 
-def declare(method: str, privacy: str, plaintext: Mapping[str, Iterable[str]]
-            ) -> Declaration:
-    """Record a protocol's ledger entry (once per protocol): ``plaintext`` maps each
-    message kind it sends to the names of its plaintext fields."""
-    if (method, privacy) in DECLARATIONS:
-        raise ValueError(f"{method}-{privacy} is declared twice")
+def declare(method: str, privacy: str, plaintext: Mapping[str, Iterable[str]],
+            algorithm: str = "default") -> Declaration:
+    """Record a protocol's ledger entry (once per protocol and algorithm): ``plaintext``
+    maps each message kind it sends to the names of its plaintext fields."""
+    key = (method, privacy, algorithm)
+    if key in DECLARATIONS:
+        raise ValueError(f"{method}-{privacy} ({algorithm}) is declared twice")
     declared = {kind: frozenset(names) for kind, names in plaintext.items()}
-    declaration = Declaration(method, privacy, declared)
-    DECLARATIONS[method, privacy] = declaration
-    PLAINTEXT[method, privacy] = declaration.plaintext
+    declaration = Declaration(method, privacy, declared, algorithm)
+    DECLARATIONS[key] = declaration
+    PLAINTEXT[key] = declaration.plaintext
     return declaration
 
 
-def undeclared(method: str, privacy: str, kind: str, fields: set[str]) -> set[str]:
+def undeclared(method: str, privacy: str, kind: str, fields: set[str],
+               algorithm: str = "default") -> set[str]:
     """The plaintext ``fields`` of a ``kind`` message that this protocol does not declare."""
     if kind == ABORT_KIND:
         return fields - {"reason"}
-    return fields - PLAINTEXT[method, privacy].get(kind, frozenset())
+    return fields - PLAINTEXT[method, privacy, algorithm].get(kind, frozenset())
 
 
 def _in_order() -> list[Declaration]:
-    """Plain protocols first, then PPF; each in the order of :data:`METHODS`."""
-    return sorted(DECLARATIONS.values(), key=lambda d: (PRIVACY_MODES.index(d.privacy),
-                                                        METHODS.index(d.method)))
+    """Plain protocols first, then PPF (default, then paper); each in the order of
+    :data:`METHODS`."""
+    return sorted(DECLARATIONS.values(), key=lambda d: (
+        PRIVACY_MODES.index(d.privacy), d.algorithm != "default", METHODS.index(d.method)))
 
 
 def markdown() -> str:
@@ -129,6 +142,5 @@ def markdown() -> str:
     for declaration in _in_order():
         for kind, names in sorted(declaration.plaintext.items()):
             listed = ", ".join(sorted(names)) or "–"
-            lines.append(f"| {declaration.method}-{declaration.privacy} | `{kind}` | "
-                         f"{listed} |")
+            lines.append(f"| {declaration.label} | `{kind}` | {listed} |")
     return "\n".join(lines) + "\n"

@@ -58,7 +58,6 @@ from fednorm.protocols.base import (
     FitOptions,
     agreed_width,
     check_party_data,
-    register,
 )
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -124,7 +123,7 @@ PASS = Allowance(decryptions=1)
 """Each pass, per ciphertext chunk of features: the masked maximum of block 0, and the
 comparisons' bootstraps (:func:`pass_allowance`)."""
 
-LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT})
+PAPER_LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT}, algorithm="paper")
 
 
 # -- setup and input -------------------------------------------------------------------------
@@ -275,5 +274,3 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> MinMaxNo
     low, high = await minmax_party(crypto, X, options)
     return MinMaxNormalizer(low, high)
 
-
-register("minmax", "mhe", server, party)

@@ -24,7 +24,7 @@ import numpy as np
 
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, check_party_data, feature_counts, register
+from fednorm.protocols.base import FitOptions, check_party_data, feature_counts
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
 from fednorm.protocols.ledger import COLLECTIVE, declare
 from fednorm.protocols.normalizers import RobustNormalizer
@@ -39,10 +39,11 @@ from fednorm.protocols.rank import (
     start_search,
 )
 
-LEDGER = declare(
+PAPER_LEDGER = declare(
     "robust", "mhe",
     {**COLLECTIVE, **kth.PLAINTEXT, **ppf_minmax.PLAINTEXT,
      "robust.result": ("q1", "median", "q3")},
+    algorithm="paper",
 )
 """Allowances: :data:`~.kth.POOLED_COUNT`, then PPF MinMax's :data:`~.minmax.PASS`,
 then :data:`~.kth.SEARCH_ROUND` per round."""
@@ -75,5 +76,3 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
                             median=as_float_vector(result.median, width, "median"),
                             q3=as_float_vector(result.q3, width, "q3"))
 
-
-register("robust", "mhe", server, party)

@@ -71,7 +71,6 @@ from fednorm.protocols.base import (
     agreed_width,
     check_party_data,
     feature_counts,
-    register,
 )
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto, setup_party, setup_server
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
@@ -114,14 +113,15 @@ SEARCH_ROUND = Allowance(decryptions=1)
 POOLING = Allowance()
 """Between the flags and the first probes: the inverse and ⟨E[s̃]⟩, bootstraps only."""
 
-LEDGER = declare(
+PAPER_LEDGER = declare(
     "yeojohnson", "mhe",
     {**COLLECTIVE, **ppf_zscore.PLAINTEXT,
      "ppf_yeojohnson.start": ("width",),
      "ppf_yeojohnson.flags": ("empty", "negative", "positive"),
      "ppf_yeojohnson.probes": ("lambdas",),
      "ppf_yeojohnson.lambdas": ("lambdas",),
-     "ppf_yeojohnson.result": ("lambdas", "mean", "var")}
+     "ppf_yeojohnson.result": ("lambdas", "mean", "var")},
+    algorithm="paper",
 )
 """Allowances: :data:`FLAGS`, :data:`POOLING`, :data:`SEARCH_ROUND` per round, then the
 z-score's quotients (:data:`~.quotient.COARSE`, :data:`~.quotient.PRECISE`)."""
@@ -341,5 +341,3 @@ async def _zscore_party(crypto: PartyCrypto, Y: np.ndarray, width: int) -> None:
     await quotient.ENCRYPTED.send(crypto, total)
     await ppf_zscore.share_moments(crypto, Y, total)
 
-
-register("yeojohnson", "mhe", server, party)

@@ -46,7 +46,6 @@ from fednorm.protocols.base import (
     agreed_width,
     check_party_data,
     feature_counts,
-    register,
 )
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -87,8 +86,11 @@ PLAINTEXT = {
 }
 """The ledger's entry for μ and σ² (and their scales); the sums carry their width."""
 
-LEDGER = declare(
-    "zscore", "mhe", {**COLLECTIVE, **PLAINTEXT, "ppf_zscore.encrypted_sums": ("width",)})
+LEDGER_FIELDS = {**COLLECTIVE, **PLAINTEXT, "ppf_zscore.encrypted_sums": ("width",)}
+LEDGER = declare("zscore", "mhe", LEDGER_FIELDS)
+"""The default: Algorithm 1 with the pooled count revealed (every decryption a flooded sum
+of the parties' uploads)."""
+PAPER_LEDGER = declare("zscore", "mhe", LEDGER_FIELDS, algorithm="paper")
 """Allowances: :data:`PRESENCE`, then per quotient (μ, σ²) :data:`~.quotient.COARSE`
 (:data:`~.quotient.COARSE_FLOODED` with revealed counts) and :data:`~.quotient.PRECISE`;
 the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass only."""
@@ -124,9 +126,15 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
     return X
 
 
+def counts_revealed(options: FitOptions) -> bool:
+    """The default algorithm always decrypts n_g (a flooded sum); the paper's inverts it
+    under encryption unless ``reveal_counts``."""
+    return options.reveal_counts or options.algorithm == "default"
+
+
 def setup_arguments(options: FitOptions) -> dict[str, object]:
     """Relinearization for the encrypted inverse; none when the counts are revealed."""
-    return {"relinearize": not options.reveal_counts}
+    return {"relinearize": not counts_revealed(options)}
 
 
 # -- server -------------------------------------------------------------------------------
@@ -161,7 +169,7 @@ async def _count_inverse(
     """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed; and
     which features hold any value at all (the others are NaN, as in plain mode)."""
     hi = float(options.max_count)
-    if options.reveal_counts:
+    if counts_revealed(options):
         pooled = np.rint(await crypto.decrypt_sum(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
     return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options),
@@ -195,18 +203,18 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     X = check_ppf_values(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
-    passes = Passes(revealed=options.reveal_counts,
-                    inverse_bootstraps=0 if options.reveal_counts
+    passes = Passes(revealed=counts_revealed(options),
+                    inverse_bootstraps=0 if counts_revealed(options)
                     else inverse_plan(crypto.ckks, options).bootstraps)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
-    if not options.reveal_counts:
+    if not counts_revealed(options):
         crypto.require_pooled_count_within(counts, options.max_count)
     await rc.send(SERVER, EncryptedSums(
         total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
-        count=await (crypto.encrypt_for_sum(counts) if options.reveal_counts
+        count=await (crypto.encrypt_for_sum(counts) if counts_revealed(options)
                      else crypto.encrypt(counts)), width=width))
     await share_moments(crypto, X, total, passes, before=PRESENCE)
     result = await passes.serve(crypto, PpfZScoreResult, PRECISE)
@@ -229,5 +237,3 @@ async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
     await passes.send(crypto, squared)
     await precise_quotient_party(crypto, squared, width, passes=passes)
 
-
-register("zscore", "mhe", server, party)

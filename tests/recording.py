@@ -50,7 +50,7 @@ KEY_SETUP_KINDS = frozenset({"ckks.lead_keys", "ckks.key_shares", "ckks.joint_ro
                              "ckks.relin_round2"})
 
 
-def session_kinds(recorder: Recorder) -> dict[str, set[str]]:
+def session_kinds(recorder: Recorder, algorithm: str = "default") -> dict[str, set[str]]:
     """The kinds each step of a session sent or received, by step in the order they
     came, after holding every frame to its step's ledger: the key-setup step
     (``keys-mhe``) to the collective entry, each protocol to its own."""
@@ -64,7 +64,9 @@ def session_kinds(recorder: Recorder) -> dict[str, set[str]]:
         if method == "keys":
             assert fields <= COLLECTIVE.get(header.kind, frozenset()), (header.kind, fields)
         else:
-            assert not undeclared(method, privacy, header.kind, fields), (step, header.kind)
+            kind = algorithm if privacy == "mhe" else "default"
+            assert not undeclared(method, privacy, header.kind, fields, kind), \
+                (step, header.kind)
         kinds.setdefault(step, set()).add(header.kind)
     return kinds
 

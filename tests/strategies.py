@@ -8,6 +8,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 MAGNITUDES = (1e-6, 1e-3, 1.0, 1e3, 1e6, 1e9)
+HOSTILE = ("normal", "constant", "ties", "offset", "zero_mean", "empty", "subnormal")
+"""Every kind of column, the optional ones too: values and their negatives (mean exactly
+0), no value at all, subnormals beside ±0."""
 
 
 @dataclass
@@ -28,6 +31,13 @@ def _column(rng: np.random.Generator, n: int, kind: str, magnitude: float) -> np
     if kind == "ties":
         levels = rng.normal(0, magnitude, size=rng.integers(1, 4))
         return rng.choice(levels, size=n)
+    if kind == "zero_mean":  # each value with its negative: the mean is exactly 0
+        half = rng.normal(0, magnitude, size=n // 2)
+        return rng.permutation(np.concatenate([half, -half, np.zeros(n % 2)]))
+    if kind == "empty":
+        return np.full(n, np.nan)
+    if kind == "subnormal":
+        return rng.choice([5e-324, -5e-324, 1e-310, -2e-315, 0.0, -0.0], size=n)
     if kind == "offset":  # huge mean, tiny spread: catastrophic cancellation territory
         return magnitude * 1e3 + rng.normal(0, magnitude * 1e-3, size=n)
     return rng.normal(rng.uniform(-2, 2) * magnitude, magnitude, size=n)

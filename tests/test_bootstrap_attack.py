@@ -96,7 +96,7 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
     with pytest.raises(ProtocolError) as refusal:
         trio.run(partial(run_federation, deviating("zscore", server=server), parts,
-                         FitOptions(preset="test"), timeout=60))
+                         FitOptions(algorithm="paper", preset="test"), timeout=60))
     if read:
         raise KeyShareRead(f"the server read the secret-key shares of parties {sorted(read)} "
                            f"(ternary, {len(next(iter(read.values())))} coefficients each)")

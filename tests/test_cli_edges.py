@@ -115,7 +115,7 @@ def test_values_beyond_vabs_are_named_by_feature(
     data = csv_file(tmp_path / "d.csv", f"age,income,label\n{rows}\n")
     code, _, err = run_cli(["simulate", "--dataset", data, "--target", "label", "--parties",
                             "2", "--method", "minmax", "--privacy", "mhe", "--preset", "test",
-                            "--vabs", "10,500"], capsys)
+                            "--algorithm", "paper", "--vabs", "10,500"], capsys)
     assert code == 2
     assert re.search(r"values beyond the agreed bound vabs: 'income' \(\|x\| up to [5-8]00, "
                      r"bound 500\)$", err.strip()), err

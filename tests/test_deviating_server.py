@@ -32,8 +32,9 @@ from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
 
-TEST = FitOptions(preset="test")
-ONE_CHEAP_PASS = FitOptions(preset="test", vabs=(20.0,), minmax_bits=4, minmax_passes=1)
+TEST = FitOptions(algorithm="paper", preset="test")
+ONE_CHEAP_PASS = FitOptions(algorithm="paper",
+                            preset="test", vabs=(20.0,), minmax_bits=4, minmax_passes=1)
 REQUEST_SHARE = {"ckks.boot_request": "ckks.boot_share",
                  "ckks.decrypt_request": "ckks.decrypt_share"}
 

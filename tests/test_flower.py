@@ -240,13 +240,14 @@ def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
     pipe_dir: Path, certs: Path,
 ) -> None:
     recorder = Recorder()
-    options = FitOptions(preset="test", vabs=(4e3,), minmax_bits=4, minmax_passes=2)
+    options = FitOptions(algorithm="paper",
+                         preset="test", vabs=(4e3,), minmax_bits=4, minmax_passes=2)
     grid = loopback(partition_of)
     for context in grid.contexts.values():  # each party signs its key shares
         context.node_config[CERTS_KEY] = str(certs)
     fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
     assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
-    kinds = session_kinds(recorder)  # every frame within its step's ledger
+    kinds = session_kinds(recorder, "paper")  # every frame within its step's ledger
     assert list(kinds) == list(fitted.traffic)  # in this order
     assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
     assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS

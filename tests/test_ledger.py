@@ -30,7 +30,9 @@ from fednorm.protocols.ppf.yeojohnson_search import sign_plan
 from fednorm.sim.federation import run_federation, simulate_session
 
 DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
+FLOODED_KINDS = ("ckks.decrypt_sum_request",)  # decryptions whose every share is flooded
 TEST = FitOptions(preset="test")
+PAPER = FitOptions(preset="test", algorithm="paper")
 CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
 
 
@@ -47,7 +49,13 @@ class Case:
     decryptions: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.method}-{self.privacy}{'-reveal' if self.options.reveal_counts else ''}"
+        paper = "-paper" if self.privacy == "mhe" and self.options.algorithm == "paper" else ""
+        return f"{self.method}-{self.privacy}{paper}" \
+            f"{'-reveal' if self.options.reveal_counts else ''}"
+
+    @property
+    def algorithm(self) -> str:
+        return self.options.algorithm if self.privacy == "mhe" else "default"
 
 
 def _normal(rows: int = 7, features: int = 2) -> tuple[np.ndarray, ...]:
@@ -69,15 +77,20 @@ CASES = [
     Case("minmax", "plain", TEST, _normal()),
     Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), _normal()),
     Case("yeojohnson", "plain", TEST, _normal()),
-    # The presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
+    # The default: n_g, then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [3] * 5),
-    Case("zscore", "mhe", FitOptions(preset="test", reveal_counts=True), _normal(12, 3),
-         widths=lambda pooled: [3] * 5),
-    Case("minmax", "mhe", FitOptions(preset="test", vabs=(20.0,), **CHEAP_MINMAX),
+    # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
+    Case("robust", "mhe", TEST, _normal()),
+    # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
+    Case("zscore", "mhe", PAPER, _normal(12, 3), widths=lambda pooled: [3] * 5),
+    Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
+         _normal(12, 3), widths=lambda pooled: [3] * 5),
+    Case("minmax", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(20.0,),
+                                     **CHEAP_MINMAX),
          _normal(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass
-    Case("robust", "mhe", FitOptions(preset="test", vabs=(16.0,), epsilon=1e-2,
-                                     **CHEAP_MINMAX), _normal()),
-    Case("yeojohnson", "mhe", FitOptions(preset="test", vabs=YJ_VABS),
+    Case("robust", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(16.0,),
+                                     epsilon=1e-2, **CHEAP_MINMAX), _normal()),
+    Case("yeojohnson", "mhe", FitOptions(preset="test", algorithm="paper", vabs=YJ_VABS),
          tuple(np.random.default_rng(5).gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)),
          widths=_yeojohnson_widths),
 ]
@@ -124,6 +137,8 @@ def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
     phase's bootstraps)."""
     options, parties, width = case.options, len(case.parts), case.parts[0].shape[1]
     context = shared_context(options.preset)
+    if case.algorithm == "default":
+        return []  # the default protocols never bootstrap
     if case.method == "zscore":
         return [] if options.reveal_counts else [
             ("ppf_zscore.scales", ppf.inverse_plan(context, options).bootstraps)]
@@ -158,12 +173,16 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)
-        extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg))
+        extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg),
+                           case.algorithm)
         assert not extra, (header.kind, extra)
         requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
+        if case.privacy == "mhe" and case.algorithm == "default":
+            assert header.kind not in DECRYPT_KINDS or header.kind in FLOODED_KINDS, \
+                f"an unflooded decryption ({header.kind}) in a default protocol"
     # Bootstraps, sum decryptions and the relinearization key's second round depend on
     # the protocol and its options.
-    stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {
+    stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
         "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)
@@ -180,7 +199,7 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
 async def _run_server(server_role, parts=None):
     cheat = deviating("zscore", server=server_role)
     parts = parts or [np.ones((4, 2)) * i for i in range(1, 4)]
-    await run_federation(cheat, parts, TEST, timeout=60)
+    await run_federation(cheat, parts, PAPER, timeout=60)
 
 
 async def test_parties_refuse_a_bootstrap_on_a_reused_common_element() -> None:
@@ -225,7 +244,7 @@ async def test_parties_refuse_more_bootstraps_than_the_phase_declares() -> None:
 
     cheat = deviating("zscore", server=server, party=party)
     with pytest.raises(ProtocolError, match="more bootstraps"):
-        await run_federation(cheat, [np.ones((4, 2))] * 3, TEST, timeout=60)
+        await run_federation(cheat, [np.ones((4, 2))] * 3, PAPER, timeout=60)
 
 
 def test_the_leakage_document_carries_the_declared_ledger() -> None:
@@ -258,8 +277,8 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
 
     cheat = deviating("robust", server=server)
     rng = np.random.default_rng(4)
-    options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-1, minmax_bits=4,
-                         minmax_passes=2)
+    options = FitOptions(preset="test", algorithm="paper", vabs=(16.0,), epsilon=1e-1,
+                         minmax_bits=4, minmax_passes=2)
     with pytest.raises(ProtocolError, match="more search rounds"):
         await run_federation(cheat, [rng.normal(size=(6, 1)) for _ in range(3)], options,
                              timeout=120)
@@ -271,11 +290,11 @@ def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> No
     entry; no frame carries secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
     recorder = Recorder()
-    options = FitOptions(preset="test", vabs=(16.0,), **CHEAP_MINMAX)
+    options = FitOptions(preset="test", algorithm="paper", vabs=(16.0,), **CHEAP_MINMAX)
     session = simulate_session(list(_normal()), ["zscore", "minmax"], "mhe", options,
                                tracer=recorder)
     assert session.setup is not None
-    kinds = session_kinds(recorder)
+    kinds = session_kinds(recorder, "paper")
     assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
     assert {"ckks.lead_keys", "ckks.joint_round1", "ckks.relin_round2"} <= kinds["keys-mhe"]
     assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS  # keys reused

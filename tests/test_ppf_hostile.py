@@ -62,7 +62,7 @@ def _scale_of(pooled: np.ndarray) -> np.ndarray:
 @given(hostile(), st.booleans())
 def test_ppf_zscore_on_hostile_data_equals_the_pooled_oracle(data, reveal_counts) -> None:
     parts, pooled = data
-    options = FitOptions(preset="test", reveal_counts=reveal_counts)
+    options = FitOptions(algorithm="paper", preset="test", reveal_counts=reveal_counts)
     largest_sum = max(float(np.abs(p.sum(axis=0)).max()) for p in parts)
     largest_squares = max(float(((p - pooled.mean(axis=0)) ** 2).sum(axis=0).max())
                           for p in parts)
@@ -89,7 +89,8 @@ def test_ppf_robust_on_hostile_data_equals_the_pooled_oracle(data) -> None:
     parts, pooled = data
     vabs = tuple(float(2.0 ** np.ceil(np.log2(max(np.abs(c).max(), 1e-300)) + 1))
                  for c in pooled.T)
-    options = FitOptions(preset="test", vabs=vabs, minmax_bits=4, minmax_passes=2)
+    options = FitOptions(algorithm="paper",
+                         preset="test", vabs=vabs, minmax_bits=4, minmax_passes=2)
     fitted = simulate(parts, "robust", "mhe", options).normalizer
     expected = np.percentile(pooled, [25, 50, 75], axis=0)
     got = np.vstack([fitted.q1, fitted.median, fitted.q3])
@@ -101,6 +102,6 @@ def test_ppf_robust_on_hostile_data_equals_the_pooled_oracle(data) -> None:
 @pytest.mark.parametrize("method", ["zscore", "yeojohnson"])
 def test_pooled_counts_beyond_max_count_are_refused_before_decryption(method) -> None:
     parts = [np.arange(6.0).reshape(6, 1) + i for i in range(3)]
-    options = FitOptions(preset="test", max_count=16, vabs=(16.0,))
+    options = FitOptions(algorithm="paper", preset="test", max_count=16, vabs=(16.0,))
     with pytest.raises(InputError, match="pooled count could exceed max_count=16"):
         simulate(parts, method, "mhe", options)

@@ -1,9 +1,14 @@
-"""PPF robust scaling (Alg. 3 on Alg. 4) against numpy's pooled quartiles."""
+"""PPF robust scaling, default and the paper's (Alg. 3 on Alg. 4), against numpy's pooled
+quartiles."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import HOSTILE, Federation, federations
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
@@ -19,7 +24,8 @@ def test_ppf_robust_quartiles_equal_pooled_within_epsilon() -> None:
     expected = np.nanpercentile(pooled, [25, 50, 75], axis=0)
     rounds = {}
     for probes in (1, 15):
-        options = FitOptions(preset="test", vabs=(50.0,), epsilon=epsilon, rank_probes=probes)
+        options = FitOptions(algorithm="paper",
+                             preset="test", vabs=(50.0,), epsilon=epsilon, rank_probes=probes)
         result = simulate(parts, "robust", "mhe", options)
         fitted = result.normalizer
         # Each order statistic is within ε/2 of the truth once the bracket is narrower than
@@ -34,4 +40,80 @@ def test_ppf_robust_quartiles_equal_pooled_within_epsilon() -> None:
 
 def test_ppf_robust_needs_the_agreed_bound() -> None:
     with pytest.raises(InputError, match=r"(?i)v_?abs"):
-        simulate([np.ones((3, 1)), np.ones((3, 1))], "robust", "mhe", FitOptions(preset="test"))
+        simulate([np.ones((3, 1)), np.ones((3, 1))], "robust", "mhe", FitOptions(algorithm="paper",
+                                                                                 preset="test"))
+
+
+# -- the default algorithm: the search from the whole float order ------------------------
+def _order_statistics_quartiles(pooled: np.ndarray) -> np.ndarray:
+    """numpy's linear-interpolation quartiles, combined as the protocol combines the
+    order statistics it finds (so exact order statistics give exactly these values)."""
+    from fednorm.protocols.plain.robust import QUARTILES
+    from fednorm.protocols.rank import plan_quantiles
+
+    counts = np.sum(~np.isnan(pooled), axis=0).astype(np.float64)
+    plan = plan_quantiles(counts, QUARTILES)
+    columns = [np.sort(column[~np.isnan(column)]) for column in pooled.T]
+    values = np.array([columns[j][k - 1] for j, k in zip(plan.features, plan.ranks,
+                                                          strict=True)])
+    quartiles = plan.combine(values)
+    quartiles[:, counts == 0] = np.nan
+    return quartiles
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(federations(max_parties=4, max_features=3, kinds=HOSTILE))
+def test_default_ppf_robust_finds_the_exact_order_statistics(fed: Federation) -> None:
+    """No V_abs, no MinMax: every quartile is built from the exact pooled order statistics
+    (equal to numpy's quantiles up to the interpolation's last bit), on hostile columns."""
+    fitted = simulate(fed.parts, "robust", "mhe", FitOptions(preset="test")).normalizer
+    got = np.vstack([fitted.q1, fitted.median, fitted.q3])
+    np.testing.assert_array_equal(got, _order_statistics_quartiles(fed.pooled))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN (empty) features
+        numpy = np.nanpercentile(fed.pooled, [25, 50, 75], axis=0)
+    np.testing.assert_allclose(got, numpy, rtol=1e-15, atol=0)
+
+
+def test_default_ppf_robust_spans_every_magnitude_and_stops_at_epsilon() -> None:
+    """1e-300 beside 1e300 in one search, exact; an absolute ε stops each target once its
+    bracket is that narrow, in fewer rounds than the exact search."""
+    rng = np.random.default_rng(11)
+    pooled = np.column_stack([rng.lognormal(0, 200, 40) * rng.choice([-1, 1], 40),
+                              rng.normal(5, 1, 40)])
+    parts = [pooled[:13], pooled[13:14], pooled[14:]]
+    exact = simulate(parts, "robust", "mhe", FitOptions(preset="test"))
+    got = np.vstack([exact.normalizer.q1, exact.normalizer.median, exact.normalizer.q3])
+    np.testing.assert_array_equal(got, _order_statistics_quartiles(pooled))
+    coarse = simulate(parts, "robust", "mhe",
+                      FitOptions(preset="test", epsilon=1e-3))
+    got = np.vstack([coarse.normalizer.q1, coarse.normalizer.median, coarse.normalizer.q3])
+    np.testing.assert_allclose(got[:, 1], np.percentile(pooled[:, 1], [25, 50, 75]),
+                               rtol=0, atol=1e-3)
+    assert coarse.report.rounds < exact.report.rounds
+
+
+async def test_a_default_ppf_robust_party_refuses_rounds_past_the_agreed_plan() -> None:
+    """A server that probes one point a round (to learn the pooled counts at ever more
+    points) instead of the agreed K is refused once it passes the rounds K needs to cut
+    the whole float order to one float."""
+    from deviating import deviating
+
+    from fednorm.engine.errors import ProtocolError
+    from fednorm.protocols.collective import setup_server
+    from fednorm.protocols.plain.robust import QUARTILES
+    from fednorm.protocols.ppf import kth
+    from fednorm.protocols.rank import plan_quantiles, start_unbounded_search
+    from fednorm.sim.federation import run_federation
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset)
+        count = await kth.reveal_pooled_counts(crypto)
+        plan = plan_quantiles(count, QUARTILES)
+        await kth.kth_server(crypto, start_unbounded_search(plan, count, options, probes=1))
+
+    rng = np.random.default_rng(4)
+    with pytest.raises(ProtocolError, match="more search rounds"):
+        await run_federation(deviating("robust", server=server),
+                             [rng.normal(size=(6, 1)) for _ in range(3)],
+                             FitOptions(preset="test"), timeout=300)

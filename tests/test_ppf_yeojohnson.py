@@ -57,7 +57,8 @@ def assert_reaches_pooled_maximum(pooled: np.ndarray, lambdas: np.ndarray,
 
 def plan_for(pooled: np.ndarray, vabs: tuple[float, ...], preset: str = "test"
              ) -> yj_search.SearchPlan:
-    return yj_search.SearchPlan.build(FitOptions(vabs=vabs, preset=preset), pooled.shape[1],
+    return yj_search.SearchPlan.build(FitOptions(algorithm="paper",
+                                                 vabs=vabs, preset=preset), pooled.shape[1],
                                 ckks.get_preset(preset).slots, yj_math.SignFlags.local(pooled))
 
 
@@ -112,7 +113,7 @@ def test_the_bisection_reaches_the_maximum_from_noisy_signs(column_vabs, seed) -
     pooled = x[:, None]
     plan = plan_for(pooled, (vabs,))
     search = yj_search.SignBisection(plan, np.array([True]))
-    sign = yj_search.sign_plan(FitOptions())
+    sign = yj_search.sign_plan(FitOptions(algorithm="paper"))
     rng = np.random.default_rng(seed)
     while not search.finished:
         lam = search.probe()
@@ -165,7 +166,8 @@ def ppf_federations(draw: st.DrawFn) -> tuple[list[np.ndarray], tuple[float, ...
 def test_ppf_yeojohnson_reaches_the_pooled_maximum_likelihood(federation) -> None:
     parts, vabs = federation
     pooled = np.vstack(parts)
-    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=vabs),
+    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
+                                                             preset="test", vabs=vabs),
                       timeout=900).normalizer
     assert_reaches_pooled_maximum(pooled, fitted.lambdas, plan_for(pooled, vabs))
     transformed = yeo_johnson(pooled, fitted.lambdas)
@@ -179,7 +181,8 @@ def test_constant_and_empty_features_follow_the_plain_conventions() -> None:
     parts = [np.column_stack([np.full(n, 2.5), rng.gamma(2, 1, n), np.full(n, np.nan)])
              for n in (6, 1, 9)]
     fitted = simulate(parts, "yeojohnson", "mhe",
-                      FitOptions(preset="test", vabs=(5.0, 40.0, 1.0)), timeout=900).normalizer
+                      FitOptions(algorithm="paper",
+                                 preset="test", vabs=(5.0, 40.0, 1.0)), timeout=900).normalizer
     pooled = np.vstack(parts)
     assert fitted.lambdas[0] == 1 and fitted.var[0] == 0
     assert fitted.mean[0] == pytest.approx(2.5, rel=1e-6)
@@ -197,7 +200,8 @@ def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
     data = load_dataset("bcw")
     parts = [p.X for p in partition(data.X, data.y, 10, "label:0.5", seed=0)]
     vabs = tuple(1.5 * np.abs(data.X).max(axis=0))
-    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(preset="paper", vabs=vabs),
+    fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
+                                                             preset="paper", vabs=vabs),
                       timeout=3600).normalizer
     assert_reaches_pooled_maximum(data.X, fitted.lambdas, plan_for(data.X, vabs, "paper"))
     transformed = yeo_johnson(data.X, fitted.lambdas)
@@ -224,7 +228,8 @@ def test_values_beyond_vabs_are_rejected_before_encryption(monkeypatch) -> None:
     calls = _no_encryption(monkeypatch)
     parts = [np.array([[1.0], [2.0]]), np.array([[3.0], [-12.0]])]
     with pytest.raises(InputError, match="beyond the agreed bound"):
-        simulate(parts, "yeojohnson", "mhe", FitOptions(preset="test", vabs=(10.0,)))
+        simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
+                                                        preset="test", vabs=(10.0,)))
     assert calls == []
 
 
@@ -232,7 +237,7 @@ def test_ppf_yeojohnson_needs_the_agreed_bound(monkeypatch) -> None:
     calls = _no_encryption(monkeypatch)
     with pytest.raises(InputError, match=r"(?i)v_?abs"):
         simulate([np.ones((3, 1)), np.ones((3, 1))], "yeojohnson", "mhe",
-                 FitOptions(preset="test"))
+                 FitOptions(algorithm="paper", preset="test"))
     assert calls == []
 
 
@@ -252,4 +257,5 @@ async def test_parties_refuse_sign_flags_their_data_contradict() -> None:
     cheat = deviating("yeojohnson", server=lying_server)
     parts = [np.array([[1.0], [-2.0]]), np.array([[3.0]])]
     with pytest.raises(ProtocolError, match="contradict"):
-        await run_federation(cheat, parts, FitOptions(preset="test", vabs=(5.0,)), timeout=300)
+        await run_federation(cheat, parts, FitOptions(algorithm="paper",
+                                                      preset="test", vabs=(5.0,)), timeout=300)

@@ -28,7 +28,7 @@ from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
-TEST = FitOptions(preset="test")
+TEST = FitOptions(algorithm="paper", preset="test")
 # Stated CKKS tolerance: the encrypted inverse is within 2.3e-7 relative over
 # [1, 2^20]; decryption noise and encoding add ~1e-9 relative after the two-pass
 # rescaling, so 1e-6 relative (plus float64 rounding) bounds every mean and variance.
@@ -58,7 +58,7 @@ def ppf_federations(draw: st.DrawFn) -> list[np.ndarray]:
 @given(ppf_federations(), st.booleans())
 def test_ppf_zscore_matches_pooled_mean_and_variance(parts, reveal_counts) -> None:
     pooled = np.vstack(parts)
-    options = FitOptions(preset="test", reveal_counts=reveal_counts)
+    options = FitOptions(algorithm="paper", preset="test", reveal_counts=reveal_counts)
     fitted = simulate(parts, "zscore", "mhe", options).normalizer
     np.testing.assert_allclose(fitted.mean, np.nanmean(pooled, axis=0), rtol=RTOL,
                                atol=1e-12 * np.nanmax(np.abs(pooled)))
@@ -72,7 +72,7 @@ def test_ppf_zscore_at_the_paper_preset_with_ten_parties() -> None:
 
     data = load_dataset("bcw")
     parts = [p.X for p in partition(data.X, data.y, 10, "label:0.5", seed=0)]
-    result = simulate(parts, "zscore", "mhe", FitOptions(preset="paper"))
+    result = simulate(parts, "zscore", "mhe", FitOptions(algorithm="paper", preset="paper"))
     np.testing.assert_allclose(result.normalizer.mean, data.X.mean(axis=0), rtol=RTOL)
     np.testing.assert_allclose(result.normalizer.var, data.X.var(axis=0), rtol=RTOL)
 
@@ -86,7 +86,7 @@ def test_a_session_generates_the_joint_keys_once() -> None:
     rng = np.random.default_rng(7)
     parts = [rng.normal(5, 2, size=(10, 3)) for _ in range(3)]
     pooled = np.vstack(parts)
-    options = FitOptions(preset="test", reveal_counts=True)
+    options = FitOptions(algorithm="paper", preset="test", reveal_counts=True)
     session = simulate_session(parts, ["zscore", "zscore"], "mhe", options)
     for result in session.results:
         np.testing.assert_allclose(result.normalizer.mean, pooled.mean(axis=0), rtol=RTOL)
@@ -103,10 +103,10 @@ def test_a_session_generates_the_joint_keys_once() -> None:
 
 
 def test_one_key_setup_covers_every_method_of_a_session() -> None:
-    options = FitOptions(preset="test")
+    options = FitOptions(algorithm="paper", preset="test")
     needs = key_needs(["zscore", "minmax", "yeojohnson"], options)
     assert needs["relinearize"] and len(needs["rotations"]) == 2  # MinMax's and YJ's blocks
-    assert key_needs(["zscore"], FitOptions(reveal_counts=True)) == {
+    assert key_needs(["zscore"], FitOptions(algorithm="paper", reveal_counts=True)) == {
         "relinearize": False, "rotations": ()}
     rng = np.random.default_rng(8)
     parts = [rng.normal(5, 2, size=(12, 2)) for _ in range(3)]
@@ -182,7 +182,7 @@ def test_values_beyond_the_supported_range_are_rejected_before_encryption() -> N
         simulate([np.full((3, 1), 2.0**41), np.ones((3, 1))], "zscore", "mhe", TEST)
     with pytest.raises(InputError, match="max_count"):
         simulate([np.ones((9, 1))] * 2, "zscore", "mhe",
-                 FitOptions(preset="test", max_count=8))
+                 FitOptions(algorithm="paper", preset="test", max_count=8))
 
 
 # -- no silent wrong answers ------------------------------------------------------------
@@ -191,8 +191,9 @@ def test_a_pooled_count_beyond_max_count_is_refused_before_any_decryption() -> N
     inverse's range (it returned mean −24020 for 2.65): P·n_p ≤ max_count is enforced."""
     parts = [np.arange(5.0).reshape(5, 1) + i for i in range(2)]
     with pytest.raises(InputError, match="pooled count could exceed max_count=8"):
-        simulate(parts, "zscore", "mhe", FitOptions(preset="test", max_count=8))
-    fitted = simulate(parts, "zscore", "mhe", FitOptions(preset="test", max_count=10))
+        simulate(parts, "zscore", "mhe", FitOptions(algorithm="paper", preset="test", max_count=8))
+    fitted = simulate(parts, "zscore", "mhe", FitOptions(algorithm="paper",
+                                                         preset="test", max_count=10))
     np.testing.assert_allclose(fitted.normalizer.mean, np.vstack(parts).mean(axis=0), rtol=1e-5)
 
 
@@ -226,7 +227,7 @@ def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
 def test_a_feature_without_values_is_nan_as_in_plain_mode(reveal_counts) -> None:
     rng = np.random.default_rng(2)
     parts = [np.column_stack([rng.normal(5, 2, n), np.full(n, np.nan)]) for n in (6, 4, 5)]
-    options = FitOptions(preset="test", reveal_counts=reveal_counts)
+    options = FitOptions(algorithm="paper", preset="test", reveal_counts=reveal_counts)
     fitted = simulate(parts, "zscore", "mhe", options).normalizer
     plain = simulate(parts, "zscore", "plain").normalizer
     assert np.isnan(plain.mean[1]) and np.isnan(fitted.mean[1]) and np.isnan(fitted.var[1])
@@ -253,6 +254,7 @@ async def test_a_party_refuses_bootstraps_beyond_the_inverse() -> None:
 def test_revealed_counts_refuse_sums_beyond_what_a_sum_upload_holds() -> None:
     parts = [np.array([[2.0**30], [-2.0**30]]), np.array([[1.0], [2.0]])]  # Σ(x−μ)² ~ 2^61
     with pytest.raises(InputError, match="hold up to 2\\^50"):
-        simulate(parts, "zscore", "mhe", FitOptions(preset="test", reveal_counts=True))
+        simulate(parts, "zscore", "mhe", FitOptions(algorithm="paper",
+                                                    preset="test", reveal_counts=True))
     fitted = simulate(parts, "zscore", "mhe", TEST).normalizer  # the encrypted inverse
     np.testing.assert_allclose(fitted.var, np.vstack(parts).var(axis=0), rtol=RTOL)

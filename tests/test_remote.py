@@ -262,7 +262,8 @@ async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_onc
     protocol on those keys, its frames within its own ledger entry, no secret key sent."""
     secrets = spy_secret_keys(monkeypatch)
     recorder = Recorder()
-    options = FitOptions(preset="test", vabs=(100.0,), minmax_bits=4, minmax_passes=2)
+    options = FitOptions(algorithm="paper",
+                         preset="test", vabs=(100.0,), minmax_bits=4, minmax_passes=2)
     slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
     server = Server(ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore", "minmax"),
                                  certs=certs, privacy="mhe", options=options, timeouts=slow),
@@ -289,7 +290,7 @@ async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_onc
         for mine, theirs in zip(run.normalizers, outcome.normalizers, strict=True):
             for name, values in theirs.params().items():
                 np.testing.assert_allclose(mine.params()[name], values, rtol=1e-9)
-    kinds = session_kinds(recorder)  # every frame within its step's ledger
+    kinds = session_kinds(recorder, "paper")  # every frame within its step's ledger
     assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]  # in this order
     assert {"ckks.lead_keys", "ckks.relin_round2"} <= kinds["keys-mhe"]
     assert not (kinds["zscore-mhe"] | kinds["minmax-mhe"]) & KEY_SETUP_KINDS
@@ -411,11 +412,13 @@ SCHEMA_CASES = {
     "schema configured": (["--features", "a,b,c"], "extra column", True,
                           "party 3's columns differ from the federation's: has unexpected "
                           "'d'"),
-    "V_abs count": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100,100"], "fits",
+    "V_abs count": (["--method", "minmax", "--privacy", "mhe",
+                     "--algorithm", "paper", "--vabs", "100,100"], "fits",
                     False, "--vabs has 2 bounds for 3 features (a, b, c)"),
     # The cause names the category only: which feature and how large a value stays
     # with party 3 (checked below), as the ledger lists no such detail.
-    "beyond V_abs": (["--method", "minmax", "--privacy", "mhe", "--vabs", "100"],
+    "beyond V_abs": (["--method", "minmax", "--privacy", "mhe",
+                     "--algorithm", "paper", "--vabs", "100"],
                      "beyond", False, "input rejected by party 3: values beyond the agreed "
                      "V_abs"),
 }
@@ -793,10 +796,12 @@ def edit(base: list[str], **changes: str) -> list[str]:
     ([*SERVE, "--out", "UNWRITABLE"], "is not writable"),
     (edit(PARTY, out="NONEMPTY"), "is not empty.*--force"),
     ([*SERVE, "--out", "NONEMPTY"], "is not empty.*--force"),
-    ([*edit(SERVE, method="minmax"), "--privacy", "mhe"], "minmax-mhe needs --vabs"),
-    ([*edit(SERVE, method="robust"), "--privacy", "mhe"], "robust-mhe needs --vabs"),
-    ([*edit(SERVE, method="minmax"), "--privacy", "mhe", "--features", "a,b",
-      "--vabs", "1,2,3"], r"3 bounds for 2 features \(a, b\)"),
+    ([*edit(SERVE, method="minmax"), "--privacy", "mhe",
+      "--algorithm", "paper"], "minmax-mhe needs --vabs"),
+    ([*edit(SERVE, method="robust"), "--privacy", "mhe",
+      "--algorithm", "paper"], "robust-mhe needs --vabs"),
+    ([*edit(SERVE, method="minmax"), "--privacy", "mhe", "--algorithm", "paper",
+      "--features", "a,b", "--vabs", "1,2,3"], r"3 bounds for 2 features \(a, b\)"),
     ([*SERVE, "--features", "a,,b"], "non-empty names"),
     ([*SERVE, "--epsilon", "inf"], "epsilon must be a finite"),
     ([*SERVE, "--vabs", "-1"], "vabs bounds must be finite positive"),

@@ -204,7 +204,8 @@ def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_rol
                 party.frame(event)
 
     trio.run(lambda: run_federation(
-        get_protocol("yeojohnson", "mhe"), parts, FitOptions(preset="test", vabs=(32.0,)),
+        get_protocol("yeojohnson", "mhe"), parts, FitOptions(algorithm="paper",
+                                                             preset="test", vabs=(32.0,)),
         timeout=600, tracer=[server, probes], party_tracer=PartyOne()))
     assert probes.sent >= 3
     for log in (server, party):

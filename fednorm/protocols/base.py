@@ -72,7 +72,7 @@ class FitOptions:
     epsilon: float | None = None
     relative_epsilon: float = 1e-9
     quantile_rule: QuantileRule = "interpolate"
-    rank_probes: int = 1
+    rank_probes: int | None = None
     vabs: tuple[float, ...] | None = None
     reveal_counts: bool = False
     max_count: int = 2**20
@@ -93,7 +93,7 @@ class FitOptions:
             raise InputError(f"vabs bounds must be finite positive numbers, got {self.vabs}")
         if not 0 <= self.relative_epsilon < 1:
             raise InputError(f"relative_epsilon must be in [0, 1), got {self.relative_epsilon}")
-        if not 1 <= self.rank_probes <= MAX_RANK_PROBES:
+        if self.rank_probes is not None and not 1 <= self.rank_probes <= MAX_RANK_PROBES:
             raise InputError(
                 f"rank_probes must be in [1, {MAX_RANK_PROBES}], got {self.rank_probes}"
             )

@@ -121,16 +121,42 @@ def feature_epsilon(low: np.ndarray, high: np.ndarray, options: FitOptions) -> n
     return high * options.relative_epsilon - low * options.relative_epsilon  # no overflow
 
 
+def search_probes(options: FitOptions, targets: int, max_points: int | None = None,
+                  default: int = 1) -> int:
+    """Points probed per target and round: ``rank_probes`` (``default`` if None), capped
+    so that a round's points fit ``max_points`` (one ciphertext's slots, under
+    encryption).  Server and parties compute it alike from public numbers."""
+    probes = options.rank_probes or default
+    if max_points is not None and targets:
+        probes = max(1, min(probes, max_points // targets))
+    return probes
+
+
 def start_search(
     plan: QuantilePlan, counts: np.ndarray, low: np.ndarray, high: np.ndarray,
     options: FitOptions, max_points: int | None = None,
 ) -> RankSearch:
-    """The search for ``plan`` with the options' ε and probes per target, capped so that a
-    round's points fit ``max_points`` (one ciphertext's slots, under encryption)."""
-    probes = options.rank_probes
-    if max_points is not None and len(plan.features):
-        probes = max(1, min(probes, max_points // len(plan.features)))
+    """The search for ``plan`` inside the known extremes [low, high], with the options' ε
+    and probes per target."""
+    probes = search_probes(options, len(plan.features), max_points)
     return RankSearch(plan, counts, low, high, feature_epsilon(low, high, options), probes)
+
+
+def start_unbounded_search(plan: QuantilePlan, counts: np.ndarray, options: FitOptions,
+                           probes: int) -> RankSearch:
+    """The search for ``plan`` when no extremes are known: every bracket starts as the
+    whole float order, and the search is exact unless an absolute ε is given (a range to
+    take ``relative_epsilon`` of is not known)."""
+    width = len(counts)
+    return RankSearch(plan, counts, np.full(width, -np.inf), np.full(width, np.inf),
+                      np.full(width, options.epsilon or 0.0), probes, extremes_known=False)
+
+
+def unbounded_round_limit(probes: int) -> int:
+    """The most rounds :func:`start_unbounded_search` can take: from the whole float order
+    to one float, plus the slack of :func:`round_limit`."""
+    whole = float_order.keys(np.array([-np.inf, np.inf]))
+    return float_order.rounds_to_single(whole[:1] - 1, whole[1:], probes) + 2
 
 
 class RankSearch:
@@ -153,6 +179,7 @@ class RankSearch:
         high: np.ndarray,
         epsilon: np.ndarray,
         probes: int = 1,
+        extremes_known: bool = True,
     ) -> None:
         if probes < 1:
             raise ValueError(f"probes must be at least 1, got {probes}")
@@ -168,9 +195,9 @@ class RankSearch:
         self.value = np.full(len(f), np.nan)
         self.done = np.zeros(len(f), dtype=bool)
         self.rounds = 0
-        # The smallest and largest ranks are the bounds themselves: no search needed.
-        self._finish(~self.gap & (self.ranks <= 1), low[f].astype(np.float64))
-        self._finish(~self.gap & (self.ranks >= self.n), high[f].astype(np.float64))
+        if extremes_known:  # the smallest and largest ranks are the bounds themselves
+            self._finish(~self.gap & (self.ranks <= 1), low[f].astype(np.float64))
+            self._finish(~self.gap & (self.ranks >= self.n), high[f].astype(np.float64))
         self._finish_narrow()
 
     @property
@@ -199,9 +226,9 @@ class RankSearch:
         single = float_order.gap(self.lo, self.hi) <= np.uint64(1)
         self._finish(single, self._value(self.hi))
         low, high = self._value(self.lo), self._value(self.hi)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # unbounded: −inf, +inf
             narrow = high - low <= self.epsilon
-        self._finish(narrow, low / 2 + high / 2)
+            self._finish(narrow, low / 2 + high / 2)
 
     def probe(self) -> RankProbe:
         """K points evenly inside each open target's bracket (K = 1: its midpoint),
@@ -212,13 +239,17 @@ class RankSearch:
 
     def _points(self, open_: np.ndarray) -> np.ndarray:
         """(open targets, K) probe points: lo·(1 − w) + hi·w (no overflow; (lo + hi) / 2
-        for K = 1) for a target with ε > 0 where those split its bracket in the float
-        order, else K thresholds evenly spaced in the float order."""
+        for K = 1) for a target with ε > 0 that reaches ε in fewer rounds so than in the
+        float order and where those points split its bracket, else K thresholds evenly
+        spaced in the float order (a bracket spanning many magnitudes, or unbounded)."""
         lo, hi = self.lo[open_], self.hi[open_]
         weights = np.arange(1, self.probes + 1) / (self.probes + 1)
         low, high = self._value(lo)[:, None], self._value(hi)[:, None]
-        by_value = float_order.keys(low * (1 - weights) + high * weights)
-        splits = (self.epsilon[open_] > 0) \
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            by_value = float_order.keys(low * (1 - weights) + high * weights)
+            sooner = np.log((high[:, 0] - low[:, 0]) / self.epsilon[open_]) \
+                < np.log(float_order.gap(lo, hi).astype(np.float64))
+        splits = (self.epsilon[open_] > 0) & sooner \
             & np.all((by_value > lo[:, None]) & (by_value <= hi[:, None]), axis=1) \
             & np.all(np.diff(by_value, axis=1) > 0, axis=1)
         cuts = np.where(splits[:, None], by_value,
@@ -259,7 +290,7 @@ class RankSearch:
 def probe_limit(options: FitOptions, quantiles: Sequence[float]) -> int:
     """The most points a round may probe per feature: ``rank_probes`` per target, and a
     quantile has at most two targets (the order statistics around it)."""
-    return options.rank_probes * 2 * len(quantiles)
+    return (options.rank_probes or 1) * 2 * len(quantiles)
 
 
 def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
@@ -273,23 +304,23 @@ def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
     below, top = float_order.keys(low) - 1, float_order.keys(high)
     exact = epsilon <= 0
     by_value = rounds_to_narrow(np.where(exact, 0.0, high - low),
-                                np.where(exact, 1.0, epsilon), options.rank_probes)
-    by_order = float_order.rounds_to_single(below[exact], top[exact], options.rank_probes)
+                                np.where(exact, 1.0, epsilon), options.rank_probes or 1)
+    by_order = float_order.rounds_to_single(below[exact], top[exact], options.rank_probes or 1)
     return max(by_value, by_order) + 2
 
 
 def planned_rounds(lo: np.ndarray, hi: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
-    """The rounds brackets (lo, hi] (order keys) are expected to take: in value to ε, but
-    no finer than the float spacing at a bracket's larger end; in the float order to one
-    float where ε = 0."""
-    exact = epsilon <= 0
+    """The rounds brackets (lo, hi] (order keys) are expected to take: each the fewer of
+    narrowing in value to ε (no finer than the float spacing at its larger end) and of
+    cutting it in the float order to one float (the only way where ε = 0)."""
     low, high = float_order.values(lo), float_order.values(hi)
-    with np.errstate(over="ignore", invalid="ignore"):
-        width = np.where(exact, 0.0, np.nan_to_num(high - low, posinf=np.finfo(float).max))
-    finest = np.spacing(np.maximum(np.abs(low), np.abs(high)))
-    by_value = rounds_to_narrow(width, np.where(exact, 1.0, np.maximum(epsilon, finest)),
-                                probes)
-    return max(by_value, float_order.rounds_to_single(lo[exact], hi[exact], probes))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        finest = np.spacing(np.maximum(np.abs(low), np.abs(high)))
+        by_value = np.log(np.maximum((high - low) / np.maximum(epsilon, finest), 1.0))
+    by_value = np.where(epsilon > 0, np.nan_to_num(by_value, nan=np.inf), np.inf)
+    by_order = np.log(np.maximum(float_order.gap(lo, hi).astype(np.float64), 1.0))
+    cuts = np.minimum(by_value, by_order) / np.log(probes + 1)
+    return int(np.ceil(cuts.max(initial=0.0)))
 
 
 def rounds_to_narrow(width: np.ndarray, epsilon: np.ndarray, probes: int) -> int:

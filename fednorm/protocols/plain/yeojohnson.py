@@ -229,7 +229,7 @@ class PartyColumns:
 
     def __init__(self, X: np.ndarray) -> None:
         self.n_features = X.shape[1]
-        self._logs = SignLogs.of(X)
+        self.logs = SignLogs.of(X)
         self._X = X
 
     def summary(self) -> LocalSummary:
@@ -270,7 +270,7 @@ class PartyColumns:
     def moments(self, probe: Candidates) -> Moments:
         """Mean and M2 of yj(x, λ) per (feature, candidate); 0 and 0 without values."""
         features, lambdas = self.check(probe)
-        mean, m2 = moments_from_logs(self._logs.select(features), lambdas)
+        mean, m2 = moments_from_logs(self.logs.select(features), lambdas)
         return Moments(mean=mean.ravel(), m2=m2.ravel())
 
 

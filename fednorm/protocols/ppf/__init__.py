@@ -7,8 +7,6 @@ exact bit, and the paper's algorithms.  Importing this package registers the ``m
 roles.
 """
 
-from dataclasses import replace
-
 import numpy as np
 
 from fednorm.engine.runtime import RoleContext
@@ -18,16 +16,17 @@ from fednorm.protocols.ppf import minmax, robust, yeojohnson, zscore
 
 
 async def _zscore_server(rc: RoleContext, options: FitOptions) -> Normalizer:
-    return await zscore.server(rc, replace(options, reveal_counts=True))
+    return await zscore.server(rc, zscore.revealing(options))
 
 
 async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> Normalizer:
-    return await zscore.party(rc, X, replace(options, reveal_counts=True))
+    return await zscore.party(rc, X, zscore.revealing(options))
 
 
 register("zscore", "mhe", *by_algorithm(default=(_zscore_server, _zscore_party),
                                         paper=(zscore.server, zscore.party)))
 register("minmax", "mhe", *by_algorithm(default=None, paper=(minmax.server, minmax.party)))
-register("robust", "mhe", *by_algorithm(default=None, paper=(robust.server, robust.party)))
+register("robust", "mhe", *by_algorithm(default=(robust.server, robust.party),
+                                        paper=(robust.paper_server, robust.paper_party)))
 register("yeojohnson", "mhe", *by_algorithm(default=None,
                                             paper=(yeojohnson.server, yeojohnson.party)))

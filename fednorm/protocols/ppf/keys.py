@@ -19,14 +19,14 @@ from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import METHODS, FitOptions, Protocol
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
-from fednorm.protocols.ppf import minmax_layout, yeojohnson, zscore
+from fednorm.protocols.ppf import minmax_layout, robust, yeojohnson, zscore
 
 KeyNeeds = Callable[[FitOptions], dict[str, object]]
 
 NEEDS: dict[str, KeyNeeds] = {
     "zscore": zscore.setup_arguments,
     "minmax": minmax_layout.setup_arguments,
-    "robust": minmax_layout.setup_arguments,  # PPF robust starts with PPF MinMax
+    "robust": robust.setup_arguments,
     "yeojohnson": yeojohnson.setup_arguments,
 }
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
-from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
-from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import Allowance
+from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf.phases import serve_phase
 from fednorm.protocols.rank import (
     SEARCH_PLAINTEXT,
@@ -37,15 +36,15 @@ from fednorm.protocols.rank import (
     search_server,
 )
 
-POOLED_COUNT = Allowance(sums=1)
+POOLED_COUNT = pooled.POOLED_SUM
 """n_g: one flooded decryption of the pooled per-feature counts."""
 
-SEARCH_ROUND = Allowance(sums=1)
+SEARCH_ROUND = pooled.POOLED_SUM
 """Each search round: one flooded decryption of the pooled counts at the probes."""
 
 PLAINTEXT = {
     **SEARCH_PLAINTEXT,
-    "ppf_robust.encrypted_counts": ("width",),
+    **pooled.PLAINTEXT,
     "ppf_robust.pooled_counts": ("count",),
 }
 """The ledger's entry: the probes, the number of counts, and the revealed n_g."""
@@ -58,32 +57,9 @@ class PooledCounts(Message):
     count: np.ndarray
 
 
-@message("ppf_robust.encrypted_counts")
-class EncryptedCounts(Message):
-    """A party's counts (per feature, or per probe), encrypted under the joint key."""
-
-    counts: SumUpload
-    width: int
-
-
 async def pooled_counts(crypto: ServerCrypto, width: int | None = None) -> np.ndarray:
-    """Server: add every party's encrypted counts, decrypt the sum, round to integers.
-
-    ``width`` None: the first party's width, which every other party must match.
-    """
-    replies = await crypto.rc.gather(EncryptedCounts)
-    width = width if width is not None else replies[crypto.rc.parties[0]].width
-    for party, reply in replies.items():
-        if reply.width != width:
-            raise ProtocolError(f"party {party} sent {reply.width} counts, expected {width}")
-    total = await crypto.add_all({p: r.counts for p, r in replies.items()})
-    return np.rint(await crypto.decrypt_sum(total, width))
-
-
-async def send_counts(crypto: PartyCrypto, counts: np.ndarray) -> None:
-    """Party: this party's counts to the server, as a sum upload."""
-    ct = await crypto.encrypt_for_sum(counts)
-    await crypto.rc.send(SERVER, EncryptedCounts(counts=ct, width=len(counts)))
+    """Server: the parties' counts, pooled and decrypted, rounded to integers."""
+    return np.rint(await pooled.pooled_sum(crypto, width))
 
 
 async def reveal_pooled_counts(crypto: ServerCrypto) -> np.ndarray:
@@ -95,7 +71,7 @@ async def reveal_pooled_counts(crypto: ServerCrypto) -> np.ndarray:
 
 async def share_pooled_counts(crypto: PartyCrypto, counts: np.ndarray) -> np.ndarray:
     """Party side of :func:`reveal_pooled_counts`: send ``counts``, help decrypt n_g."""
-    await send_counts(crypto, counts)
+    await pooled.send_sum(crypto, counts)
     return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count
 
 
@@ -112,7 +88,7 @@ class EncryptedCountAggregator:
 
     async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
         assert isinstance(self._crypto, PartyCrypto)
-        await send_counts(self._crypto, counts)
+        await pooled.send_sum(self._crypto, counts)
         self._owed = SEARCH_ROUND
 
     async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:

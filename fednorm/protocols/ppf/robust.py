@@ -1,6 +1,17 @@
 """PPF robust scaling (paper Algorithm 3) on the PPF k-th ranked element (Algorithm 4).
 
-Step by step with Algorithm 3:
+**Default algorithm** (``FitOptions.algorithm="default"``): Algorithm 3 without its MinMax
+pre-pass.  The search (:mod:`fednorm.protocols.rank`) cuts brackets in the total order of
+float64 values, so it needs no extremes to start from: every bracket starts as the whole
+float order and ends on one float — exact order statistics, with no V_abs, no comparison
+polynomial and no bootstrap; every decryption is a flooded sum of the parties' signed
+count uploads (n_g, then one per round).  An absolute ``epsilon`` stops a target once its
+bracket is that narrow (``relative_epsilon`` has no range to apply to).  Each round probes
+``rank_probes`` points per target (default: as many as one ciphertext's slots hold, at
+most 255), so a target takes at most ⌈64 / log2(K + 1)⌉ rounds and reveals K pooled counts
+a round; a party refuses more points or more rounds (:func:`default_limits`).
+
+**Paper algorithm**, step by step with Algorithm 3:
 
 1. collective key generation (line 1);
 2. each party encrypts its per-feature counts n_p (lines 2–8); the server adds them and
@@ -24,7 +35,12 @@ import numpy as np
 
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import FitOptions, check_party_data, feature_counts
+from fednorm.protocols.base import (
+    MAX_RANK_PROBES,
+    FitOptions,
+    check_party_data,
+    feature_counts,
+)
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
 from fednorm.protocols.ledger import COLLECTIVE, declare
 from fednorm.protocols.normalizers import RobustNormalizer
@@ -32,12 +48,22 @@ from fednorm.protocols.plain.robust import QUARTILES, RobustResult
 from fednorm.protocols.ppf import kth
 from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.rank import (
+    QuantilePlan,
     SortedColumns,
     plan_quantiles,
     probe_limit,
     round_limit,
+    search_probes,
     start_search,
+    start_unbounded_search,
+    unbounded_round_limit,
 )
+
+LEDGER = declare(
+    "robust", "mhe",
+    {**COLLECTIVE, **kth.PLAINTEXT, "robust.result": ("q1", "median", "q3")},
+)
+"""Allowances: :data:`~.kth.POOLED_COUNT`, then :data:`~.kth.SEARCH_ROUND` per round."""
 
 PAPER_LEDGER = declare(
     "robust", "mhe",
@@ -49,19 +75,66 @@ PAPER_LEDGER = declare(
 then :data:`~.kth.SEARCH_ROUND` per round."""
 
 
+def setup_arguments(options: FitOptions) -> dict[str, object]:
+    """The paper's algorithm needs PPF MinMax's keys; the default only adds counts."""
+    return ppf_minmax.setup_arguments(options) if options.algorithm == "paper" else {}
+
+
+# -- default: the search from the whole float order ----------------------------------
+def default_probes(plan: QuantilePlan, options: FitOptions, slots: int) -> int:
+    """Points per target and round: ``rank_probes``, else as many as fit one ciphertext."""
+    return search_probes(options, len(plan.features), slots, default=MAX_RANK_PROBES)
+
+
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
-    crypto = await setup_server(rc, options.preset, **ppf_minmax.setup_arguments(options))
+    crypto = await setup_server(rc, options.preset)
     count = await kth.reveal_pooled_counts(crypto)
-    low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
-    search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
-    quartiles = plan.combine(await kth.kth_server(crypto, search))
+    search = start_unbounded_search(plan, count, options,
+                                    default_probes(plan, options, crypto.ckks.slots))
+    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search))
+
+
+async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
+    X = check_party_data(X)
+    crypto = await setup_party(rc, options.preset, **flooding_arguments(options))
+    count = await kth.share_pooled_counts(crypto, feature_counts(X))
+    plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
+                          options.quantile_rule)
+    probes = default_probes(plan, options, crypto.ckks.slots)
+    await kth.kth_party(crypto, SortedColumns(X, probes * 2 * len(QUARTILES),
+                                              max_rounds=unbounded_round_limit(probes)))
+    return await _finish_party(rc, X.shape[1])
+
+
+async def _finish_server(rc: RoleContext, plan: QuantilePlan, count: np.ndarray,
+                         values: np.ndarray) -> RobustNormalizer:
+    """Lines 25–26: the quartiles from the found order statistics, broadcast."""
+    quartiles = plan.combine(values)
     quartiles[:, count == 0] = np.nan
     await rc.broadcast(RobustResult(q1=quartiles[0], median=quartiles[1], q3=quartiles[2]))
     return RobustNormalizer(q1=quartiles[0], median=quartiles[1], q3=quartiles[2])
 
 
-async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
+async def _finish_party(rc: RoleContext, width: int) -> RobustNormalizer:
+    result = await rc.receive(SERVER, RobustResult)
+    return RobustNormalizer(q1=as_float_vector(result.q1, width, "q1"),
+                            median=as_float_vector(result.median, width, "median"),
+                            q3=as_float_vector(result.q3, width, "q3"))
+
+
+# -- paper: Algorithm 3 on PPF MinMax's extremes ---------------------------------------
+async def paper_server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
+    crypto = await setup_server(rc, options.preset, **ppf_minmax.setup_arguments(options))
+    count = await kth.reveal_pooled_counts(crypto)
+    low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
+    plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
+    search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
+    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search))
+
+
+async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
+                      ) -> RobustNormalizer:
     X = ppf_minmax.check_minmax_input(check_party_data(X), options)
     crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options),
                                **flooding_arguments(options))
@@ -71,8 +144,5 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     columns = SortedColumns(X, probe_limit(options, QUARTILES), bounds=(low, high),
                             max_rounds=round_limit(low, high, options))
     await kth.kth_party(crypto, columns)
-    result = await rc.receive(SERVER, RobustResult)
-    return RobustNormalizer(q1=as_float_vector(result.q1, width, "q1"),
-                            median=as_float_vector(result.median, width, "median"),
-                            q3=as_float_vector(result.q3, width, "q3"))
+    return await _finish_party(rc, width)
 

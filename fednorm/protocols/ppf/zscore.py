@@ -32,6 +32,8 @@ fresh numerator.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import openfhe
 
@@ -124,6 +126,11 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
         raise InputError(f"PPF z-score supports |x| ≤ 2^40 ({MAX_ABS_VALUE:.3g})")
     require_counts_within(X, options)
     return X
+
+
+def revealing(options: FitOptions) -> FitOptions:
+    """The options of the default algorithm: Algorithm 1 with n_g revealed."""
+    return replace(options, reveal_counts=True)
 
 
 def counts_revealed(options: FitOptions) -> bool:

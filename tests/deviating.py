@@ -20,7 +20,8 @@ async def zscore_server_start(rc, options):
     (crypto, ⟨n_g⟩) for a deviating server to continue from."""
     from fednorm.protocols.ppf import zscore as ppf_zscore
 
-    crypto = await ppf_zscore.setup_server(rc, options.preset)
+    crypto = await ppf_zscore.setup_server(rc, options.preset,
+                                           **ppf_zscore.setup_arguments(options))
     sums = await rc.gather(ppf_zscore.EncryptedSums)
     return crypto, await crypto.add_all({p: m.count for p, m in sums.items()})
 

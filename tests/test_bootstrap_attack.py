@@ -3,8 +3,10 @@
 pair sums to ``K·s_i`` plus small noise, and the server reads the party's secret-key
 share from the ring.
 
-The defence (a party recomputes the ciphertext it is asked to refresh from a signed
-transcript, docs/LEAKAGE.md) is not built yet: the test says what must happen — every
+The default protocols never bootstrap, so their parties refuse every bootstrap request
+(their phases declare none): the attack gets no share.  For the paper's algorithms the
+defence (a party recomputes the ciphertext it is asked to refresh from a signed
+transcript, docs/LEAKAGE.md) is not built yet: that test says what must happen — every
 party refuses, the server receives no share — and is expected to fail with
 :class:`KeyShareRead`, raised only when the server really reads a ternary secret, until
 the defence lands.
@@ -76,6 +78,50 @@ def read_secret(ctx: ckks.CkksContext, share: BootShare, towers: int) -> np.ndar
     return found
 
 
+async def _attack(read: dict[int, np.ndarray], crypto, rc, base: openfhe.Ciphertext) -> None:
+    """Send the crafted request built on ``base``'s shape; record what the shares give."""
+    operation = ckks.Bootstrap(crypto.ckks)
+    honest = await rc.run_sync(operation.prepare, crypto.joint, base, 0)
+    c1 = crafted_c1(crypto.ckks, honest.c1, honest.a)
+    shares = await request_shares(rc, "bootstrap", BootRequest(c1=c1, index=0), BootShare)
+    for party, share in zip(rc.parties, shares, strict=True):
+        secret = read_secret(crypto.ckks, share, crypto.ckks.towers(c1))
+        if secret is not None:
+            read[party] = secret
+    raise ProtocolError("the attacking server stops here")
+
+
+def _run_attack(method: str, server, options: FitOptions) -> ProtocolError:
+    parts = [np.ones((4, 2)) * i for i in range(1, 4)]
+    with pytest.raises(ProtocolError) as refusal:
+        trio.run(partial(run_federation, deviating(method, server=server), parts, options,
+                         timeout=60))
+    return refusal.value
+
+
+@pytest.mark.parametrize("method", ["zscore", "robust"])
+def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
+    """After the parties' first upload, the server asks for a bootstrap share of
+    ``c1 = a + K``: no default protocol declares a bootstrap, so every party refuses and
+    the server reads nothing (with the paper's z-score, below, it reads every key share)."""
+    from fednorm.protocols.collective import setup_server
+    from fednorm.protocols.ppf import pooled
+    from fednorm.protocols.ppf import zscore as ppf_zscore
+    from fednorm.protocols.ppf.keys import NEEDS
+
+    first = {"zscore": ppf_zscore.EncryptedSums, "robust": pooled.EncryptedSum}[method]
+    read: dict[int, np.ndarray] = {}
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, **NEEDS[method](options))
+        await rc.gather(first)
+        await _attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
+
+    refusal = _run_attack(method, server, FitOptions(preset="test"))
+    assert not read, f"the server read the key shares of parties {sorted(read)}"
+    assert "bootstrap" in str(refusal)
+
+
 @pytest.mark.xfail(raises=KeyShareRead, strict=True,
                    reason="bootstrap requests are not yet bound to a recomputed ciphertext")
 def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
@@ -83,21 +129,10 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
 
     async def server(rc, options):
         crypto, count = await zscore_server_start(rc, options)
-        operation = ckks.Bootstrap(crypto.ckks)
-        honest = await rc.run_sync(operation.prepare, crypto.joint, count, 0)
-        c1 = crafted_c1(crypto.ckks, honest.c1, honest.a)
-        shares = await request_shares(rc, "bootstrap", BootRequest(c1=c1, index=0), BootShare)
-        for party, share in zip(rc.parties, shares, strict=True):
-            secret = read_secret(crypto.ckks, share, crypto.ckks.towers(c1))
-            if secret is not None:
-                read[party] = secret
-        raise ProtocolError("the attacking server stops here")
+        await _attack(read, crypto, rc, count)
 
-    parts = [np.ones((4, 2)) * i for i in range(1, 4)]
-    with pytest.raises(ProtocolError) as refusal:
-        trio.run(partial(run_federation, deviating("zscore", server=server), parts,
-                         FitOptions(algorithm="paper", preset="test"), timeout=60))
+    refusal = _run_attack("zscore", server, FitOptions(algorithm="paper", preset="test"))
     if read:
         raise KeyShareRead(f"the server read the secret-key shares of parties {sorted(read)} "
                            f"(ternary, {len(next(iter(read.values())))} coefficients each)")
-    assert "bootstrap" in str(refusal.value)
+    assert "bootstrap" in str(refusal)

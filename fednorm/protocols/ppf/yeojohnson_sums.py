@@ -161,7 +161,7 @@ class ErrorBounds:
 
 async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
-    low, high = await extremes.extremes_server(crypto, options)
+    low, high = await extremes.extremes_server(crypto, None)
     summary = await _pooled_summary(crypto, low, high)
     search = LambdaSearch(summary)
     bounds = ErrorBounds(pooled.noise_bound(crypto.ckks, len(rc.parties), options))

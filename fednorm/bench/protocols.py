@@ -226,7 +226,7 @@ def totals(cases: Sequence[str], repeats: int, parties: int = 10, preset: str = 
                "stretch_s": case.stretch_s,
                "versus": case.versus, "versus_median_s": versus,
                "x_faster": versus / measured[name],
-               "speedup_target": case.speedup_target,
+               "speedup_target": case.speedup_target if comparable else math.nan,
                "error_targets": case.error_targets,
                "limit_s": median([r.extra["limit_s"] for r in recs]),
                "beyond_limit_core_s": {cost: median([r.extra[f"beyond_{cost}_core_s"]

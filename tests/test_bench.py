@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from fednorm.bench import communication, kth, report
+from fednorm.bench import cases, communication, kth, report
 from fednorm.cli import main
 from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions
 
 
 def test_scaling_section_through_the_cli(tmp_path) -> None:
@@ -92,13 +93,17 @@ def test_bad_bench_input_is_rejected_before_work(tmp_path) -> None:
         report.BenchPlan.quick_plan(scaling_parties=(1, 3))
     with pytest.raises(InputError):
         report.BenchPlan(epsilons=(0.0,))
+    with pytest.raises(InputError):  # a benchmark case's name, not a method's
+        report.BenchPlan(cases=("zscore_reveal",))
+    with pytest.raises(InputError):
+        report.BenchPlan(zscore_modes=("default",))
     assert main(["bench", "--quick", "--results", str(tmp_path / "RESULTS.md")]) == 2
 
 
 def test_zscore_breakdown_and_noise_come_from_the_tracer_hooks() -> None:
     from fednorm.bench import noise, zscore
 
-    section = zscore.table_v(repeats=1, parties=3, preset="test", modes=("default",))
+    section = zscore.table_v(repeats=1, parties=3, preset="test", modes=("inverse",))
     (row,) = section.rows
     assert {"setup", "inverse", "bootstrap", "decrypt", zscore.OUTSIDE} <= set(row["phases"])
     assert row["phase_counts"]["decrypt"] == 5  # presence, two passes of mean and variance
@@ -125,19 +130,95 @@ def test_the_limit_is_the_runs_crypto_work_spread_over_the_workers() -> None:
     assert timeline.beyond_limit(wall=10.0, cpu=13.0, cores=2) == pytest.approx(
         {"serialization": 6.0, "idle": 7.0})
     section, _ = protocols.totals(["zscore"], repeats=1, parties=3, preset="test")
-    (row,) = section.rows
+    header, cells = section.tables[0][1:]
+    # The default z-score ran beside its --algorithm paper case, in the same run.
+    assert [r["method"] for r in section.rows] == ["zscore", "zscore_paper"]
+    row, paper = section.rows
+    assert (row["algorithm"], paper["algorithm"]) == ("default", "paper")
     # At most two calls run at once, so their summed time fits twice the wall time.
     assert 0 < row["limit_s"] <= row["median_s"]
-    assert "total / limit" in section.tables[0][1] and "× paper" in section.tables[0][1]
+    assert "total / limit" in header and "× paper" in header
     beyond = row["beyond_limit_core_s"]
     assert beyond["serialization"] > 0
-    assert section.tables[0][2][0][8].count("**") == 2  # the larger cost in bold
+    column = header.index("beyond the limit, core-s: serialization / idle")
+    assert cells[0][column].count("**") == 2  # the larger cost in bold
+    assert row["x_faster"] == pytest.approx(paper["median_s"] / row["median_s"])
+    faster = header.index("× faster than `--algorithm paper`")
+    assert "`zscore_paper`" in cells[0][faster] and cells[1][faster] == "–"
+    # Default z-score: flooded sums of the pooled sums, far inside issue 2/6's 1e-12.
+    assert max(row["errors"].values()) < 1e-12
+    assert row["errors_met"] is True
+    assert cells[0][header.index("error target met")].startswith("yes")
+
+
+def test_each_default_case_is_paired_with_its_paper_case() -> None:
+    """Table V shows every default algorithm beside its --algorithm paper counterpart."""
+    defaults = [c for c in cases.CASES.values() if c.algorithm == "default"]
+    assert {c.method for c in defaults} == {"zscore", "minmax", "robust", "yeojohnson"}
+    for case in defaults:
+        paper = cases.CASES[case.versus]
+        assert (paper.method, paper.algorithm, paper.versus) == (case.method, "paper", None)
+        assert case.target_s > 0 and not case.needs_vabs  # V_abs: paper cases only
+        assert paper.needs_vabs == (paper.method != "zscore")
+        assert case.name in report.BenchPlan().cases and paper.name in report.BenchPlan().cases
+    # Asking for a default case brings its paper case along, in the table's order.
+    assert cases.with_counterparts(["robust_exact", "minmax"]) == [
+        "minmax", "minmax_paper", "robust_exact", "robust_paper"]
+    assert cases.with_counterparts(["minmax_paper"]) == ["minmax_paper"]
+    robust, exact = cases.CASES["robust"], cases.CASES["robust_exact"]
+    assert robust.fit_options(None, "test").epsilon == 1e-4
+    assert exact.fit_options(None, "test").epsilon is None
+    assert cases.CASES["robust_paper"].fit_options(None, "test").vabs is not None
+    # The issue's figures: paper Table V seconds and the speed-up targets.
+    assert [cases.CASES[n].paper_s for n in ("zscore", "minmax", "robust", "robust_exact")] \
+        == [44.0, 253.0, 368.0, 368.0]
+    assert cases.CASES["yeojohnson"].speedup_target == 1.5
+    assert cases.CASES["minmax"].speedup_target == 3.0
+
+
+def test_a_method_without_the_cases_algorithm_is_noted_not_run() -> None:
+    from fednorm.protocols.base import Protocol, by_algorithm
+
+    async def server(ctx, options):  # pragma: no cover - only started, on the probe
+        return ctx.never
+
+    async def party(ctx, X, options):  # pragma: no cover
+        return None
+
+    protocol = Protocol("x-mhe", "minmax", "mhe", *by_algorithm(
+        default=None, paper=(server, party)))
+    assert "no 'default' algorithm" in cases._server_refusal(protocol, FitOptions())
+    assert cases._server_refusal(protocol, FitOptions(algorithm="paper")) is None
+
+
+def test_yeojohnson_errors_include_the_log_likelihood() -> None:
+    from sklearn.preprocessing import PowerTransformer
+
+    from fednorm.bench.oracle import estimate_errors
+
+    X = np.random.default_rng(5).gamma(2.0, 3.0, size=(200, 3))
+    lambdas = PowerTransformer(standardize=False).fit(X).lambdas_
+
+    class Fitted:
+        def __init__(self, lam):
+            self.lam = lam
+
+        def params(self):
+            return {"lambda": list(self.lam)}
+
+    relative, _ = estimate_errors("yeojohnson_paper", Fitted(lambdas), X)
+    assert relative == {"lambda": 0.0, "llf": 0.0}
+    relative, _ = estimate_errors("yeojohnson", Fitted(lambdas + 1e-3), X)
+    # λ off by 1e-3 near the likelihood's top: the llf moves far less than λ does.
+    assert 0 < relative["llf"] < 1e-4 < relative["lambda"]
 
 
 def test_bench_help_names_every_section(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
-    assert ",".join(report.SECTIONS) in "".join(capsys.readouterr().out.split())
+    text = "".join(capsys.readouterr().out.split())
+    assert ",".join(report.SECTIONS) in text
+    assert ",".join(cases.CASES) in text
 
 
 def test_study_section_runs_the_real_grid_and_times_it(tmp_path) -> None:

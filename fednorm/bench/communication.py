@@ -11,7 +11,9 @@ The paper (Section VI-A, ``tab:theoretical_analysis``) counts, per protocol, cip
 :func:`paper_bytes` evaluates them at our parameters: |c| is the size of a fresh
 ciphertext of the preset as it goes on the wire (ring dimension N, depth + 1 RNS towers
 of 64-bit words, two ring elements), |p| half of it (one ring element). The formulas
-leave out key generation; the measured bytes are shown with and without it.
+leave out key generation; the measured bytes are shown with and without it. The formulas
+are the paper's algorithms'; beside a default-algorithm case (fednorm/bench/cases.py) they
+show what the paper's algorithm of the same method would send.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from fednorm.bench.cases import CASES, base_method, display_name
 from fednorm.bench.inputs import bcw_split, col_context
 from fednorm.bench.measure import Section, finish, load_average, now, section_meta
 from fednorm.bench.paper import PAPER_K_INV, PAPER_K_MM, TABLE_V_ROBUST_EPSILON
-from fednorm.bench.protocols import METHOD_NAMES, VARIANTS, RunRecord
+from fednorm.bench.protocols import RunRecord
 from fednorm.engine import ckks
 
 
@@ -91,10 +94,17 @@ def formula_for(rec: RunRecord, wire: WireParams, x: int) -> tuple[float, float]
     the counts are revealed: no encrypted inverse)."""
     c, p = wire.ciphertext, wire.plaintext
     x = int(rec.extra.get("kth_rounds", x))
-    method = VARIANTS.get(rec.method, (rec.method, {}))[0]
-    our_k = 0 if rec.method == "zscore_reveal" else wire.k_inv
+    method = base_method(rec.method)
+    our_k = 0 if reveals_counts(rec.method) else wire.k_inv
     return (paper_bytes(method, rec.parties, c, p, x=x),
             paper_bytes(method, rec.parties, c, p, k_inv=our_k, x=x))
+
+
+def reveals_counts(name: str) -> bool:
+    """Whether the z-score case decrypts the pooled count (no encrypted inverse)."""
+    case = CASES.get(name)
+    return case is not None and case.method == "zscore" and (
+        case.algorithm == "default" or bool(case.options.get("reveal_counts")))
 
 
 def _mb(value: float) -> str:
@@ -122,13 +132,13 @@ def communication(records: list[RunRecord], preset: str, parties: int = 10,
                                "x": int(rec.extra.get("kth_rounds", x)),
                                "epsilon": rec.extra.get("epsilon")}
         rows.append(row)
-        name = METHOD_NAMES[method] + (f", ε={row['epsilon']:g}" if row["epsilon"] else "")
+        name = display_name(method) + (f", ε={row['epsilon']:g}" if row["epsilon"] else "")
         cells.append([name, str(n), _mb(rec.bytes_total), _mb(rec.bytes_setup),
                       _mb(rec.bytes_protocol), _mb(row["server_sent"]),
                       _mb(row["server_received"]),
                       f"{row['party_sent_median'] / 1e6:.1f}",
                       f"{row['party_received_median'] / 1e6:.1f}",
-                      _mb(paper_k), _mb(our_k) if method.startswith("zscore") else "–",
+                      _mb(paper_k), _mb(our_k) if base_method(method) == "zscore" else "–",
                       "–" if math.isnan(paper_k) else f"{rec.bytes_protocol / paper_k:.2f}"])
     header = ["protocol", "P", "MB total", "MB key setup", "MB after setup", "server sent",
               "server received", "party sent (median)", "party received (median)",
@@ -141,7 +151,10 @@ def communication(records: list[RunRecord], preset: str, parties: int = 10,
         f"K_mm = {PAPER_K_MM}; our inverse needs K_inv = {wire.k_inv} collective bootstraps. "
         "X for robust: ⌈log2(max_j range_j / ε)⌉ on BCW at ε = "
         f"{TABLE_V_ROBUST_EPSILON:g}; for the k-th rows, the rounds the search took. All "
-        "features fit one ciphertext (30 ≤ N/2 slots), as in the formulas.",
+        "features fit one ciphertext (30 ≤ N/2 slots), as in the formulas. The formulas "
+        "are the paper's algorithms': beside a default-algorithm case they show what the "
+        "paper's algorithm of that method would send; 'formula, our K_inv' takes K_inv = 0 "
+        "where the pooled count is decrypted (default z-score, `reveal_counts`).",
         "Bytes are frames as sent (header + message body), summed over every message a role "
         "sent or received; every frame is counted once in 'MB total'. 'Party' columns: the "
         "median over parties (party 1, the lead, sends larger key shares than the others). "
@@ -162,7 +175,7 @@ def _kinds_table(seen: dict[tuple[str, int, float], RunRecord], parties: int
             at_ten.setdefault(method, rec)
     kinds = sorted({k for r in at_ten.values() for k in r.by_kind},
                    key=lambda k: -max(r.by_kind.get(k, 0) for r in at_ten.values()))
-    header = [f"message kind (MB, all roles, P={parties})"] + [METHOD_NAMES[m] for m in at_ten]
+    header = [f"message kind (MB, all roles, P={parties})"] + [display_name(m) for m in at_ten]
     cells = [[f"`{k}`"] + [f"{r.by_kind.get(k, 0) / 1e6:.1f}" for r in at_ten.values()]
              for k in kinds]
     return "Bytes by message kind.", header, cells

@@ -86,7 +86,8 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
              "it (numerator x 1/max_count, then x the encrypted max_count/n) and with "
              "1/max_count applied last; the inverse's input with the unused count slots "
              "left at 0 (as the protocol does) or set to 1.",
-             "Coarse-pass rows: one PPF z-score run on small-valued data (seed 0), "
+             "Coarse-pass rows: one PPF z-score run (`--algorithm paper`, hidden count) on "
+             "small-valued data (seed 0), "
              "the values each of the server's decryptions revealed, read from its tracer "
              "hooks; 'precise quotient' is the magnitude the second pass actually works at "
              "(the design aims at 2^16)."]
@@ -153,11 +154,12 @@ def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
 
 
 def _coarse_pass(preset: str, parties: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    """One PPF z-score run on small-valued data: the server's decryptions, in order, are
-    the presence bit, then the mean's and the variance's coarse and precise passes."""
+    """One PPF z-score run (the paper's algorithm, hidden count) on small-valued data: the
+    server's decryptions, in order, are the presence bit, then the mean's and the
+    variance's coarse and precise passes."""
     parts, X = synthetic_split("small", 0, parties)
     timeline = Timeline()
-    result, _ = run_ppf_zscore(parts, preset, "default", timeline)
+    result, _ = run_ppf_zscore(parts, preset, "inverse", timeline)
     if len(timeline.revealed) != 5:
         raise RuntimeError(f"expected 5 decryptions in PPF z-score (presence, two passes "
                            f"each of mean and variance), saw {len(timeline.revealed)}")

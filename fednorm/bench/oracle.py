@@ -1,11 +1,13 @@
 """The numpy oracle of every benchmark error: what each protocol estimates, computed by
-numpy (scikit-learn for Yeo-Johnson's λ) on the pooled rows, never by the library's own
-plaintext fit; and the bound V_abs the parties could agree on."""
+numpy (scikit-learn for Yeo-Johnson's λ, scipy for its log-likelihood) on the pooled
+rows, never by the library's own plaintext fit; and the bound V_abs the parties could
+agree on. Runs are named by benchmark case (fednorm/bench/cases.py) or by method."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from fednorm.bench.cases import base_method
 from fednorm.bench.measure import sci
 from fednorm.engine.errors import InputError
 from fednorm.protocols.normalizers import Normalizer
@@ -17,9 +19,11 @@ def agreed_bound(X: np.ndarray) -> tuple[float, ...]:
     return tuple(float(v) for v in 2.0 ** np.ceil(np.log2(np.maximum(top, 1e-300))))
 
 
-def oracle(method: str, X: np.ndarray) -> dict[str, np.ndarray]:
-    """The statistics a protocol estimates, computed by numpy / scikit-learn on pooled X."""
-    if method in ("zscore", "zscore_reveal"):
+def oracle(name: str, X: np.ndarray) -> dict[str, np.ndarray]:
+    """The statistics a protocol (case ``name`` or method) estimates, computed by numpy /
+    scikit-learn on pooled X."""
+    method = base_method(name)
+    if method == "zscore":
         return {"mean": np.nanmean(X, axis=0), "var": np.nanvar(X, axis=0)}
     if method == "minmax":
         return {"min": np.nanmin(X, axis=0), "max": np.nanmax(X, axis=0)}
@@ -33,18 +37,33 @@ def oracle(method: str, X: np.ndarray) -> dict[str, np.ndarray]:
     raise InputError(f"no oracle for {method!r}")
 
 
-def estimate_errors(method: str, fitted: Normalizer, X: np.ndarray
+def yeojohnson_llf(lambdas: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Per feature, Yeo-Johnson's log-likelihood (scipy) of the pooled column at λ_j, its
+    missing values left out (as scikit-learn fits)."""
+    from scipy.stats import yeojohnson_llf as llf
+
+    return np.array([float(llf(lam, col[~np.isnan(col)]))
+                     for lam, col in zip(lambdas, np.asarray(X, dtype=np.float64).T,
+                                         strict=True)])
+
+
+def estimate_errors(name: str, fitted: Normalizer, X: np.ndarray
                     ) -> tuple[dict[str, float], dict[str, float]]:
     """Per statistic, max over features of |ours − numpy| / |numpy| (numpy ≠ 0), and of
-    |ours − numpy|."""
+    |ours − numpy|. Yeo-Johnson also gets ``llf``: the log-likelihood at our λ against
+    the one at scikit-learn's (how much of the fit's objective a λ error costs)."""
     ours = fitted.params()
+    reference = oracle(name, X)
+    if base_method(name) == "yeojohnson":
+        reference["llf"] = yeojohnson_llf(reference["lambda"], X)
+        ours = {**ours, "llf": yeojohnson_llf(np.asarray(ours["lambda"], np.float64), X)}
     relative, absolute = {}, {}
-    for name, ref in oracle(method, X).items():
-        got = np.asarray(ours[name], dtype=np.float64)
+    for stat, ref in reference.items():
+        got = np.asarray(ours[stat], dtype=np.float64)
         keep = np.isfinite(ref) & (ref != 0)
         miss = np.abs(got[keep] - ref[keep])
-        relative[name] = float(np.max(miss / np.abs(ref[keep])))
-        absolute[name] = float(np.max(miss))
+        relative[stat] = float(np.max(miss / np.abs(ref[keep])))
+        absolute[stat] = float(np.max(miss))
     return relative, absolute
 
 

@@ -10,9 +10,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from fednorm.bench.cases import display_name
 from fednorm.bench.measure import Section
 from fednorm.bench.paper import PAPER_TABLE_IV_MS, PAPER_TABLE_IV_NAMES
-from fednorm.bench.protocols import METHOD_NAMES
 
 Rows = list[dict[str, Any]]
 
@@ -47,7 +47,7 @@ def time_vs_parties(rows: Rows, path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, rs in _by_method(rows).items():
         ax.plot([r["parties"] for r in rs], [r["median_s"] for r in rs], "o-",
-                label=METHOD_NAMES[method])
+                label=display_name(method))
     ax.set(xlabel="parties P", ylabel="seconds (key generation included)",
            title=f"Total runtime vs P (preset {rows[0]['preset']})")
     _save(fig, ax, path)
@@ -59,7 +59,7 @@ def bytes_vs_parties(rows: Rows, path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, rs in _by_method(rows).items():
         ps = [r["parties"] for r in rs]
-        name = METHOD_NAMES[method]
+        name = display_name(method)
         line = ax.plot(ps, [r["bytes_total"] / 1e9 for r in rs], "o-", label=f"{name}, total")
         color = line[0].get_color()
         ax.plot(ps, [r["bytes_protocol"] / 1e9 for r in rs], "s--", color=color,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from fednorm.bench import (
+    cases,
     communication,
     kth,
     micro,
@@ -42,7 +43,7 @@ from fednorm.bench.measure import (
     step,
     wait_for_quiet,
 )
-from fednorm.bench.paper import PAPER_TABLE_V_S, TARGET_REL_ERROR
+from fednorm.bench.paper import PAPER_TABLE_V_S
 from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
@@ -60,19 +61,19 @@ class BenchPlan:
     preset: str = "paper"
     sections: tuple[str, ...] = SECTIONS
     parties: int = 10  # Table V / VI
-    repeats: int = 2  # runs per Table V protocol and z-score mode
+    repeats: int = 2  # runs per Table V case and z-score mode
     micro_parties: tuple[int, ...] = (10, 20, 30, 50)
     micro_repeats: int = 2
     fast_repeats: int = 7
     slow_repeats: int = 3
-    methods: tuple[str, ...] = ("zscore", "minmax", "robust", "yeojohnson")
-    zscore_modes: tuple[str, ...] = ("default", "reveal", "max_count")
+    cases: tuple[str, ...] = tuple(cases.CASES)  # Table V; each runs beside its `versus`
+    zscore_modes: tuple[str, ...] = ("flooded", "inverse", "reveal", "max_count")
     precision_seeds: int = 2  # z-score
     costly_seeds: int = 1  # MinMax and robust (a robust run at ε = 1e-6 is minutes)
-    precision_modes: tuple[str, ...] = ("default", "reveal")
+    precision_modes: tuple[str, ...] = ("flooded", "inverse", "reveal")
     epsilons: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
     scaling_parties: tuple[int, ...] = (3, 10, 25, 50, 100)
-    scaling_methods: tuple[str, ...] = ("zscore", "zscore_reveal")
+    scaling_methods: tuple[str, ...] = ("zscore", "zscore_paper")  # benchmark cases
     plain_shapes: tuple[tuple[int, int], ...] = plain.SHAPES
     thread_layouts: tuple[tuple[int, int], ...] = threads.LAYOUTS
     study_grid: study.GridRequest = study.FULL
@@ -87,8 +88,8 @@ class BenchPlan:
     def quick_plan(cls, **changes: object) -> BenchPlan:
         """A smoke run at the test preset (insecure ring 2^14): a few minutes."""
         base = cls(preset="test", parties=3, repeats=1, micro_parties=(3, 6), micro_repeats=1,
-                   fast_repeats=3, slow_repeats=2, zscore_modes=("default",),
-                   precision_seeds=1, costly_seeds=1, precision_modes=("default",),
+                   fast_repeats=3, slow_repeats=2, zscore_modes=("flooded",),
+                   precision_seeds=1, costly_seeds=1, precision_modes=("flooded",),
                    epsilons=(1e-1, 1e-3),
                    scaling_parties=(2, 4), scaling_methods=("zscore",),
                    plain_shapes=plain.QUICK_SHAPES, thread_layouts=((1, 1), (2, 1)),
@@ -106,24 +107,26 @@ class BenchPlan:
         if min(self.repeats, self.micro_repeats, self.fast_repeats, self.slow_repeats,
                self.precision_seeds, self.costly_seeds) < 1:
             raise InputError("repeats must be at least 1")
-        known = set(protocols.METHOD_NAMES) - {"kth"}
-        strange = sorted((set(self.methods) | set(self.scaling_methods)) - known)
+        cases.check_cases([*self.cases, *self.scaling_methods])
+        strange = sorted((set(self.zscore_modes) | set(self.precision_modes))
+                         - set(zscore.MODES))
         if strange:
-            raise InputError(f"unknown methods {strange}; choose from {sorted(known)}")
+            raise InputError(f"unknown z-score modes {strange}; choose from "
+                             f"{list(zscore.MODES)}")
         if not self.epsilons or min(self.epsilons) <= 0:
             raise InputError(f"epsilons must be positive, got {self.epsilons}")
 
     def steps(self) -> int:
         """Units of work the progress bar counts (runs, or one per P / per section)."""
-        methods = sum(protocols.available(m) for m in self.methods)
-        scaled = len(self.scaling_parties) * sum(protocols.available(m)
-                                                 for m in self.scaling_methods)
+        table_v = sum(map(cases.available, cases.with_counterparts(self.cases)))
+        scaled = len(self.scaling_parties) * sum(map(cases.available, self.scaling_methods))
+        costly = sum(cases.available(name) for name, _, _ in protocols.PRECISION_CASES)
         count = {
             "micro": len(self.micro_parties) + 1,
-            "totals": self.repeats * methods,
+            "totals": self.repeats * table_v,
             "zscore": self.repeats * len(self.zscore_modes),
             "precision": 2 * (self.precision_seeds * len(self.precision_modes)
-                              + self.costly_seeds * len(protocols.PRECISION_CASES)),
+                              + self.costly_seeds * costly),
             "epsilon": len(self.epsilons),
             "scaling": scaled,
             "noise": 1,
@@ -206,7 +209,7 @@ def _micro(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 
 def _totals(plan: BenchPlan, run: BenchRun) -> list[Section]:
-    section, records = protocols.totals(plan.methods, plan.repeats, plan.parties,
+    section, records = protocols.totals(plan.cases, plan.repeats, plan.parties,
                                         plan.preset, plan.command)
     run.records += records
     return [section]
@@ -312,14 +315,21 @@ def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
         target = "–" if math.isnan(r["target_s"]) else f"≤ {r['target_s']:.1f} s"
         out.append(f"| Table V {r['name']}, P={r['parties']} | {r['median_s']:.1f} s | "
                    f"{paper} | {target} | {met(r['median_s'], r['target_s'])} |")
+        if not math.isnan(r["x_faster"]):
+            goal = r["speedup_target"]
+            out.append(f"| Table V {r['name']} beside `{r['versus']}`, same run | "
+                       f"{r['x_faster']:.1f}x faster | – | "
+                       + ("– | – |" if math.isnan(goal) else
+                          f"≥ {goal:g}x | {'yes' if r['x_faster'] >= goal else '**no**'} |"))
     for r in sections.get("table_vi", Section("", "", [], [])).rows:
         out.append(f"| Table VI {r['param']}, {r['data']}-valued, {r['mode']} | "
                    f"{sci(r['max_rel_error'])} | {sci(r['paper'])} | "
-                   f"≤ {sci(TARGET_REL_ERROR)} | {met(r['max_rel_error'], TARGET_REL_ERROR)} |")
+                   f"≤ {sci(r['target'])} | {met(r['max_rel_error'], r['target'])} |")
     for r in sections.get("precision", Section("", "", [], [])).rows:
-        verdict = met(r["max_rel_error"], r["paper"]) if r["comparable"] else "–"
-        out.append(f"| Table VI {r['param']}, {r['data']}-valued | {sci(r['max_rel_error'])} "
-                   f"(abs. {sci(r['max_abs_error'])}) | {sci(r['paper'])} | ≤ paper | {verdict} |")
+        target = "= numpy" if r["target"] == "numpy" else "≤ paper"
+        out.append(f"| Table VI {r['param']}, {r['data']}-valued, {r['name']} | "
+                   f"{sci(r['max_rel_error'])} (abs. {sci(r['max_abs_error'])}) | "
+                   f"{sci(r['paper'])} | {target} | {r['met']} |")
     eps = sections.get("kth_epsilon", Section("", "", [], [])).rows
     if len(eps) >= 2:
         lo, hi = max(eps, key=lambda r: r["epsilon"]), min(eps, key=lambda r: r["epsilon"])
@@ -331,8 +341,8 @@ def summary(sections: dict[str, Section], table_parties: int = 10) -> str:
                    f"{r['wall_s'] / 60:.1f} min | – | ≤ {r['target_s'] / 60:.0f} min | "
                    f"{met(r['wall_s'], r['target_s'])} |")
     for r in sections.get("communication", Section("", "", [], [])).rows:
-        if r["parties"] == 10 and r["method"] in PAPER_TABLE_V_S:
+        if r["parties"] == 10 and cases.base_method(r["method"]) in PAPER_TABLE_V_S:
             formula = fmt_or_dash(r["paper_formula"] / 1e6, ".0f")
-            out.append(f"| bytes {protocols.METHOD_NAMES[r['method']]}, P=10, after key setup "
+            out.append(f"| bytes {cases.display_name(r['method'])}, P=10, after key setup "
                        f"| {r['bytes_protocol'] / 1e6:.0f} MB | {formula} MB (formula) | – | – |")
     return "\n".join(out) + "\n"

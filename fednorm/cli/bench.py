@@ -33,6 +33,8 @@ def _list_of(convert: Callable[[str], T], what: str) -> Callable[[str], tuple[T,
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from fednorm.bench.cases import CASES  # light: the protocols it names are loaded
+
     p = subparsers.add_parser("bench", help="PPF benchmarks beside the paper (Tables IV-VI)",
                               description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
@@ -43,16 +45,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "tabular study grid, about 1.5 h, and needs torch)")
     p.add_argument("--preset", help="CKKS preset: paper (default) or test (--quick)")
     p.add_argument("--repeats", type=int,
-                   help="runs per Table V protocol and z-score mode (default 2)")
+                   help="runs per Table V case and z-score mode (default 2)")
+    p.add_argument("--cases", type=_list_of(str, "--cases"),
+                   help="Table V (totals) benchmark cases, each run beside the "
+                        "--algorithm paper case it is compared with: "
+                        + ",".join(CASES) + " (default: all)")
     p.add_argument("--parties", type=int, help="P of Table V / VI and runtime vs ε (10)")
     p.add_argument("--micro-parties", type=_list_of(int, "--micro-parties"),
                    help="Table IV party counts (default 10,20,30,50)")
     p.add_argument("--scaling-parties", type=_list_of(int, "--scaling-parties"),
-                   help="P grid of the totals vs P (default 3,10,25,50,100; default "
-                        "z-score up to 50)")
+                   help="P grid of the totals vs P (default 3,10,25,50,100)")
     p.add_argument("--scaling-methods", type=_list_of(str, "--scaling-methods"),
-                   help="protocols of the totals vs P: zscore, zscore_reveal, minmax, "
-                        "robust, yeojohnson (default zscore,zscore_reveal)")
+                   help="benchmark cases of the totals vs P, as --cases (default "
+                        "zscore,zscore_paper)")
     p.add_argument("--epsilons", type=_list_of(float, "--epsilons"),
                    help="ε grid of the k-th search (default 1e-1,...,1e-6)")
     p.add_argument("--results", help="write the report here as the project's results "
@@ -71,7 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 _PLAN_FIELDS = {"sections": "sections", "preset": "preset", "repeats": "repeats",
-                "parties": "parties", "micro_parties": "micro_parties",
+                "parties": "parties", "cases": "cases", "micro_parties": "micro_parties",
                 "scaling_parties": "scaling_parties", "scaling_methods": "scaling_methods",
                 "epsilons": "epsilons"}
 

@@ -1,0 +1,179 @@
+"""The benchmark cases of whole PPF protocols: one table.
+
+A case is a registered PPF (``mhe``) method run with some :class:`FitOptions` fields,
+with its display name, the paper's Table V seconds, our target, and the case it is
+compared with side by side (a default algorithm beside its ``--algorithm paper``
+counterpart: the "× faster than ``--algorithm paper``" column is the ratio of their
+medians measured in the same run). The totals (Table V), the totals vs P, the precision
+section (Table VI), the communication section and the oracle all name runs by case.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fednorm.bench.paper import (
+    PAPER_TABLE_V_S,
+    STRETCH_TABLE_V_S,
+    TABLE_V_ROBUST_EPSILON,
+    TARGET_ERRORS,
+    TARGET_SPEEDUP,
+    TARGET_TABLE_V_S,
+)
+from fednorm.engine.errors import InputError
+from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols.base import Protocol
+
+NAN = math.nan
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked configuration of a PPF protocol."""
+
+    name: str
+    method: str  # the registered method (get_protocol(method, "mhe"))
+    display: str
+    options: Mapping[str, Any] = field(default_factory=dict)  # FitOptions fields
+    versus: str | None = None  # the case it is compared with side by side
+    paper_figure: bool = True  # the paper's Table V figure of the method applies
+
+    @property
+    def algorithm(self) -> str:
+        return self.options.get("algorithm", "default")
+
+    @property
+    def needs_vabs(self) -> bool:
+        """Only the paper's MinMax, robust and Yeo-Johnson need the bound V_abs."""
+        return self.algorithm == "paper" and self.method != "zscore"
+
+    @property
+    def paper_s(self) -> float:
+        """The paper's Table V seconds for this method (z-score: with the hidden count)."""
+        return PAPER_TABLE_V_S.get(self.method, NAN) if self.paper_figure else NAN
+
+    @property
+    def target_s(self) -> float:
+        return TARGET_TABLE_V_S.get(self.name, NAN)
+
+    @property
+    def stretch_s(self) -> float:
+        return STRETCH_TABLE_V_S.get(self.name, NAN)
+
+    @property
+    def speedup_target(self) -> float:
+        """How many times faster than :attr:`versus` it should run (NaN: no target)."""
+        return TARGET_SPEEDUP.get(self.name, NAN)
+
+    @property
+    def error_targets(self) -> dict[str, float]:
+        """Relative error bound per statistic (0: equal to numpy's)."""
+        return dict(TARGET_ERRORS.get(self.name, {}))
+
+    def fit_options(self, X: np.ndarray | None, preset: str, **overrides: Any) -> FitOptions:
+        """The case's options on pooled rows ``X`` (V_abs from them, paper cases only)."""
+        from fednorm.bench.oracle import agreed_bound
+
+        fields = {**self.options, **overrides}
+        vabs = (agreed_bound(X) if X is not None else (1.0,)) if self.needs_vabs else None
+        return FitOptions(preset=preset, vabs=vabs, **fields)
+
+
+_E = {"epsilon": TABLE_V_ROBUST_EPSILON}
+_PAPER = {"algorithm": "paper"}
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("zscore", "zscore", "PPF z-score", versus="zscore_paper"),
+    Case("zscore_paper", "zscore", "PPF z-score, paper (hidden count)", _PAPER),
+    Case("zscore_paper_reveal", "zscore", "PPF z-score, paper, reveal_counts",
+         {**_PAPER, "reveal_counts": True}, paper_figure=False),
+    Case("minmax", "minmax", "PPF MinMax", versus="minmax_paper"),
+    Case("minmax_paper", "minmax", "PPF MinMax, paper", _PAPER),
+    Case("robust", "robust", f"PPF robust, ε={TABLE_V_ROBUST_EPSILON:g}", _E,
+         versus="robust_paper"),
+    Case("robust_exact", "robust", "PPF robust, exact", versus="robust_paper"),
+    Case("robust_paper", "robust", f"PPF robust, paper, ε={TABLE_V_ROBUST_EPSILON:g}",
+         {**_PAPER, **_E}),
+    Case("yeojohnson", "yeojohnson", "PPF Yeo-Johnson", versus="yeojohnson_paper"),
+    Case("yeojohnson_paper", "yeojohnson", "PPF Yeo-Johnson, paper", _PAPER),
+)}
+"""Every case, in the order the totals run and show them."""
+
+OTHER_NAMES = {"kth": "PPF k-th (median)"}
+"""Runs named outside :data:`CASES` (the k-th search of the ε sweep)."""
+
+
+def display_name(name: str) -> str:
+    return CASES[name].display if name in CASES else OTHER_NAMES.get(name, name)
+
+
+def base_method(name: str) -> str:
+    """The registered method behind a case name (other names are methods already)."""
+    return CASES[name].method if name in CASES else name
+
+
+def check_cases(names: Iterable[str]) -> None:
+    strange = sorted(set(names) - set(CASES))
+    if strange:
+        raise InputError(f"unknown benchmark cases {strange}; choose from {list(CASES)}")
+
+
+def with_counterparts(names: Iterable[str]) -> list[str]:
+    """``names`` and the case each is compared with, in :data:`CASES` order."""
+    wanted = set(names)
+    check_cases(wanted)
+    wanted |= {CASES[n].versus for n in wanted if CASES[n].versus}
+    return [n for n in CASES if n in wanted]
+
+
+# -- which cases this tree can run -----------------------------------------------------
+class _Probed(Exception):
+    """The probed role reached its context: it runs with these options."""
+
+
+class _ProbeContext:
+    def __getattr__(self, name: str) -> Any:
+        raise _Probed(name)
+
+
+def refusal(name: str) -> str | None:
+    """Why case ``name`` cannot run in this tree, or None if it can.
+
+    A method may be registered without the kind of algorithm the case asks for
+    (``by_algorithm(default=None, ...)``): its roles raise InputError before they touch
+    their context. The server role is started on a context that stops it at its first
+    use, so nothing is computed or sent. (A registry query, e.g. the algorithms a
+    registered :class:`Protocol` has, would replace this probe.)
+    """
+    case = CASES[name]
+    try:
+        protocol = get_protocol(case.method, "mhe")
+    except InputError:
+        return f"`get_protocol({case.method!r}, 'mhe')` is not registered in this tree"
+    options = case.fit_options(None, "test")
+    why = _server_refusal(protocol, options)
+    return None if why is None else (f"`get_protocol({case.method!r}, 'mhe')` with "
+                                     f"algorithm={case.algorithm!r} refuses: {why}")
+
+
+def _server_refusal(protocol: Protocol, options: FitOptions) -> str | None:
+    coro = protocol.server(_ProbeContext(), options)  # type: ignore[arg-type]
+    try:
+        coro.send(None)
+    except InputError as exc:
+        return str(exc)
+    except (_Probed, StopIteration):
+        return None
+    except Exception:  # not a refusal: the run itself reports it
+        return None
+    finally:
+        coro.close()
+    return None  # it awaited something before its context: it runs
+
+
+def available(name: str) -> bool:
+    return refusal(name) is None

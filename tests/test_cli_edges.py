@@ -257,16 +257,11 @@ def test_processes_a_test_starts_die_when_pytest_is_terminated(tmp_path: Path) -
 
 
 # -- make demo's summary ------------------------------------------------------------------
-def makefile_bcw_vabs() -> str:
-    """The per-feature bounds ``make demo`` passes for BCW."""
-    return re.search(r"^BCW_VABS := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
-
-
 def test_the_demo_ends_with_a_summary_per_method_and_privacy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, _ = run_cli(["demo", "--methods", "zscore,minmax", "--preset", "test",
-                            "--parties", "3", "--vabs", makefile_bcw_vabs()], capsys)
+                            "--parties", "3"], capsys)
     assert code == 0
     summary = out[out.index("Summary"):].splitlines()
     assert len(summary) <= 24  # one screen
@@ -329,7 +324,7 @@ def test_simulate_runs_several_methods_on_one_key_setup(
 
     code, out, err = run_cli(["simulate", "--parties", "3", "--method", "zscore,minmax",
                               "--privacy", "mhe", "--preset", "test",
-                              "--vabs", makefile_bcw_vabs(), "--json"], capsys)
+                              "--json"], capsys)
     assert code == 0, err
     report = json.loads(out)
     assert report["methods"] == ["zscore", "minmax"]

@@ -60,7 +60,7 @@ def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: 
         dataset=args.dataset, target=None, parties=args.parties, split="iid", seed=0,
         method=methods, privacy=privacy, algorithm="default", epsilon=None,
         ckks_preset=args.preset,
-        rank_probes=1, reveal_counts=False, vabs=args.vabs, json=False, quiet=args.quiet,
+        rank_probes=None, reveal_counts=False, vabs=None, json=False, quiet=args.quiet,
         command="demo")
 
 
@@ -90,7 +90,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--preset", choices=("test", "paper"), default="paper",
                    help="CKKS parameters of the PPF runs (default paper)")
-    p.add_argument("--vabs", help="PPF minmax/robust/yeojohnson: the agreed bound on |x|, "
-                                  "one value or one per feature")
     add_quiet_option(p)
     p.set_defaults(handler=demo_command)

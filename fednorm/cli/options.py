@@ -27,9 +27,11 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
                         help="mhe --algorithm paper: decrypt the pooled counts instead of "
                              "inverting them encrypted (the default algorithm always does)")
     parser.add_argument("--epsilon", type=float, help="absolute precision of quantile search")
-    parser.add_argument("--rank-probes", type=int, default=1, metavar="K",
-                        help="robust: points probed per quantile and round (default 1, the "
-                             "paper's bisection; K reveals K counts a round, needs fewer rounds)")
+    parser.add_argument("--rank-probes", type=int, metavar="K",
+                        help="robust: points probed per quartile and round; K reveals K counts "
+                             "a round and needs fewer rounds (default: 1, the paper's "
+                             "bisection, plain and --algorithm paper; under mhe's default "
+                             "algorithm as many as one ciphertext holds, at most 255)")
     parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
                                        "value or one per feature separated by commas"
                                        + vabs_default)

@@ -15,6 +15,24 @@ proven bound: with ternary secrets and encryption randomness, discrete Gaussian 
 has per-coefficient variance σ_e²(1 + 4NP/3), a sum of k of them k times that, and ``t``
 is 8 standard deviations of it.
 
+For a *product of fresh encryptions of bits* (slot values in [0, 1], :class:`ProductFlooding`;
+fednorm's threshold searches decrypt one) the bound follows the noise through the
+product tree.  A product of ciphertexts Δ_a·m_a + e_a and Δ_b·m_b + e_b has noise
+Δ_a·m_a·e_b + Δ_b·m_b·e_a + e_a·e_b plus the key switching of relinearization.  A
+coefficient of m_a·e_b has variance Var(e_b)·‖m_a‖², and ‖m_a‖² (the coefficient vector's)
+is the mean square of the slots, at most 1 for bits; so relative to the scale, the
+variances of the factors' noises add up: a product of F fresh uploads at scale Δ has
+noise of variance F·σ_fresh²·(Δ_prod/Δ)², σ_fresh² = σ_e²(1 + 4NP/3) as above.  The
+other terms are far smaller: e_a·e_b is N·σ_fresh² ≈ 2^41 against Δ² ≈ 2^100 times
+σ_fresh²; a rescale adds rounding τ_0 + τ_1·s of variance (1 + 2NP/3)/12 (σ ≈ 95 at
+N = 2^14, P = 10, against σ_fresh ≈ 1500), and key switching divides its noise by the
+special modulus, to below that; the bound counts two such roundings per product in the
+tree (2F in all, at the final scale over Δ, an overestimate).  ``t`` is again 8 standard
+deviations.  Measured (test preset, P = 10, every slot 1, read in the coefficient domain
+of the unflooded decryption with the joint secret): noise std 2^62.21 where the bound's
+σ is 2^62.20 and t = 2^65.2, largest coefficient 2^64.3 (``tests/test_ppf_extremes.py``
+re-measures it).
+
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
 factor, so noise encoded through it sits on a sublattice a server reduces away, and real
@@ -82,10 +100,14 @@ class Flooding:
             raise InputError("flooding needs at least one party and one summand")
 
     @property
+    def fresh_sigma(self) -> float:
+        """σ of a coefficient of a fresh joint encryption's noise: σ_e·√(1 + 4NP/3)."""
+        return ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
+
+    @property
     def ciphertext_noise_bound(self) -> float:
         """t: a bound on any coefficient of the decrypted sum's noise."""
-        per_fresh = ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
-        return TAIL * per_fresh * math.sqrt(self.summands)
+        return TAIL * self.fresh_sigma * math.sqrt(self.summands)
 
     @property
     def sigma(self) -> float:
@@ -97,6 +119,30 @@ class Flooding:
         """The added noise's standard deviation in each slot's real part, at ``scale``
         (a coefficient Gaussian of std σ is one of std σ·√(N/2)/scale per slot)."""
         return self.sigma * math.sqrt(self.ring_dim / 2) / scale
+
+
+@dataclass(frozen=True)
+class ProductFlooding(Flooding):
+    """The noise a party adds to a decryption share of a product of ``summands`` (its
+    factors, one per party) fresh encryptions of bits, multiplied by a tree of
+    relinearized, rescaled products (module doc).
+
+    ``growth`` is the product's scale over a factor's (Δ_prod/Δ, ≈ 2^50 for a product
+    decrypted at scale degree 2): the noise is carried to the product's units with it.
+    """
+
+    growth: float = 1.0
+
+    @property
+    def rounding_sigma(self) -> float:
+        """σ of a rescale's rounding τ_0 + τ_1·s (joint secret of P ternary shares)."""
+        return math.sqrt((1 + 2 * self.ring_dim * self.parties / 3) / 12)
+
+    @property
+    def ciphertext_noise_bound(self) -> float:
+        """t: a bound on any coefficient of the decrypted product's noise."""
+        variance = self.summands * (self.fresh_sigma ** 2 + 2 * self.rounding_sigma ** 2)
+        return TAIL * self.growth * math.sqrt(variance)
 
 
 def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,

@@ -186,7 +186,10 @@ class PartyKeys:
         sum, not the noise that depends on this party's secret.
 
         Only a ciphertext shaped like such a sum (two elements, scale Δ², the sum towers)
-        is accepted: the bound holds for nothing else.
+        is accepted: the bound holds for nothing else.  A product of product uploads is
+        made to end in that shape (:func:`fednorm.protocols.collective.sums.product_level`)
+        and decrypted here too, with ``flooding`` sized for it
+        (:class:`~.flooding.ProductFlooding`).
         """
         self._check_joint_ciphertext(ct, "sum to decrypt", elements=2)
         ctx = self._ctx

@@ -27,11 +27,14 @@ other terms are far smaller: e_a·e_b is N·σ_fresh² ≈ 2^41 against Δ² ≈
 σ_fresh²; a rescale adds rounding τ_0 + τ_1·s of variance (1 + 2NP/3)/12 (σ ≈ 95 at
 N = 2^14, P = 10, against σ_fresh ≈ 1500), and key switching divides its noise by the
 special modulus, to below that; the bound counts two such roundings per product in the
-tree (2F in all, at the final scale over Δ, an overestimate).  ``t`` is again 8 standard
+tree and its final rescale (2F in all, at the final scale over Δ, an overestimate).
+The product is decrypted rescaled (scale ≈ Δ, :data:`~.context.PRODUCT_TOWERS` towers),
+so t and σ stay in the range of the integer sampler (σ ≈ 2^37, where at scale Δ² it
+would be 2^87).  ``t`` is again 8 standard
 deviations.  Measured (test preset, P = 10, every slot 1, read in the coefficient domain
-of the unflooded decryption with the joint secret): noise std 2^62.21 where the bound's
-σ is 2^62.20 and t = 2^65.2, largest coefficient 2^64.3 (``tests/test_ppf_extremes.py``
-re-measures it).
+of the unflooded decryption with the joint secret): before the final rescale, noise std
+2^62.21 where the bound's σ is 2^62.20 and t = 2^65.2, largest coefficient 2^64.3
+(``tests/test_ppf_extremes.py`` re-measures it, rescaled as decrypted).
 
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
@@ -52,7 +55,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import ring
-from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.context import PRODUCT_TOWERS, SUM_TOWERS, CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
@@ -100,6 +103,11 @@ class Flooding:
             raise InputError("flooding needs at least one party and one summand")
 
     @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        """What the bound is for: its name, scale degree and towers (a sum upload's)."""
+        return "a sum upload", 2, SUM_TOWERS
+
+    @property
     def fresh_sigma(self) -> float:
         """σ of a coefficient of a fresh joint encryption's noise: σ_e·√(1 + 4NP/3)."""
         return ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
@@ -127,11 +135,16 @@ class ProductFlooding(Flooding):
     factors, one per party) fresh encryptions of bits, multiplied by a tree of
     relinearized, rescaled products (module doc).
 
-    ``growth`` is the product's scale over a factor's (Δ_prod/Δ, ≈ 2^50 for a product
-    decrypted at scale degree 2): the noise is carried to the product's units with it.
+    ``growth`` is the product's scale over a factor's (Δ_prod/Δ, ≈ 1 for a product
+    rescaled to scale degree 1): the noise is carried to the product's units with it.
     """
 
     growth: float = 1.0
+
+    @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        """A product rescaled to :data:`~.context.PRODUCT_TOWERS` towers."""
+        return "a product", 1, PRODUCT_TOWERS
 
     @property
     def rounding_sigma(self) -> float:

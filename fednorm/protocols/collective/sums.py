@@ -29,7 +29,7 @@ import msgpack
 import openfhe
 
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks.context import SUM_TOWERS
+from fednorm.engine.ckks.context import PRODUCT_TOWERS, SUM_TOWERS
 from fednorm.engine.errors import InputError, ProtocolError
 
 
@@ -160,16 +160,18 @@ def product_of(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Cipherte
                ) -> openfhe.Ciphertext:
     """Π of the ciphertexts by a fixed tree: neighbours multiplied pairwise in the order
     given (an odd one out carried up), ⌈log2 P⌉ levels, each product relinearized and
-    rescaled (lazily, by OpenFHE) — deterministic, so server and parties get the same
-    bytes.  A single ciphertext is multiplied by 1.0 so that every product is decrypted
-    at the same scale degree (2) and towers (:func:`product_level`)."""
+    rescaled (lazily, by OpenFHE), then rescaled to :data:`~fednorm.engine.ckks.context.
+    PRODUCT_TOWERS` towers at scale ≈ Δ, where its flooding noise fits the sampler
+    (:mod:`fednorm.engine.ckks.flooding`) — deterministic, so server and parties get the
+    same bytes.  A single ciphertext is multiplied by 1.0, so that every product takes
+    the same path (:func:`product_level`)."""
     layer = list(ciphertexts)
     if len(layer) == 1:
-        return context.mul(layer[0], 1.0)
+        layer = [context.mul(layer[0], 1.0)]
     while len(layer) > 1:
         pairs = [context.mul(layer[i], layer[i + 1]) for i in range(0, len(layer) - 1, 2)]
         layer = pairs + layer[len(pairs) * 2:]
-    return layer[0]
+    return context.raw.Compress(layer[0], PRODUCT_TOWERS)
 
 
 def product_levels(factors: int) -> int:
@@ -178,10 +180,11 @@ def product_levels(factors: int) -> int:
 
 
 def product_level(context: ckks.CkksContext, factors: int) -> int:
-    """The level parties encrypt product uploads at: the product of ``factors`` of them
-    ends with :data:`~fednorm.engine.ckks.context.SUM_TOWERS` towers at scale degree 2,
-    like a sum upload (towers enough for Δ² and the flooding, and the smallest uploads
-    and products).  InputError when the preset has too few levels for so many parties."""
+    """The level parties encrypt product uploads at: the product tree of ``factors`` of
+    them ends with :data:`~fednorm.engine.ckks.context.SUM_TOWERS` towers at scale
+    degree 2, one rescale above the decrypted :data:`~fednorm.engine.ckks.context.
+    PRODUCT_TOWERS` (the smallest uploads and products that hold the flooded bits).
+    InputError when the preset has too few levels for so many parties."""
     level = context.preset.towers - SUM_TOWERS - (product_levels(factors) - 1)
     if level < 0:
         most = 2 ** (context.preset.towers - SUM_TOWERS)

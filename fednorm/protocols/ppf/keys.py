@@ -19,13 +19,22 @@ from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import METHODS, FitOptions, Protocol
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
-from fednorm.protocols.ppf import minmax_layout, yeojohnson, zscore
+from fednorm.protocols.ppf import extremes, minmax_layout, yeojohnson, zscore
 
 KeyNeeds = Callable[[FitOptions], dict[str, object]]
 
+
+def by_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
+    """The key needs of the algorithm ``FitOptions.algorithm`` names."""
+    def needs(options: FitOptions) -> dict[str, object]:
+        return (paper if options.algorithm == "paper" else default)(options)
+    return needs
+
+
 NEEDS: dict[str, KeyNeeds] = {
     "zscore": zscore.setup_arguments,
-    "minmax": minmax_layout.setup_arguments,
+    "minmax": by_algorithm(default=extremes.setup_arguments,
+                           paper=minmax_layout.setup_arguments),
     "robust": minmax_layout.setup_arguments,  # PPF robust starts with PPF MinMax
     "yeojohnson": yeojohnson.setup_arguments,
 }

@@ -33,7 +33,7 @@ from fednorm.protocols.base import METHODS, Protocol, check_party_data
 from fednorm.protocols.ppf.keys import setup_protocol
 
 T = TypeVar("T")
-VABS_METHODS = ("minmax", "robust", "yeojohnson")  # their PPF protocols need V_abs
+VABS_METHODS = ("minmax", "robust", "yeojohnson")  # their paper PPF protocols need V_abs
 LOCATION_PARAMS = ("mean", "median", "min")  # NaN exactly when a feature has no values
 
 
@@ -290,11 +290,18 @@ def feature_labels(width: int, features: Sequence[str] | None = None) -> list[st
     return [f"feature {j + 1}" for j in range(width)]
 
 
+def needs_vabs(protocol: Protocol, options: FitOptions) -> bool:
+    """Whether ``protocol`` runs on an agreed bound V_abs: the paper's PPF MinMax, robust
+    and Yeo-Johnson; the default algorithms need none (``FitOptions.algorithm``)."""
+    return protocol.privacy == "mhe" and protocol.method in VABS_METHODS \
+        and options.algorithm == "paper"
+
+
 def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
                       features: Sequence[str] | None = None) -> None:
     """A party's values against the agreed V_abs, before anything is encrypted, with the
     offending features named (the protocols' own check can only number them)."""
-    if protocol.privacy != "mhe" or protocol.method not in VABS_METHODS:
+    if not needs_vabs(protocol, options):
         return
     width = X.shape[1]
     if options.vabs is None:

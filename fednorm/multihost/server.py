@@ -34,10 +34,10 @@ from fednorm.multihost.lobby import Lobby, SchemaMismatch
 from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import Protocol
 from fednorm.session import (
-    VABS_METHODS,
     SessionPlan,
     StepContexts,
     check_fit_options,
+    needs_vabs,
     options_to_wire,
     play_session,
     role_context,
@@ -81,7 +81,7 @@ def check_server_options(protocol: Protocol, options: FitOptions,
     if features is not None:
         check_feature_names(features)
     check_fit_options(options)
-    if protocol.privacy != "mhe" or protocol.method not in VABS_METHODS:
+    if not needs_vabs(protocol, options):
         return
     if options.vabs is None:
         raise InputError(f"{protocol.name} needs --vabs: a bound on |x| the parties agree "

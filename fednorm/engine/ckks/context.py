@@ -143,18 +143,20 @@ class CkksContext:
         return self.raw.MakeCKKSPackedPlaintext(padded, degree, level)
 
     def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray,
-                level: int = 0) -> Ciphertext:
+                level: int = 0, degree: int = 1) -> Ciphertext:
         """Encrypt ``values`` (padded to all slots) under ``public_key``.
 
         ``level`` > 0 encrypts with that many towers dropped, for a ciphertext the server
         will multiply only a few times (see :meth:`upload_level`): smaller and faster to
         make, send and parse (paper preset: level 7 is 2.6 MB instead of 6.3 MB), with
-        the same absolute noise as a fresh full-level encryption.
+        the same absolute noise as a fresh full-level encryption.  ``degree`` 2 encodes at
+        scale Δ² (its first product rescales it: a level more, with the noise of that
+        rescale's rounding instead of the encryption's).
         """
         self.check_same_context(public_key, "public key")
         if not 0 <= level < self.depth:
             raise InputError(f"encryption level {level} outside [0, {self.depth - 1}]")
-        return self.raw.Encrypt(public_key, self.encode(values, level))
+        return self.raw.Encrypt(public_key, self.encode(values, level, degree))
 
     @property
     def sum_level(self) -> int:

@@ -21,20 +21,21 @@ product tree.  A product of ciphertexts Δ_a·m_a + e_a and Δ_b·m_b + e_b has 
 Δ_a·m_a·e_b + Δ_b·m_b·e_a + e_a·e_b plus the key switching of relinearization.  A
 coefficient of m_a·e_b has variance Var(e_b)·‖m_a‖², and ‖m_a‖² (the coefficient vector's)
 is the mean square of the slots, at most 1 for bits; so relative to the scale, the
-variances of the factors' noises add up: a product of F fresh uploads at scale Δ has
-noise of variance F·σ_fresh²·(Δ_prod/Δ)², σ_fresh² = σ_e²(1 + 4NP/3) as above.  The
-other terms are far smaller: e_a·e_b is N·σ_fresh² ≈ 2^41 against Δ² ≈ 2^100 times
-σ_fresh²; a rescale adds rounding τ_0 + τ_1·s of variance (1 + 2NP/3)/12 (σ ≈ 95 at
-N = 2^14, P = 10, against σ_fresh ≈ 1500), and key switching divides its noise by the
-special modulus, to below that; the bound counts two such roundings per product in the
-tree and its final rescale (2F in all, at the final scale over Δ, an overestimate).
+variances of the factors' noises add up, and e_a·e_b (N·σ² against Δ²·σ²) is
+negligible.  A rescale adds its rounding τ_0 + τ_1·s, of variance (1 + 2NP/3)/12 at the
+new scale (σ_r ≈ 95 at N = 2^14, P = 10), and key switching divides its noise by the
+special modulus, to below that.  Bits are uploaded at scale Δ² ≈ 2^100, so each factor
+is rescaled before its first product: its encryption noise (σ_fresh ≈ 1500, as above)
+shrinks by ~2^50 and the rounding, 16× smaller, takes its place, which leaves the
+flooded bits 16× more headroom.  A product of F factors has F such roundings, F − 1
+products each rescaled once and F − 1 key switchings: the bound counts 3F roundings,
+t = 8·√(F·((Δ_prod/Δ_upload)·σ_fresh)² + 3F·σ_r²), the scales along the tree all ≈ Δ.
 The product is decrypted rescaled (scale ≈ Δ, :data:`~.context.PRODUCT_TOWERS` towers),
-so t and σ stay in the range of the integer sampler (σ ≈ 2^37, where at scale Δ² it
-would be 2^87).  ``t`` is again 8 standard
-deviations.  Measured (test preset, P = 10, every slot 1, read in the coefficient domain
-of the unflooded decryption with the joint secret): before the final rescale, noise std
-2^62.21 where the bound's σ is 2^62.20 and t = 2^65.2, largest coefficient 2^64.3
-(``tests/test_ppf_extremes.py`` re-measures it, rescaled as decrypted).
+so σ (≈ 2^34) stays in the range of the integer sampler, where at scale Δ² it would be
+~2^84.  Measured (test preset, P = 10, every slot 1 — the largest noise — read with the
+joint secret in the coefficient domain, ``tests/test_ppf_extremes.py``): noise std
+2^8.71 where the bound's σ is 2^9.03, largest coefficient 2^10.8 against t = 2^12.0;
+the flooded bits (s = 30, τ = 1024) within 0.02 of 0 and 1.
 
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
@@ -135,8 +136,9 @@ class ProductFlooding(Flooding):
     factors, one per party) fresh encryptions of bits, multiplied by a tree of
     relinearized, rescaled products (module doc).
 
-    ``growth`` is the product's scale over a factor's (Δ_prod/Δ, ≈ 1 for a product
-    rescaled to scale degree 1): the noise is carried to the product's units with it.
+    ``growth`` is the product's scale over a factor's as uploaded (Δ_prod/Δ_upload,
+    ≈ 2^-50 for uploads at scale Δ² and a product rescaled to scale Δ): the uploads'
+    noise is carried to the product's units with it.
     """
 
     growth: float = 1.0
@@ -154,8 +156,8 @@ class ProductFlooding(Flooding):
     @property
     def ciphertext_noise_bound(self) -> float:
         """t: a bound on any coefficient of the decrypted product's noise."""
-        variance = self.summands * (self.fresh_sigma ** 2 + 2 * self.rounding_sigma ** 2)
-        return TAIL * self.growth * math.sqrt(variance)
+        carried = (self.fresh_sigma * self.growth) ** 2
+        return TAIL * math.sqrt(self.summands * (carried + 3 * self.rounding_sigma ** 2))
 
 
 def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,

@@ -204,11 +204,13 @@ class PartyCrypto:
 
     async def encrypt_for_product(self, bits: np.ndarray) -> ProductUpload:
         """Encrypt bits the server only multiplies with the other parties' and decrypts
-        with :meth:`ServerCrypto.decrypt_product`: at the level whose product of P ends
-        at a sum upload's towers and scale degree (:func:`.sums.product_level`), signed by
-        this party as its next product upload of the session."""
+        with :meth:`ServerCrypto.decrypt_product`: at scale Δ² (so the product carries
+        rescale roundings, not the ~16× larger encryption noise: :mod:`~fednorm.engine.
+        ckks.flooding`), at the level whose product of P ends at the towers it is
+        decrypted at (:func:`.sums.product_level`); signed by this party as its next
+        product upload of the session."""
         level = sums.product_level(self.ckks, self.n_parties)
-        ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level)
+        ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
         return await self._signed(ProductUpload, ct)
 
     async def _signed(self, kind: type[AnUpload], ct: openfhe.Ciphertext) -> AnUpload:

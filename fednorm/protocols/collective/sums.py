@@ -180,12 +180,13 @@ def product_levels(factors: int) -> int:
 
 
 def product_level(context: ckks.CkksContext, factors: int) -> int:
-    """The level parties encrypt product uploads at: the product tree of ``factors`` of
-    them ends with :data:`~fednorm.engine.ckks.context.SUM_TOWERS` towers at scale
-    degree 2, one rescale above the decrypted :data:`~fednorm.engine.ckks.context.
-    PRODUCT_TOWERS` (the smallest uploads and products that hold the flooded bits).
-    InputError when the preset has too few levels for so many parties."""
-    level = context.preset.towers - SUM_TOWERS - (product_levels(factors) - 1)
+    """The level parties encrypt product uploads at (scale Δ²): each is rescaled once
+    before its first product, and the tree of ``factors`` of them ends with
+    :data:`~fednorm.engine.ckks.context.SUM_TOWERS` towers at scale degree 2, one rescale
+    above the decrypted :data:`~fednorm.engine.ckks.context.PRODUCT_TOWERS` (the smallest
+    uploads and products that hold the flooded bits).  InputError when the preset has
+    too few levels for so many parties."""
+    level = context.preset.towers - SUM_TOWERS - product_levels(factors)
     if level < 0:
         most = 2 ** (context.preset.towers - SUM_TOWERS)
         raise InputError(f"a product of {factors} parties' uploads needs "

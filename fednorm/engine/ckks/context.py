@@ -38,6 +38,7 @@ MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
 RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
+KEPT_RESULTS = 4  # results of computations kept for the other roles of an in-process run
 _IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
 _IN_PROCESS_LOCK = threading.Lock()
 _CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
@@ -79,6 +80,8 @@ class CkksContext:
         self._recent: dict[tuple[str, bytes | None], tuple[bytes, Any]] = {}
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
+        self._computed: dict[tuple[object, ...], Any] = {}
+        self._computed_lock = threading.Lock()
         _CONTEXTS.add(self)
 
     def __repr__(self) -> str:
@@ -330,6 +333,25 @@ class CkksContext:
         with self._recent_lock:
             self._recent.clear()
             self._recent_bytes = 0
+        with self._computed_lock:
+            self._computed.clear()
+
+    def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, a deterministic computation on the inputs ``key`` names (their
+        digests).  While all roles share this process (:func:`in_process_run`), the first
+        role's result is handed to the others asking with the same key, as
+        :meth:`from_bytes` hands them a broadcast's parse: every party of a simulation
+        recomputes a product of the same verified uploads, which one host each would do
+        at the same time.  The result may be shared: callers do not mutate it.
+        Elsewhere (one role per process) it simply computes."""
+        if not _IN_PROCESS_RUNS:
+            return compute()
+        with self._computed_lock:  # the others wait for the first, then share its result
+            if key not in self._computed:
+                self._computed[key] = compute()
+                while len(self._computed) > KEPT_RESULTS:
+                    self._computed.pop(next(iter(self._computed)))
+            return self._computed[key]
 
     def _remember(self, key: tuple[str, bytes | None], data: bytes, obj: Any) -> None:
         """Keep ``obj`` for readers of ``data``; the oldest go beyond :data:`RECENT_BYTES`."""

@@ -207,7 +207,7 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
     if len(uploads) != len(parties):
         raise ProtocolError(f"{request} relays {len(uploads)} uploads for "
                             f"{len(parties)} parties")
-    checked = []
+    checked, digests = [], []
     for party, upload in zip(parties, uploads, strict=True):
         if type(upload) is not kind or upload.index != index:
             raise ProtocolError(f"{request} relays, as party {party}'s, something other "
@@ -223,7 +223,9 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
         except ProtocolError as exc:
             raise ProtocolError(f"{request} relays a forged upload: {exc}") from None
         checked.append(upload.ciphertext)
-    return kind.combined(context, checked)
+        digests.append(digest)
+    return context.computed_once((kind.KIND, *digests),
+                                 lambda: kind.combined(context, checked))
 
 
 def register_codec(context: ckks.CkksContext, register) -> None:  # type: ignore[no-untyped-def]

@@ -143,10 +143,10 @@ def test_the_default_minmax_needs_the_relinearization_key_only() -> None:
 
 
 def test_more_parties_than_the_preset_multiplies_are_refused() -> None:
-    context = ckks.CkksContext("test")  # depth 9: products of at most 2^6 parties
-    assert product_level(context, 64) == 0
-    with pytest.raises(InputError, match="multiplies at most 64 parties"):
-        extremes.require_levels_for(context, 65)
+    context = ckks.CkksContext("test")  # depth 9: products of at most 2^7 parties
+    assert product_level(context, 128) == 0
+    with pytest.raises(InputError, match="multiplies at most 128 parties"):
+        extremes.require_levels_for(context, 129)
 
 
 # -- the noise of a product, and the flooded bits ------------------------------------------

@@ -33,7 +33,7 @@ Ciphertext = openfhe.Ciphertext
 Operand = openfhe.Ciphertext | np.ndarray | float | int
 
 SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
-PRODUCT_TOWERS = 3  # towers of a product of bit uploads when decrypted (scale Δ)
+PRODUCT_TOWERS = 2  # towers of a product of bit uploads when decrypted (scale Δ)
 MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps

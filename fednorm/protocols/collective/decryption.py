@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import openfhe
+import trio
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
@@ -92,8 +93,16 @@ async def decrypt_pooled(crypto: ServerCrypto, pooled: PooledUploads, n: int
     crypto.decryptions += 1
     name, kind = _COMBINED[pooled.kind]
     request = kind(index=pooled.index, uploads=list(pooled.uploads))
-    return await _shares_fused(crypto, ckks.SumDecryption(crypto.ckks), name, request,
-                               pooled.total, n)
+    combination: list[openfhe.Ciphertext] = []
+    async with trio.open_nursery() as nursery:  # the server's combination meanwhile
+        nursery.start_soon(_combine, crypto, pooled, combination)
+        replies = await request_shares(crypto.rc, name, request, DecryptShare)
+    return await _fused(crypto, ckks.SumDecryption(crypto.ckks), replies, combination[0], n)
+
+
+async def _combine(crypto: ServerCrypto, pooled: PooledUploads,
+                   into: list[openfhe.Ciphertext]) -> None:
+    into.append(await crypto.rc.run_sync(pooled.combined, crypto.ckks))
 
 
 async def _shares_fused(crypto: ServerCrypto, decryption: ckks.Decryption, name: str,
@@ -102,6 +111,13 @@ async def _shares_fused(crypto: ServerCrypto, decryption: ckks.Decryption, name:
     """Send ``request`` (for shares of ``prepared``) to every party, aggregate their
     shares and finalize."""
     replies = await request_shares(crypto.rc, name, request, DecryptShare)
+    return await _fused(crypto, decryption, replies, prepared, n)
+
+
+async def _fused(crypto: ServerCrypto, decryption: ckks.Decryption,
+                 replies: list[DecryptShare], prepared: openfhe.Ciphertext, n: int
+                 ) -> np.ndarray:
+    """The parties' shares of ``prepared`` aggregated, the first ``n`` slots."""
     shares = [reply.as_share(decryption) for reply in replies]
     plaintext = await crypto.rc.run_sync(decryption.aggregate_shares, crypto.joint, prepared,
                                          shares)

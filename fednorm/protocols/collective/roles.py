@@ -128,7 +128,7 @@ class ServerCrypto:
         for party, upload in uploads.items():
             if isinstance(upload, SignedUpload):
                 self.check_joint(upload.ciphertext, f"{kind.NOUN} upload from party {party}")
-        return sums.pool(self.ckks, uploads, kind)
+        return sums.pool(uploads, kind)
 
     def check_joint(self, ct: object, what: str) -> None:
         """ProtocolError unless ``ct`` is a ciphertext under this federation's joint key."""

@@ -7,8 +7,9 @@ ask for a party's *own* upload in place of the sum and read it.  So an upload is
 by the party that made it (:class:`SignedUpload`: its index among this party's uploads of
 that kind under the session's keys, the digest of the ciphertext), the request relays
 every party's upload of one index, and each party checks every signature, checks that
-its own entry is what it sent, and decrypts the combination *it computes itself*
-(:func:`pool`, in party order, as the server does).  A set of uploads is decrypted once.
+its own entry is what it sent, and decrypts the combination *it computes itself* (in
+party order, as the server does: :meth:`PooledUploads.combined`).  A set of uploads is
+decrypted once.
 
 The statement a party signs names the kind of its upload (:attr:`SignedUpload.KIND`), and
 each kind has its own combination (:meth:`SignedUpload.combined`): a sum upload
@@ -29,7 +30,7 @@ import msgpack
 import openfhe
 
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks.context import PRODUCT_TOWERS, SUM_TOWERS
+from fednorm.engine.ckks.context import PRODUCT_TOWERS
 from fednorm.engine.errors import InputError, ProtocolError
 
 
@@ -90,16 +91,20 @@ UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload)
 
 @dataclass(frozen=True)
 class PooledUploads:
-    """The server's combination of one index's uploads, and the uploads it relays to have
-    it decrypted (every party recomputes the combination from them)."""
+    """One index's uploads of every party, checked, which the server relays to have their
+    combination decrypted (every party recomputes it from them)."""
 
     index: int
     uploads: tuple[SignedUpload, ...]  # in party order
-    total: openfhe.Ciphertext
 
     @property
     def kind(self) -> type[SignedUpload]:
         return type(self.uploads[0])
+
+    def combined(self, context: ckks.CkksContext) -> openfhe.Ciphertext:
+        """The server's own combination, the shape the parties' shares must have: made
+        while the parties make theirs (a product takes a while)."""
+        return self.kind.combined(context, [u.ciphertext for u in self.uploads])
 
 
 def statement(session: str, party: int, index: int, digest: bytes,
@@ -128,9 +133,9 @@ def sign_upload(keyring: signing.Keyring, session: str, index: int,
     return kind(index, ciphertext, signature, keyring.signer.certificate), digest
 
 
-def pool(context: ckks.CkksContext, uploads: Mapping[int, object],
-         kind: type[SignedUpload] = SumUpload) -> PooledUploads:
-    """Server: the combination of every party's upload of one index (ProtocolError naming
+def pool(uploads: Mapping[int, object], kind: type[SignedUpload] = SumUpload
+         ) -> PooledUploads:
+    """Server: every party's upload of one index, in party order (ProtocolError naming
     the party that sent something else)."""
     ordered = []
     for party in sorted(uploads):
@@ -143,8 +148,7 @@ def pool(context: ckks.CkksContext, uploads: Mapping[int, object],
     if len(indices) != 1:
         raise ProtocolError(f"the parties' {kind.NOUN} uploads are of different indices "
                             f"{indices}")
-    return PooledUploads(indices.pop(), tuple(ordered),
-                         kind.combined(context, [u.ciphertext for u in ordered]))
+    return PooledUploads(indices.pop(), tuple(ordered))
 
 
 def total_of(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
@@ -181,14 +185,13 @@ def product_levels(factors: int) -> int:
 
 def product_level(context: ckks.CkksContext, factors: int) -> int:
     """The level parties encrypt product uploads at (scale Δ²): each is rescaled once
-    before its first product, and the tree of ``factors`` of them ends with
-    :data:`~fednorm.engine.ckks.context.SUM_TOWERS` towers at scale degree 2, one rescale
-    above the decrypted :data:`~fednorm.engine.ckks.context.PRODUCT_TOWERS` (the smallest
-    uploads and products that hold the flooded bits).  InputError when the preset has
-    too few levels for so many parties."""
-    level = context.preset.towers - SUM_TOWERS - product_levels(factors)
+    before its first product, each of the tree's ⌈log2 P⌉ levels takes a tower, and the
+    product ends one rescale above the decrypted :data:`~fednorm.engine.ckks.context.
+    PRODUCT_TOWERS` (the smallest uploads and products that hold the flooded bits).
+    InputError when the preset has too few levels for so many parties."""
+    level = context.preset.towers - PRODUCT_TOWERS - 1 - product_levels(factors)
     if level < 0:
-        most = 2 ** (context.preset.towers - SUM_TOWERS)
+        most = 2 ** (context.preset.towers - PRODUCT_TOWERS - 1)
         raise InputError(f"a product of {factors} parties' uploads needs "
                          f"{product_levels(factors)} levels; preset "
                          f"{context.preset.name!r} multiplies at most {most} parties")

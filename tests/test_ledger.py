@@ -21,16 +21,18 @@ from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import BootRequest, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ppf import extremes, quotient
 from fednorm.protocols.ppf import minmax as ppf_minmax
-from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.minmax_layout import MinMaxSettings
 from fednorm.protocols.ppf.yeojohnson_cores import planned_refreshes
 from fednorm.protocols.ppf.yeojohnson_search import sign_plan
 from fednorm.sim.federation import run_federation, simulate_session
 
-DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
+DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request",
+                 "ckks.decrypt_product_request")
 TEST = FitOptions(preset="test")
+PAPER = FitOptions(preset="test", algorithm="paper")
 CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
 
 
@@ -47,7 +49,14 @@ class Case:
     decryptions: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.method}-{self.privacy}{'-reveal' if self.options.reveal_counts else ''}"
+        reveal = "-reveal" if self.options.reveal_counts else ""
+        paper = "-paper" if self.privacy == "mhe" and self.options.algorithm == "paper" else ""
+        return f"{self.method}-{self.privacy}{reveal}{paper}"
+
+    @property
+    def algorithm(self) -> str:
+        """The ledger entry's algorithm (plain protocols have one kind: "default")."""
+        return self.options.algorithm if self.privacy == "mhe" else "default"
 
 
 def _normal(rows: int = 7, features: int = 2) -> tuple[np.ndarray, ...]:
@@ -63,6 +72,13 @@ def _yeojohnson_widths(pooled: np.ndarray) -> list[int]:
     return [3 * width] + [plan.layout.used] * plan.rounds + [width] * 4
 
 
+def _extremes_widths(pooled: np.ndarray) -> list[int]:
+    # Every bracket's thresholds of a round in one product, until each holds one float.
+    layout = extremes.Layout(pooled.shape[1], shared_context("test").slots)
+    rounds = extremes.Brackets.start(layout.brackets).rounds_left(layout.count)
+    return [layout.brackets * layout.count] * rounds
+
+
 YJ_VABS = (32.0,)
 CASES = [
     Case("zscore", "plain", TEST, _normal()),
@@ -71,13 +87,16 @@ CASES = [
     Case("yeojohnson", "plain", TEST, _normal()),
     # The presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [3] * 5),
-    Case("zscore", "mhe", FitOptions(preset="test", reveal_counts=True), _normal(12, 3),
-         widths=lambda pooled: [3] * 5),
-    Case("minmax", "mhe", FitOptions(preset="test", vabs=(20.0,), **CHEAP_MINMAX),
+    Case("zscore", "mhe", PAPER, _normal(12, 3), widths=lambda pooled: [3] * 5),
+    Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
+         _normal(12, 3), widths=lambda pooled: [3] * 5),
+    Case("minmax", "mhe", TEST, _normal(6, 3), widths=_extremes_widths),
+    Case("minmax", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(20.0,),
+                                     **CHEAP_MINMAX),
          _normal(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass
-    Case("robust", "mhe", FitOptions(preset="test", vabs=(16.0,), epsilon=1e-2,
-                                     **CHEAP_MINMAX), _normal()),
-    Case("yeojohnson", "mhe", FitOptions(preset="test", vabs=YJ_VABS),
+    Case("robust", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(16.0,),
+                                     epsilon=1e-2, **CHEAP_MINMAX), _normal()),
+    Case("yeojohnson", "mhe", FitOptions(preset="test", algorithm="paper", vabs=YJ_VABS),
          tuple(np.random.default_rng(5).gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)),
          widths=_yeojohnson_widths),
 ]
@@ -124,6 +143,8 @@ def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
     phase's bootstraps)."""
     options, parties, width = case.options, len(case.parts), case.parts[0].shape[1]
     context = shared_context(options.preset)
+    if case.algorithm == "default":
+        return []  # flooded sums and products only
     if case.method == "zscore":
         return [] if options.reveal_counts else [
             ("ppf_zscore.scales", ppf.inverse_plan(context, options).bootstraps)]
@@ -158,13 +179,15 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     kinds, requests = set(), 0
     for header, msg in recorder.decoded():
         kinds.add(header.kind)
-        extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg))
+        extra = undeclared(case.method, case.privacy, header.kind, plaintext_fields(msg),
+                           case.algorithm)
         assert not extra, (header.kind, extra)
         requests += header.kind in DECRYPT_KINDS and header.sender == SERVER
     # Bootstraps, sum decryptions and the relinearization key's second round depend on
     # the protocol and its options.
-    stale = set(PLAINTEXT[case.method, case.privacy]) - kinds - {
-        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.relin_round2"}
+    stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
+        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.decrypt_product_request",
+        "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)
     assert requests == parties * len(widths)  # every decryption asks every party once
@@ -180,7 +203,7 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
 async def _run_server(server_role, parts=None):
     cheat = deviating("zscore", server=server_role)
     parts = parts or [np.ones((4, 2)) * i for i in range(1, 4)]
-    await run_federation(cheat, parts, TEST, timeout=60)
+    await run_federation(cheat, parts, PAPER, timeout=60)
 
 
 async def test_parties_refuse_a_bootstrap_on_a_reused_common_element() -> None:
@@ -258,8 +281,8 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
 
     cheat = deviating("robust", server=server)
     rng = np.random.default_rng(4)
-    options = FitOptions(preset="test", vabs=(16.0,), epsilon=1e-1, minmax_bits=4,
-                         minmax_passes=2)
+    options = FitOptions(preset="test", algorithm="paper", vabs=(16.0,), epsilon=1e-1,
+                         minmax_bits=4, minmax_passes=2)
     with pytest.raises(ProtocolError, match="more search rounds"):
         await run_federation(cheat, [rng.normal(size=(6, 1)) for _ in range(3)], options,
                              timeout=120)

@@ -26,6 +26,7 @@ from test_flooding import coefficients, towers_of
 from fednorm.engine import ckks, signing
 from fednorm.engine.ckks import ProductFlooding, SumDecryption, ring
 from fednorm.engine.ckks.collective import DecryptionShare
+from fednorm.engine.ckks.context import in_process_run
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (
@@ -355,3 +356,20 @@ def test_rounds_beyond_the_search_are_refused() -> None:
                 replies = await rc.gather(extremes.EncryptedBits)
 
     assert "more threshold rounds" in str(_attack(server))
+
+
+def test_roles_of_one_process_compute_a_verified_combination_once() -> None:
+    """While every role runs in this process, a second request with the same key gets
+    the first result; elsewhere each role computes its own."""
+    context, calls = ckks.CkksContext("test"), []
+
+    def compute() -> object:
+        calls.append(1)
+        return object()
+
+    assert context.computed_once(("k",), compute) is not context.computed_once(("k",), compute)
+    with in_process_run():
+        first = context.computed_once(("k",), compute)
+        assert context.computed_once(("k",), compute) is first
+        assert context.computed_once(("other",), compute) is not first
+    assert len(calls) == 4

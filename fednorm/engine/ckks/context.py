@@ -337,13 +337,11 @@ class CkksContext:
             self._computed.clear()
 
     def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
-        """``compute()``, a deterministic computation on the inputs ``key`` names (their
-        digests).  While all roles share this process (:func:`in_process_run`), the first
-        role's result is handed to the others asking with the same key, as
-        :meth:`from_bytes` hands them a broadcast's parse: every party of a simulation
-        recomputes a product of the same verified uploads, which one host each would do
-        at the same time.  The result may be shared: callers do not mutate it.
-        Elsewhere (one role per process) it simply computes."""
+        """``compute()``, deterministic on the inputs ``key`` names (their digests).  While
+        all roles share this process (:func:`in_process_run`) the first role's result is
+        handed to the others with the same key, as :meth:`from_bytes` hands them a
+        broadcast's parse (every party recomputes a product of the same verified uploads,
+        one host each in a deployment); callers do not mutate it."""
         if not _IN_PROCESS_RUNS:
             return compute()
         with self._computed_lock:  # the others wait for the first, then share its result

@@ -38,7 +38,7 @@ MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
 RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
-KEPT_RESULTS = 4  # results of computations kept for the other roles of an in-process run
+KEPT_RESULTS = 64  # results of computations kept for the other roles of an in-process run
 _IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
 _IN_PROCESS_LOCK = threading.Lock()
 _CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
@@ -337,11 +337,11 @@ class CkksContext:
             self._computed.clear()
 
     def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
-        """``compute()``, deterministic on the inputs ``key`` names (their digests).  While
-        all roles share this process (:func:`in_process_run`) the first role's result is
-        handed to the others with the same key, as :meth:`from_bytes` hands them a
-        broadcast's parse (every party recomputes a product of the same verified uploads,
-        one host each in a deployment); callers do not mutate it."""
+        """``compute()``, deterministic on the inputs ``key`` names (digests, or a parsed
+        object itself).  While all roles share this process (:func:`in_process_run`) the
+        first role's result is handed to the others with the same key, as :meth:`from_bytes`
+        hands them a broadcast's parse (every party digests the same relayed uploads and
+        recomputes their product, one host each in a deployment); callers do not mutate it."""
         if not _IN_PROCESS_RUNS:
             return compute()
         with self._computed_lock:  # the others wait for the first, then share its result

@@ -24,6 +24,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, TypeVar
 
 import msgpack
@@ -215,7 +216,9 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
         if type(upload) is not kind or upload.index != index:
             raise ProtocolError(f"{request} relays, as party {party}'s, something other "
                                 f"than its {kind.NOUN} upload #{index}")
-        digest = ckks.object_digest(upload.ciphertext)  # parsed from the request
+        digest = context.computed_once(  # of the ciphertext parsed from the request
+            ("object_digest", upload.ciphertext), partial(ckks.object_digest,
+                                                          upload.ciphertext))
         if party == keyring.party and digest != own_digest:
             raise ProtocolError(f"{request} relays, as this party's upload #{index}, a "
                                 "ciphertext it did not send")

@@ -34,8 +34,9 @@ The product is decrypted rescaled (scale ≈ Δ, :data:`~.context.PRODUCT_TOWERS
 so σ (≈ 2^34) stays in the range of the integer sampler, where at scale Δ² it would be
 ~2^84.  Measured (test preset, P = 10, every slot 1 — the largest noise — read with the
 joint secret in the coefficient domain, ``tests/test_ppf_extremes.py``): noise std
-2^8.71 where the bound's σ is 2^9.03, largest coefficient 2^10.8 against t = 2^12.0;
-the flooded bits (s = 30, τ = 1024) within 0.02 of 0 and 1.
+2^8.70 where the bound's σ is 2^9.03, largest coefficient 2^10.7 against t = 2^12.0;
+the flooded bits (s = 30, τ = 1024) within 0.022 of 0 and 1 (0.22 with bits uploaded at
+scale Δ, whose encryption noise the product then carries).
 
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling

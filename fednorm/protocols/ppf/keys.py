@@ -24,7 +24,7 @@ from fednorm.protocols.ppf import extremes, minmax_layout, yeojohnson, zscore
 KeyNeeds = Callable[[FitOptions], dict[str, object]]
 
 
-def by_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
+def needs_of_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
     """The key needs of the algorithm ``FitOptions.algorithm`` names."""
     def needs(options: FitOptions) -> dict[str, object]:
         return (paper if options.algorithm == "paper" else default)(options)
@@ -33,8 +33,8 @@ def by_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
 
 NEEDS: dict[str, KeyNeeds] = {
     "zscore": zscore.setup_arguments,
-    "minmax": by_algorithm(default=extremes.setup_arguments,
-                           paper=minmax_layout.setup_arguments),
+    "minmax": needs_of_algorithm(default=extremes.setup_arguments,
+                                 paper=minmax_layout.setup_arguments),
     "robust": minmax_layout.setup_arguments,  # PPF robust starts with PPF MinMax
     "yeojohnson": yeojohnson.setup_arguments,
 }

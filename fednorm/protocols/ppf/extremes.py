@@ -131,12 +131,16 @@ class Layout:
 
     @property
     def chunks(self) -> int:
+        """Ciphertexts per round (one unless the features leave fewer than
+        :data:`MIN_THRESHOLDS` slots per bracket)."""
         return math.ceil(self.brackets * self.count / self.slots)
 
     def chunk(self, flat: np.ndarray, index: int) -> np.ndarray:
+        """Chunk ``index`` of the bits in layout order."""
         return flat[index * self.slots:(index + 1) * self.slots]
 
     def chunk_size(self, index: int) -> int:
+        """Bits chunk ``index`` holds: the slots its decryption reveals."""
         return min(self.slots, self.brackets * self.count - index * self.slots)
 
 
@@ -155,9 +159,13 @@ class Brackets:
                    np.full(count, _POSITIVE_INFINITY, dtype=np.int64))
 
     def thresholds(self, count: int) -> np.ndarray:
+        """(brackets, ``count``) keys cutting each bracket into cells of near-equal
+        numbers of floats (a bracket of one float repeats its high end)."""
         return float_order.thresholds(self.low, self.high, count)
 
     def rounds_left(self, count: int) -> int:
+        """Rounds of ``count`` thresholds until every bracket holds one float: what the
+        server runs, and what a party allows."""
         return float_order.rounds_to_single(self.low, self.high, count)
 
     def narrowed(self, thresholds: np.ndarray, bits: np.ndarray) -> Brackets:

@@ -373,3 +373,18 @@ def test_roles_of_one_process_compute_a_verified_combination_once() -> None:
         assert context.computed_once(("k",), compute) is first
         assert context.computed_once(("other",), compute) is not first
     assert len(calls) == 4
+
+
+def test_pooled_bits_must_be_a_threshold_pattern_and_thresholds_their_shape() -> None:
+    """The server refuses decrypted bits that are not 0…0 1…1 per bracket (a party sent
+    something else); a party refuses thresholds of another shape or type."""
+    assert extremes._as_bits(np.array([[0.02, 0.98, 1.01]])).tolist() == [[0, 1, 1]]
+    for wrong in ([[0.0, 1.0, 0.0]], [[0.0, 0.5, 1.0]], [[0.0, 1.0, 2.0]]):
+        with pytest.raises(ProtocolError, match="not a threshold pattern"):
+            extremes._as_bits(np.array(wrong))
+    layout = extremes.Layout(1, 64)
+    good = extremes.Brackets.start(layout.brackets).thresholds(layout.count)
+    assert extremes._received_thresholds(good, layout) is good
+    for wrong in (good[:1], good.astype(np.float64), good.tolist()):
+        with pytest.raises(ProtocolError, match="thresholds"):
+            extremes._received_thresholds(wrong, layout)

@@ -252,11 +252,17 @@ def _count(chunks: object) -> object:
     return len(chunks) if isinstance(chunks, list) else type(chunks).__name__
 
 
+BIT_TOLERANCE = 0.25
+"""How far a decrypted product may lie from 0 or 1 (flooded, honest: within ~0.02)."""
+
+
 def _as_bits(values: np.ndarray) -> np.ndarray:
-    """The decrypted products rounded to bits; ProtocolError unless each bracket reads
-    0…0 1…1 (honest parties' bits always do: a party sent something else)."""
+    """The decrypted products rounded to bits; ProtocolError unless each lies within
+    :data:`BIT_TOLERANCE` of 0 or 1 and each bracket reads 0…0 1…1 (honest parties'
+    bits always do: a party sent something else)."""
     bits = np.rint(values)
-    if not np.isin(bits, (0.0, 1.0)).all() or (np.diff(bits, axis=1) < 0).any():
+    if not np.isin(bits, (0.0, 1.0)).all() or (np.diff(bits, axis=1) < 0).any() \
+            or np.abs(values - bits).max(initial=0.0) >= BIT_TOLERANCE:
         raise ProtocolError("the pooled bits are not a threshold pattern: a party sent "
                             "something other than its bits")
     return bits

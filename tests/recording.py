@@ -34,13 +34,13 @@ def plaintext_fields(msg: Message) -> set[str]:
     crypto_types = (openfhe.Ciphertext, openfhe.PublicKey, openfhe.EvalKey,
                     openfhe.EvalKeyMap)
 
-    from fednorm.protocols.collective.sums import SumUpload
+    from fednorm.protocols.collective.sums import SignedUpload
 
-    crypto_types = (*crypto_types, SumUpload)  # a signed ciphertext (docs/LEAKAGE.md)
+    crypto_types = (*crypto_types, SignedUpload)  # a signed ciphertext (docs/LEAKAGE.md)
 
     def crypto(value: object) -> bool:
         if isinstance(value, list) and value:
-            return all(isinstance(v, (openfhe.Ciphertext, SumUpload)) for v in value)
+            return all(isinstance(v, (openfhe.Ciphertext, SignedUpload)) for v in value)
         return isinstance(value, crypto_types)
     return {name for name, value in msg.fields().items()
             if value is not None and not crypto(value)}

@@ -21,16 +21,18 @@ from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import BootRequest, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
+from fednorm.protocols.ppf import extremes, quotient
 from fednorm.protocols.ppf import minmax as ppf_minmax
-from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.minmax_layout import MinMaxSettings
 from fednorm.protocols.ppf.yeojohnson_cores import planned_refreshes
 from fednorm.protocols.ppf.yeojohnson_search import sign_plan
 from fednorm.sim.federation import run_federation, simulate_session
 
-DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request")
-FLOODED_KINDS = ("ckks.decrypt_sum_request",)  # decryptions whose every share is flooded
+DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request",
+                 "ckks.decrypt_product_request")
+FLOODED_KINDS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request")
+"""Decryptions whose every share is flooded."""
 TEST = FitOptions(preset="test")
 PAPER = FitOptions(preset="test", algorithm="paper")
 CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
@@ -49,12 +51,13 @@ class Case:
     decryptions: int | None = None
 
     def __str__(self) -> str:
+        reveal = "-reveal" if self.options.reveal_counts else ""
         paper = "-paper" if self.privacy == "mhe" and self.options.algorithm == "paper" else ""
-        return f"{self.method}-{self.privacy}{paper}" \
-            f"{'-reveal' if self.options.reveal_counts else ''}"
+        return f"{self.method}-{self.privacy}{reveal}{paper}"
 
     @property
     def algorithm(self) -> str:
+        """The ledger entry's algorithm (plain protocols have one kind: "default")."""
         return self.options.algorithm if self.privacy == "mhe" else "default"
 
 
@@ -71,6 +74,13 @@ def _yeojohnson_widths(pooled: np.ndarray) -> list[int]:
     return [3 * width] + [plan.layout.used] * plan.rounds + [width] * 4
 
 
+def _extremes_widths(pooled: np.ndarray) -> list[int]:
+    # Every bracket's thresholds of a round in one product, until each holds one float.
+    layout = extremes.Layout(pooled.shape[1], shared_context("test").slots)
+    rounds = extremes.Brackets.start(layout.brackets).rounds_left(layout.count)
+    return [layout.brackets * layout.count] * rounds
+
+
 YJ_VABS = (32.0,)
 CASES = [
     Case("zscore", "plain", TEST, _normal()),
@@ -81,6 +91,7 @@ CASES = [
     Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [3] * 5),
     # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
     Case("robust", "mhe", TEST, _normal()),
+    Case("minmax", "mhe", TEST, _normal(6, 3), widths=_extremes_widths),
     # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", PAPER, _normal(12, 3), widths=lambda pooled: [3] * 5),
     Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
@@ -138,7 +149,7 @@ def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
     options, parties, width = case.options, len(case.parts), case.parts[0].shape[1]
     context = shared_context(options.preset)
     if case.algorithm == "default":
-        return []  # the default protocols never bootstrap
+        return []  # flooded sums and products only
     if case.method == "zscore":
         return [] if options.reveal_counts else [
             ("ppf_zscore.scales", ppf.inverse_plan(context, options).bootstraps)]
@@ -183,7 +194,8 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     # Bootstraps, sum decryptions and the relinearization key's second round depend on
     # the protocol and its options.
     stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
-        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.relin_round2"}
+        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.decrypt_product_request",
+        "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)
     assert requests == parties * len(widths)  # every decryption asks every party once

@@ -1,4 +1,5 @@
-"""PPF MinMax against the pooled numpy oracle, its guaranteed error, its ledger, bad input."""
+"""PPF MinMax, the paper's algorithm (algorithm="paper"), against the pooled numpy oracle, its
+guaranteed error, its ledger, bad input; the default is tests/test_ppf_extremes.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ SLOP = 1e-12  # float64 rounding of the affine maps, relative to V_abs
 
 
 def _options(vabs, knobs=CHEAP, preset="test") -> FitOptions:
-    return FitOptions(algorithm="paper",
-                      preset=preset, vabs=tuple(np.atleast_1d(vabs).tolist()), **knobs)
+    return FitOptions(preset=preset, algorithm="paper",
+                      vabs=tuple(np.atleast_1d(vabs).tolist()), **knobs)
 
 
 def _assert_within_bound(parts, options, fitted) -> None:
@@ -80,7 +81,7 @@ def test_default_precision_on_large_and_small_values() -> None:
     large = [rng.uniform(1e5, 1e6, (12, 2)) * [1, -1] for _ in range(2)]
     small = [rng.uniform(1e-4, 1e-3, (12, 2)) * [1, -1] for _ in range(2)]
     parts = [np.hstack(pair) for pair in zip(large, small, strict=True)]
-    options = FitOptions(algorithm="paper", preset="test", vabs=(1e6, 1e6, 1.0, 1.0))
+    options = FitOptions(preset="test", algorithm="paper", vabs=(1e6, 1e6, 1.0, 1.0))
     rel_min, rel_max = _relative_errors(parts, options)
     assert np.all(rel_min[:2] < 1e-9) and np.all(rel_max[:2] < 1e-9)
     assert np.all(rel_min[2:] < 1e-4) and np.all(rel_max[2:] < 1e-4)
@@ -144,7 +145,8 @@ def test_bad_or_violated_vabs_is_an_input_error_before_encryption(monkeypatch, v
     _no_encryption(monkeypatch)
     parts = [np.array([[1.0, 0.5], [2.0, -3.0]]), np.array([[0.0, 0.0]])]
     with pytest.raises(InputError, match=match):
-        simulate(parts, "minmax", "mhe", FitOptions(algorithm="paper", preset="test", vabs=vabs))
+        simulate(parts, "minmax", "mhe", FitOptions(preset="test", algorithm="paper",
+                                                   vabs=vabs))
 
 
 def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
@@ -161,7 +163,7 @@ def test_ppf_minmax_at_the_paper_preset_with_ten_parties() -> None:
     rng = np.random.default_rng(7)
     parts = [np.hstack([rng.uniform(1e5, 1e6, (20, 2)) * [1, -1],
                         rng.uniform(1e-4, 1e-3, (20, 2)) * [1, -1]]) for _ in range(10)]
-    options = FitOptions(algorithm="paper", preset="paper", vabs=(1e6, 1e6, 1.0, 1.0))
+    options = FitOptions(preset="paper", algorithm="paper", vabs=(1e6, 1e6, 1.0, 1.0))
     rel_min, rel_max = _relative_errors(parts, options)
     # the paper's Table VI: min 2.92e-9 / 1.78e-4, max 1.27e-8 / 4.64e-4
     assert np.all(rel_min[:2] <= 2.92e-9) and np.all(rel_max[:2] <= 1.27e-8)

@@ -36,6 +36,7 @@ COLLECTIVE: Fields = {
     "ckks.setup_done": frozenset({"relin_key", "rotation_keys"}),
     "ckks.boot_request": frozenset({"index"}),
     "ckks.decrypt_sum_request": frozenset({"index"}),
+    "ckks.decrypt_product_request": frozenset({"index"}),
 }
 
 ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEAKAGE.md)
@@ -44,9 +45,9 @@ ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEA
 @dataclass(frozen=True)
 class Allowance:
     """What a party helps compute in one phase, at most: decryptions, flooded decryptions
-    of sum uploads, collective bootstraps (each on the next common element), and
-    ``retries``: once the decryptions are spent, decryptions of the request just before
-    times the public 2^-40, for values too large to decode
+    of sum uploads and of product uploads, collective bootstraps (each on the next common
+    element), and ``retries``: once the decryptions are spent, decryptions of the request
+    just before times the public 2^-40, for values too large to decode
     (:func:`fednorm.protocols.collective.decryption.shifted`).
 
     Bootstraps are declared like decryptions (none unless declared): a phase that
@@ -57,20 +58,23 @@ class Allowance:
     sums: int = 0
     bootstraps: int = 0
     retries: int = 0
+    products: int = 0
 
     def times(self, n: int) -> Allowance:
         """The allowance of ``n`` such phases in a row (one per ciphertext chunk, ...)."""
         return Allowance(self.decryptions * n, self.sums * n, self.bootstraps * n,
-                         self.retries * n)
+                         self.retries * n, self.products * n)
 
     def __add__(self, other: Allowance) -> Allowance:
         return Allowance(self.decryptions + other.decryptions, self.sums + other.sums,
-                         self.bootstraps + other.bootstraps, self.retries + other.retries)
+                         self.bootstraps + other.bootstraps, self.retries + other.retries,
+                         self.products + other.products)
 
     def as_sums(self) -> Allowance:
         """The same number of decryptions, of sum uploads (flooded) instead (a sum upload
         always decodes: no retries)."""
-        return Allowance(0, self.sums + self.decryptions, self.bootstraps)
+        return Allowance(0, self.sums + self.decryptions, self.bootstraps,
+                         products=self.products)
 
     def with_bootstraps(self, bootstraps: int) -> Allowance:
         return replace(self, bootstraps=bootstraps)

@@ -54,7 +54,12 @@ from fednorm.engine.ckks.context import (
 )
 from fednorm.engine.ckks.cores import ensure_levels
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
-from fednorm.engine.ckks.flooding import Flooding, check_decryptions, check_security_bits
+from fednorm.engine.ckks.flooding import (
+    Flooding,
+    ProductFlooding,
+    check_decryptions,
+    check_security_bits,
+)
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import DECRYPT_SHARE_TOWERS, JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.ckks.levels import (
@@ -104,6 +109,7 @@ __all__ = [
     "Levels",
     "LocalRefresh",
     "PartyKeys",
+    "ProductFlooding",
     "PublicKeyAggregate",
     "PublicKeyGen",
     "PublicKeyShare",

@@ -33,10 +33,12 @@ Ciphertext = openfhe.Ciphertext
 Operand = openfhe.Ciphertext | np.ndarray | float | int
 
 SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
+PRODUCT_TOWERS = 2  # towers of a product of bit uploads when decrypted (scale Δ)
 MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
 RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
+KEPT_RESULTS = 64  # results of computations kept for the other roles of an in-process run
 _IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
 _IN_PROCESS_LOCK = threading.Lock()
 _CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
@@ -78,6 +80,8 @@ class CkksContext:
         self._recent: dict[tuple[str, bytes | None], tuple[bytes, Any]] = {}
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
+        self._computed: dict[tuple[object, ...], Any] = {}
+        self._computed_lock = threading.Lock()
         _CONTEXTS.add(self)
 
     def __repr__(self) -> str:
@@ -142,18 +146,20 @@ class CkksContext:
         return self.raw.MakeCKKSPackedPlaintext(padded, degree, level)
 
     def encrypt(self, public_key: openfhe.PublicKey, values: np.ndarray,
-                level: int = 0) -> Ciphertext:
+                level: int = 0, degree: int = 1) -> Ciphertext:
         """Encrypt ``values`` (padded to all slots) under ``public_key``.
 
         ``level`` > 0 encrypts with that many towers dropped, for a ciphertext the server
         will multiply only a few times (see :meth:`upload_level`): smaller and faster to
         make, send and parse (paper preset: level 7 is 2.6 MB instead of 6.3 MB), with
-        the same absolute noise as a fresh full-level encryption.
+        the same absolute noise as a fresh full-level encryption.  ``degree`` 2 encodes at
+        scale Δ² (its first product rescales it: a level more, with the noise of that
+        rescale's rounding instead of the encryption's).
         """
         self.check_same_context(public_key, "public key")
         if not 0 <= level < self.depth:
             raise InputError(f"encryption level {level} outside [0, {self.depth - 1}]")
-        return self.raw.Encrypt(public_key, self.encode(values, level))
+        return self.raw.Encrypt(public_key, self.encode(values, level, degree))
 
     @property
     def sum_level(self) -> int:
@@ -327,6 +333,23 @@ class CkksContext:
         with self._recent_lock:
             self._recent.clear()
             self._recent_bytes = 0
+        with self._computed_lock:
+            self._computed.clear()
+
+    def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, deterministic on the inputs ``key`` names (digests, or a parsed
+        object itself).  While all roles share this process (:func:`in_process_run`) the
+        first role's result is handed to the others with the same key, as :meth:`from_bytes`
+        hands them a broadcast's parse (every party digests the same relayed uploads and
+        recomputes their product, one host each in a deployment); callers do not mutate it."""
+        if not _IN_PROCESS_RUNS:
+            return compute()
+        with self._computed_lock:  # the others wait for the first, then share its result
+            if key not in self._computed:
+                self._computed[key] = compute()
+                while len(self._computed) > KEPT_RESULTS:
+                    self._computed.pop(next(iter(self._computed)))
+            return self._computed[key]
 
     def _remember(self, key: tuple[str, bytes | None], data: bytes, obj: Any) -> None:
         """Keep ``obj`` for readers of ``data``; the oldest go beyond :data:`RECENT_BYTES`."""

@@ -15,6 +15,29 @@ proven bound: with ternary secrets and encryption randomness, discrete Gaussian 
 has per-coefficient variance σ_e²(1 + 4NP/3), a sum of k of them k times that, and ``t``
 is 8 standard deviations of it.
 
+For a *product of fresh encryptions of bits* (slot values in [0, 1], :class:`ProductFlooding`;
+fednorm's threshold searches decrypt one) the bound follows the noise through the
+product tree.  A product of ciphertexts Δ_a·m_a + e_a and Δ_b·m_b + e_b has noise
+Δ_a·m_a·e_b + Δ_b·m_b·e_a + e_a·e_b plus the key switching of relinearization.  A
+coefficient of m_a·e_b has variance Var(e_b)·‖m_a‖², and ‖m_a‖² (the coefficient vector's)
+is the mean square of the slots, at most 1 for bits; so relative to the scale, the
+variances of the factors' noises add up, and e_a·e_b (N·σ² against Δ²·σ²) is
+negligible.  A rescale adds its rounding τ_0 + τ_1·s, of variance (1 + 2NP/3)/12 at the
+new scale (σ_r ≈ 95 at N = 2^14, P = 10), and key switching divides its noise by the
+special modulus, to below that.  Bits are uploaded at scale Δ² ≈ 2^100, so each factor
+is rescaled before its first product: its encryption noise (σ_fresh ≈ 1500, as above)
+shrinks by ~2^50 and the rounding, 16× smaller, takes its place, which leaves the
+flooded bits 16× more headroom.  A product of F factors has F such roundings, F − 1
+products each rescaled once and F − 1 key switchings: the bound counts 3F roundings,
+t = 8·√(F·((Δ_prod/Δ_upload)·σ_fresh)² + 3F·σ_r²), the scales along the tree all ≈ Δ.
+The product is decrypted rescaled (scale ≈ Δ, :data:`~.context.PRODUCT_TOWERS` towers),
+so σ (≈ 2^34) stays in the range of the integer sampler, where at scale Δ² it would be
+~2^84.  Measured (test preset, P = 10, every slot 1 — the largest noise — read with the
+joint secret in the coefficient domain, ``tests/test_ppf_extremes.py``): noise std
+2^8.70 where the bound's σ is 2^9.03, largest coefficient 2^10.7 against t = 2^12.0;
+the flooded bits (s = 30, τ = 1024) within 0.022 of 0 and 1 (0.22 with bits uploaded at
+scale Δ, whose encryption noise the product then carries).
+
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
 factor, so noise encoded through it sits on a sublattice a server reduces away, and real
@@ -34,7 +57,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import ring
-from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.context import PRODUCT_TOWERS, SUM_TOWERS, CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
@@ -82,10 +105,19 @@ class Flooding:
             raise InputError("flooding needs at least one party and one summand")
 
     @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        """What the bound is for: its name, scale degree and towers (a sum upload's)."""
+        return "a sum upload", 2, SUM_TOWERS
+
+    @property
+    def fresh_sigma(self) -> float:
+        """σ of a coefficient of a fresh joint encryption's noise: σ_e·√(1 + 4NP/3)."""
+        return ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
+
+    @property
     def ciphertext_noise_bound(self) -> float:
         """t: a bound on any coefficient of the decrypted sum's noise."""
-        per_fresh = ERROR_SIGMA * math.sqrt(1 + 4 * self.ring_dim * self.parties / 3)
-        return TAIL * per_fresh * math.sqrt(self.summands)
+        return TAIL * self.fresh_sigma * math.sqrt(self.summands)
 
     @property
     def sigma(self) -> float:
@@ -97,6 +129,36 @@ class Flooding:
         """The added noise's standard deviation in each slot's real part, at ``scale``
         (a coefficient Gaussian of std σ is one of std σ·√(N/2)/scale per slot)."""
         return self.sigma * math.sqrt(self.ring_dim / 2) / scale
+
+
+@dataclass(frozen=True)
+class ProductFlooding(Flooding):
+    """The noise a party adds to a decryption share of a product of ``summands`` (its
+    factors, one per party) fresh encryptions of bits, multiplied by a tree of
+    relinearized, rescaled products (module doc).
+
+    ``growth`` is the product's scale over a factor's as uploaded (Δ_prod/Δ_upload,
+    ≈ 2^-50 for uploads at scale Δ² and a product rescaled to scale Δ): the uploads'
+    noise is carried to the product's units with it.
+    """
+
+    growth: float = 1.0
+
+    @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        """A product rescaled to :data:`~.context.PRODUCT_TOWERS` towers."""
+        return "a product", 1, PRODUCT_TOWERS
+
+    @property
+    def rounding_sigma(self) -> float:
+        """σ of a rescale's rounding τ_0 + τ_1·s (joint secret of P ternary shares)."""
+        return math.sqrt((1 + 2 * self.ring_dim * self.parties / 3) / 12)
+
+    @property
+    def ciphertext_noise_bound(self) -> float:
+        """t: a bound on any coefficient of the decrypted product's noise."""
+        carried = (self.fresh_sigma * self.growth) ** 2
+        return TAIL * math.sqrt(self.summands * (carried + 3 * self.rounding_sigma ** 2))
 
 
 def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,

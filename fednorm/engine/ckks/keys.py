@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import openfhe
 
-from fednorm.engine.ckks.context import KEY_MAP_LOCK, SUM_TOWERS, CkksContext
+from fednorm.engine.ckks.context import KEY_MAP_LOCK, CkksContext
 from fednorm.engine.ckks.flooding import Flooding, flood_share
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
@@ -186,13 +186,16 @@ class PartyKeys:
         sum, not the noise that depends on this party's secret.
 
         Only a ciphertext shaped like such a sum (two elements, scale Δ², the sum towers)
-        is accepted: the bound holds for nothing else.
+        is accepted: the bound holds for nothing else.  A product of bit uploads is
+        decrypted here too, with ``flooding`` sized for it
+        (:class:`~.flooding.ProductFlooding`, which names a product's shape).
         """
         self._check_joint_ciphertext(ct, "sum to decrypt", elements=2)
         ctx = self._ctx
-        if ct.GetNoiseScaleDeg() != 2 or ctx.towers(ct) != SUM_TOWERS:
+        name, degree, towers = flooding.decrypted_shape
+        if ct.GetNoiseScaleDeg() != degree or ctx.towers(ct) != towers:
             raise ProtocolError(f"sum to decrypt has scale degree {ct.GetNoiseScaleDeg()} and "
-                                f"{ctx.towers(ct)} towers, not a sum upload's 2 and {SUM_TOWERS}")
+                                f"{ctx.towers(ct)} towers, not {name}'s {degree} and {towers}")
         make = ctx.raw.MultipartyDecryptLead if self._lead else ctx.raw.MultipartyDecryptMain
         return flood_share(ctx, make([ct], self._sk)[0], flooding)
 

@@ -1,8 +1,9 @@
 """Collective decryption over the network: the server's round, a party's answer.
 
-Two kinds share one flow: a plain decryption (:class:`~fednorm.engine.ckks.Decryption`,
-sub-protocol ``decrypt``) and a flooded decryption of a sum of uploads
-(:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocol ``decrypt_sum``).
+Three kinds share one flow: a plain decryption (:class:`~fednorm.engine.ckks.Decryption`,
+sub-protocol ``decrypt``) and a flooded decryption of a sum or a product of signed
+uploads (:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocols ``decrypt_sum`` and
+``decrypt_product``).
 
 A plain decryption whose values were too large to decode may be retried once where a
 phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`), and only bound
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import openfhe
+import trio
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
@@ -25,16 +27,27 @@ from fednorm.protocols.collective import sums
 from fednorm.protocols.collective.messages import (
     DecryptRequest,
     DecryptShare,
+    ProductDecryptRequest,
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.rounds import request_shares, send_share
 from fednorm.protocols.collective.signatures import keyring_of
-from fednorm.protocols.collective.sums import PooledSum
+from fednorm.protocols.collective.sums import (
+    PooledUploads,
+    ProductUpload,
+    SignedUpload,
+    SumUpload,
+)
 
 if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
 
-DECRYPT, DECRYPT_SUM = "decrypt", "decrypt_sum"  # the sub-protocols
+DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT = "decrypt", "decrypt_sum", "decrypt_product"
+CombinedRequest = SumDecryptRequest | ProductDecryptRequest
+_COMBINED: dict[type[SignedUpload], tuple[str, type[CombinedRequest]]] = {
+    SumUpload: (DECRYPT_SUM, SumDecryptRequest),
+    ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest),
+}  # each kind of upload: the sub-protocol and request that decrypt its combination
 RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
 
 
@@ -72,21 +85,39 @@ def shifted(context: ckks.CkksContext, request: openfhe.Ciphertext) -> openfhe.C
     return context.mul(request, 2.0**-RETRY_SHIFT)
 
 
-async def decrypt_sum(crypto: ServerCrypto, pooled: PooledSum, n: int) -> np.ndarray:
-    """Server: the flooded decryption of a sum of signed sum uploads, first ``n`` slots;
-    the request relays the uploads, from which each party recomputes the sum."""
+async def decrypt_pooled(crypto: ServerCrypto, pooled: PooledUploads, n: int
+                         ) -> np.ndarray:
+    """Server: the flooded decryption of a combination (sum, product) of signed uploads,
+    first ``n`` slots; the request relays the uploads, from which each party recomputes
+    the combination."""
     crypto.decryptions += 1
-    request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
-    return await _shares_fused(crypto, ckks.SumDecryption(crypto.ckks), DECRYPT_SUM,
-                               request, pooled.total, n)
+    name, kind = _COMBINED[pooled.kind]
+    request = kind(index=pooled.index, uploads=list(pooled.uploads))
+    combination: list[openfhe.Ciphertext] = []
+    async with trio.open_nursery() as nursery:  # the server's combination meanwhile
+        nursery.start_soon(_combine, crypto, pooled, combination)
+        replies = await request_shares(crypto.rc, name, request, DecryptShare)
+    return await _fused(crypto, ckks.SumDecryption(crypto.ckks), replies, combination[0], n)
+
+
+async def _combine(crypto: ServerCrypto, pooled: PooledUploads,
+                   into: list[openfhe.Ciphertext]) -> None:
+    into.append(await crypto.rc.run_sync(pooled.combined, crypto.ckks))
 
 
 async def _shares_fused(crypto: ServerCrypto, decryption: ckks.Decryption, name: str,
-                        request: DecryptRequest | SumDecryptRequest,
+                        request: DecryptRequest | CombinedRequest,
                         prepared: openfhe.Ciphertext, n: int) -> np.ndarray:
     """Send ``request`` (for shares of ``prepared``) to every party, aggregate their
     shares and finalize."""
     replies = await request_shares(crypto.rc, name, request, DecryptShare)
+    return await _fused(crypto, decryption, replies, prepared, n)
+
+
+async def _fused(crypto: ServerCrypto, decryption: ckks.Decryption,
+                 replies: list[DecryptShare], prepared: openfhe.Ciphertext, n: int
+                 ) -> np.ndarray:
+    """The parties' shares of ``prepared`` aggregated, the first ``n`` slots."""
     shares = [reply.as_share(decryption) for reply in replies]
     plaintext = await crypto.rc.run_sync(decryption.aggregate_shares, crypto.joint, prepared,
                                          shares)
@@ -99,27 +130,43 @@ async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> Non
 
 
 async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest) -> None:
-    """Party: a flooded decryption share (this party's s and τ) of the sum it recomputes
-    from the relayed uploads, each checked (:func:`.sums.verified_total`); one decryption
-    per set of uploads."""
-    index = request.index
-    if not isinstance(index, int) or not 0 <= index < len(crypto.own_sums):
-        raise ProtocolError(f"a sum decryption request names sum upload #{index!r}, which "
-                            "this party never sent")
-    if index in crypto.decrypted_sums:
-        raise ProtocolError(f"a sum decryption request asks again for sum uploads #{index}, "
-                            "already decrypted")
+    """Party: a flooded share of the sum of the relayed sum uploads (:func:`_answer_combined`)."""
+    await _answer_combined(crypto, request, SumUpload)
+
+
+async def answer_product_decryption(crypto: PartyCrypto, request: ProductDecryptRequest
+                                    ) -> None:
+    """Party: a flooded share of the product of the relayed product uploads
+    (:func:`_answer_combined`)."""
+    await _answer_combined(crypto, request, ProductUpload)
+
+
+async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
+                           kind: type[SignedUpload]) -> None:
+    """Party: a flooded decryption share (this party's s and τ) of the combination it
+    recomputes from the relayed uploads of ``kind``, each checked
+    (:func:`.sums.verified_combination`); one decryption per set of uploads."""
+    index, sent = request.index, crypto.own_uploads.get(kind.KIND, [])
+    noun = f"a {kind.NOUN} decryption request"
+    if not isinstance(index, int) or not 0 <= index < len(sent):
+        raise ProtocolError(f"{noun} names {kind.NOUN} upload #{index!r}, which this party "
+                            "never sent")
+    if (kind.KIND, index) in crypto.decrypted_uploads:
+        raise ProtocolError(f"{noun} asks again for {kind.NOUN} uploads #{index}, already "
+                            "decrypted")
     uploads = request.uploads if isinstance(request.uploads, list) else []
-    total = await crypto.rc.run_sync(
-        sums.verified_total, crypto.ckks, keyring_of(crypto.rc), crypto.rc.session,
-        range(1, crypto.n_parties + 1), index, uploads, crypto.own_sums[index])
+    combined = await crypto.rc.run_sync(
+        sums.verified_combination, crypto.ckks, keyring_of(crypto.rc), crypto.rc.session,
+        range(1, crypto.n_parties + 1), index, uploads, sent[index], kind)
     crypto.count_flooded_share()
-    crypto.decrypted_sums.add(index)
-    await _answer(crypto, ckks.SumDecryption(crypto.ckks, crypto.flooding()), DECRYPT_SUM,
-                  total)
+    crypto.decrypted_uploads.add((kind.KIND, index))
+    flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)
+    name, _ = _COMBINED[kind]
+    await _answer(crypto, ckks.SumDecryption(crypto.ckks, flooding), name, combined)
 
 
-_REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request"}
+_REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request",
+             DECRYPT_PRODUCT: "product decryption request"}
 
 
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,

@@ -16,7 +16,7 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
-from fednorm.protocols.collective.sums import SumUpload
+from fednorm.protocols.collective.sums import ProductUpload, SumUpload
 
 
 # -- key setup -----------------------------------------------------------------------------
@@ -159,10 +159,20 @@ class SumDecryptRequest(Message):
     uploads: list[SumUpload]
 
 
+@message("ckks.decrypt_product_request")
+class ProductDecryptRequest(Message):
+    """Decrypt the product of every party's product upload #``index``, relayed here in
+    party order: every party checks their signatures, recomputes the product by the same
+    tree and floods its share (docs/LEAKAGE.md)."""
+
+    index: int
+    uploads: list[ProductUpload]
+
+
 @message("ckks.decrypt_share")
 class DecryptShare(Message):
     """A party's decryption share; flooded or not is told by the request it answers
-    (its sub-protocol, ``decrypt`` or ``decrypt_sum``)."""
+    (its sub-protocol, ``decrypt``, ``decrypt_sum`` or ``decrypt_product``)."""
 
     share: openfhe.Ciphertext
 

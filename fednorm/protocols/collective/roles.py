@@ -2,10 +2,10 @@
 
 The server holds the context and the joint public material, never a secret; a party
 holds its :class:`~fednorm.engine.ckks.PartyKeys` (secret, never sent) and the joint
-public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum` and
-:meth:`~ServerCrypto.bootstrap` each run one network round of a collective operation
-(:mod:`.decryption`, :mod:`.bootstrap`); a party makes at most one share of any
-ciphertext (:meth:`PartyCrypto.claim_share`).
+public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum`,
+:meth:`~ServerCrypto.decrypt_product` and :meth:`~ServerCrypto.bootstrap` each run one
+network round of a collective operation (:mod:`.decryption`, :mod:`.bootstrap`); a
+party makes at most one share of any ciphertext (:meth:`PartyCrypto.claim_share`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.collective import bootstrap, decryption, sums
 from fednorm.protocols.collective.signatures import keyring_of
-from fednorm.protocols.collective.sums import PooledSum, SumUpload
+from fednorm.protocols.collective.sums import (
+    AnUpload,
+    PooledUploads,
+    ProductUpload,
+    SignedUpload,
+    SumUpload,
+)
 
 
 @cache
@@ -77,7 +83,7 @@ class ServerCrypto:
         (:func:`~fednorm.protocols.collective.decryption.shifted`)."""
         return await decryption.decrypt_shifted(self, ct, n)
 
-    async def decrypt_sum(self, pooled: PooledSum, n: int) -> np.ndarray:
+    async def decrypt_sum(self, pooled: PooledUploads, n: int) -> np.ndarray:
         """Flooded collective decryption of a sum of the parties' sum uploads
         (:meth:`PartyCrypto.encrypt_for_sum`, pooled by :meth:`add_all`): the first ``n``
         slots, to the server.  The request relays the signed uploads, from which every
@@ -86,30 +92,43 @@ class ServerCrypto:
         Each party adds noise 2^s·√N above the sum's noise bound to its share, so the
         fused values carry an absolute error of ~1e-11 (paper preset, P=10, s=30).
         """
-        return await decryption.decrypt_sum(self, pooled, n)
+        return await decryption.decrypt_pooled(self, pooled, n)
+
+    async def decrypt_product(self, pooled: PooledUploads, n: int) -> np.ndarray:
+        """Flooded collective decryption of a product of the parties' product uploads
+        (:meth:`PartyCrypto.encrypt_for_product`, pooled by :meth:`multiply_all`): the
+        first ``n`` slots, to the server; every party recomputes the product (:mod:`.sums`).
+        """
+        return await decryption.decrypt_pooled(self, pooled, n)
 
     async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed."""
         return await bootstrap.bootstrap(self, ct)
 
     async def add_all(self, cts: Mapping[int, openfhe.Ciphertext | SumUpload]
-                      ) -> openfhe.Ciphertext | PooledSum:
+                      ) -> openfhe.Ciphertext | PooledUploads:
         """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one;
-        over signed sum uploads, the :class:`PooledSum` that keeps them for its
+        over signed sum uploads, the :class:`PooledUploads` that keeps them for its
         decryption."""
         if any(isinstance(ct, SumUpload) for ct in cts.values()):
-            return await self.rc.run_sync(self._pool, cts)
+            return await self.rc.run_sync(self._pool, cts, SumUpload)
         for party, ct in cts.items():
             self.check_joint(ct, f"ciphertext from party {party}")
         return await self.rc.run_sync(_sum, self.ckks, list(cts.values()))
 
-    def _pool(self, uploads: Mapping[int, object]) -> PooledSum:
+    async def multiply_all(self, uploads: Mapping[int, object]) -> PooledUploads:
+        """⊗ over every party's signed product upload of one index (by party id), by the
+        fixed tree every party repeats (:func:`.sums.product_of`)."""
+        return await self.rc.run_sync(self._pool, uploads, ProductUpload)
+
+    def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload]
+              ) -> PooledUploads:
         if sorted(uploads) != list(self.rc.parties):
-            raise ProtocolError("a sum needs one upload from every party")
+            raise ProtocolError(f"a {kind.NOUN} needs one upload from every party")
         for party, upload in uploads.items():
-            if isinstance(upload, SumUpload):
-                self.check_joint(upload.ciphertext, f"sum upload from party {party}")
-        return sums.pool(self.ckks, uploads)
+            if isinstance(upload, SignedUpload):
+                self.check_joint(upload.ciphertext, f"{kind.NOUN} upload from party {party}")
+        return sums.pool(uploads, kind)
 
     def check_joint(self, ct: object, what: str) -> None:
         """ProtocolError unless ``ct`` is a ciphertext under this federation's joint key."""
@@ -135,8 +154,10 @@ class PartyCrypto:
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
     flooded_shares: int = 0  # flooded decryption shares made under these keys so far
-    own_sums: list[bytes] = field(default_factory=list)  # digest of each sum upload sent
-    decrypted_sums: set[int] = field(default_factory=set)  # upload indices decrypted
+    own_uploads: dict[str, list[bytes]] = field(default_factory=dict)
+    """Upload kind (:attr:`~.sums.SignedUpload.KIND`) → the digest of each one sent."""
+    decrypted_uploads: set[tuple[str, int]] = field(default_factory=set)
+    """(upload kind, index) of every set of uploads decrypted."""
     shared: dict[bytes, str] = field(default_factory=dict)
     """:func:`share_digest` of every ciphertext this party made a share of under these
     keys (in every protocol of a session: a reuse of the keys keeps it) → the request."""
@@ -178,17 +199,43 @@ class PartyCrypto:
         decrypt_sum` (counts, sums): scale Δ², 4 towers (2.1 MB instead of 6.3 MB at the
         paper preset), so the flooded decryption keeps its precision; signed by this
         party as its next sum upload of the session (:mod:`.sums`)."""
-        keyring, index = keyring_of(self.rc), len(self.own_sums)
         ct = await self.rc.run_sync(self.ckks.encrypt_sum, self.public_key, values)
-        upload, digest = await self.rc.run_sync(sums.sign_upload, keyring, self.rc.session,
-                                                index, ct)
-        self.own_sums.append(digest)
+        return await self._signed(SumUpload, ct)
+
+    async def encrypt_for_product(self, bits: np.ndarray) -> ProductUpload:
+        """Encrypt bits the server only multiplies with the other parties' and decrypts
+        with :meth:`ServerCrypto.decrypt_product`: at scale Δ² (so the product carries
+        rescale roundings, not the ~16× larger encryption noise: :mod:`~fednorm.engine.
+        ckks.flooding`), at the level whose product of P ends at the towers it is
+        decrypted at (:func:`.sums.product_level`); signed by this party as its next
+        product upload of the session."""
+        level = sums.product_level(self.ckks, self.n_parties)
+        ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
+        return await self._signed(ProductUpload, ct)
+
+    async def _signed(self, kind: type[AnUpload], ct: openfhe.Ciphertext) -> AnUpload:
+        """``ct`` signed as this party's next upload of ``kind``, its digest kept."""
+        sent = self.own_uploads.setdefault(kind.KIND, [])
+        upload, digest = await self.rc.run_sync(sums.sign_upload, keyring_of(self.rc),
+                                                self.rc.session, len(sent), ct, kind)
+        sent.append(digest)
         return upload
 
     def flooding(self) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads."""
         return ckks.Flooding(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
                              self.flooding_bits, self.flooding_decryptions)
+
+    def flooding_of(self, kind: type[SignedUpload], combined: openfhe.Ciphertext,
+                    factor: openfhe.Ciphertext) -> ckks.Flooding:
+        """The noise for a share of ``combined``, the P parties' uploads of ``kind``
+        combined (``factor`` one of them): a sum's, or a product's at its scale."""
+        if kind is SumUpload:
+            return self.flooding()
+        growth = combined.GetScalingFactor() / factor.GetScalingFactor()
+        return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
+                                    self.n_parties, self.flooding_bits,
+                                    self.flooding_decryptions, growth)
 
     def count_flooded_share(self) -> None:
         """Count one more flooded decryption under these keys; ProtocolError past τ

@@ -18,12 +18,19 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.collective.bootstrap import BOOTSTRAP, answer_bootstrap
 from fednorm.protocols.collective.decryption import (
     DECRYPT,
+    DECRYPT_PRODUCT,
     DECRYPT_SUM,
     answer_decryption,
+    answer_product_decryption,
     answer_sum_decryption,
     require_retry_of,
 )
-from fednorm.protocols.collective.messages import BootRequest, DecryptRequest, SumDecryptRequest
+from fednorm.protocols.collective.messages import (
+    BootRequest,
+    DecryptRequest,
+    ProductDecryptRequest,
+    SumDecryptRequest,
+)
 from fednorm.protocols.collective.roles import PartyCrypto
 
 M = TypeVar("M", bound=Message)
@@ -43,28 +50,31 @@ _SERVICES: dict[type[Message], _Service] = {
     BootRequest: _Service(BOOTSTRAP, "bootstraps", answer_bootstrap),
     DecryptRequest: _Service(DECRYPT, "decryptions", answer_decryption),
     SumDecryptRequest: _Service(DECRYPT_SUM, "sum decryptions", answer_sum_decryption),
+    ProductDecryptRequest: _Service(DECRYPT_PRODUCT, "product decryptions",
+                                    answer_product_decryption),
 }
 
 
 async def serve_until(
     crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
-    bootstraps: int = 0, sums: int = 0, retries: int = 0,
+    bootstraps: int = 0, sums: int = 0, products: int = 0, retries: int = 0,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
 
-    At most ``decryptions`` decryption requests, ``sums`` flooded decryptions of sum
-    uploads and ``bootstraps`` bootstrap requests are honoured in this phase: the ledger
-    fixes what each protocol step may reveal and compute, and a server asking for more
-    is refused.  Once the decryptions are spent, ``retries`` more are honoured, each
-    only as the retry of the decryption request just before
-    (:func:`~.decryption.require_retry_of`).  A bootstrap request must name the next
+    At most ``decryptions`` decryption requests, ``sums`` and ``products`` flooded
+    decryptions of sum and product uploads and ``bootstraps`` bootstrap requests are
+    honoured in this phase: the ledger fixes what each protocol step may reveal and
+    compute, and a server asking for more is refused.  Once the decryptions are spent,
+    ``retries`` more are honoured, each only as the retry of the decryption request just
+    before (:func:`~.decryption.require_retry_of`).  A bootstrap request must name the next
     common random element of these keys (never one used before), and no request may
     ask for a second share of a ciphertext (:meth:`PartyCrypto.claim_share`).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
-    left = {BootRequest: bootstraps, SumDecryptRequest: sums, DecryptRequest: decryptions}
+    left = {BootRequest: bootstraps, SumDecryptRequest: sums,
+            ProductDecryptRequest: products, DecryptRequest: decryptions}
     previous = None  # the last decryption request answered: what a retry must repeat
     while True:
         msg = await _next_request_or(rc, kinds)

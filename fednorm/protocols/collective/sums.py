@@ -1,58 +1,121 @@
-"""Sum uploads that every party can recompute: signed by their makers, pooled in public.
+"""Signed uploads that every party can recompute: signed by their makers, pooled in public.
 
-A flooded sum decryption reveals the sum of one value per party (counts, Σx, ...).  Its
-request used to carry the ciphertext to decrypt, which a party could only check for
-shape: a server could ask for a party's *own* upload in place of the sum and read it.  So
-a sum upload is signed by the party that made it (:class:`SumUpload`: its index among this
-party's sum uploads under the session's keys, the digest of the ciphertext), the request
-relays every party's upload of one index, and each party checks every signature, checks
-that its own entry is what it sent, and decrypts the sum *it computes itself*
-(:func:`pool`, in party order, as the server does).  A set of uploads is decrypted once.
+A flooded decryption reveals a sum of one value per party (counts, Σx, ...) or a product
+of one bit vector per party (:mod:`fednorm.protocols.ppf.extremes`).  Its request used to
+carry the ciphertext to decrypt, which a party could only check for shape: a server could
+ask for a party's *own* upload in place of the sum and read it.  So an upload is signed
+by the party that made it (:class:`SignedUpload`: its index among this party's uploads of
+that kind under the session's keys, the digest of the ciphertext), the request relays
+every party's upload of one index, and each party checks every signature, checks that
+its own entry is what it sent, and decrypts the combination *it computes itself* (in
+party order, as the server does: :meth:`PooledUploads.combined`).  A set of uploads is
+decrypted once.
+
+The statement a party signs names the kind of its upload (:attr:`SignedUpload.KIND`), and
+each kind has its own combination (:meth:`SignedUpload.combined`): a sum upload
+(:class:`SumUpload`) is only ever added, a product upload (:class:`ProductUpload`) only
+ever multiplied with the other parties', so neither can be decrypted as the other, nor
+alone.
 """
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar, TypeVar
 
 import msgpack
 import openfhe
 
 from fednorm.engine import ckks, signing
-from fednorm.engine.errors import ProtocolError
-
-SUM_UPLOAD_EXT = 24  # the codec's ext code for a SumUpload
-KIND = "ckks.sum_upload"  # what a sum upload's signature says it signs
+from fednorm.engine.ckks.context import PRODUCT_TOWERS
+from fednorm.engine.errors import InputError, ProtocolError
 
 
 @dataclass(frozen=True, eq=False)
-class SumUpload:
-    """A party's ciphertext that the server only adds up and decrypts as a sum, signed
-    by the party (``signature``; ``certificate`` its federation certificate, or empty)."""
+class SignedUpload(ABC):
+    """A party's ciphertext that the server only combines with the other parties' of the
+    same kind and index, signed by the party (``signature``; ``certificate`` its
+    federation certificate, or empty)."""
+
+    KIND: ClassVar[str]  # what the signature says it signs
+    NOUN: ClassVar[str]  # the upload in a refusal: "sum", "product"
+    EXT: ClassVar[int]  # the codec's ext code
 
     index: int
     ciphertext: openfhe.Ciphertext
     signature: bytes
     certificate: bytes
 
+    @staticmethod
+    @abstractmethod
+    def combined(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
+                 ) -> openfhe.Ciphertext:
+        """The one deterministic combination of the parties' ciphertexts, in party order."""
+
+
+@dataclass(frozen=True, eq=False)
+class SumUpload(SignedUpload):
+    """An upload the server only adds up and decrypts as a sum."""
+
+    KIND = "ckks.sum_upload"
+    NOUN = "sum"
+    EXT = 24
+
+    @staticmethod
+    def combined(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
+                 ) -> openfhe.Ciphertext:
+        return total_of(context, ciphertexts)
+
+
+@dataclass(frozen=True, eq=False)
+class ProductUpload(SignedUpload):
+    """An upload the server only multiplies with the other parties' (bits: the product is
+    1 exactly where every party's bit is) and decrypts as a product."""
+
+    KIND = "ckks.product_upload"
+    NOUN = "product"
+    EXT = 25
+
+    @staticmethod
+    def combined(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
+                 ) -> openfhe.Ciphertext:
+        return product_of(context, ciphertexts)
+
+
+AnUpload = TypeVar("AnUpload", bound=SignedUpload)
+UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload)
+
 
 @dataclass(frozen=True)
-class PooledSum:
-    """The server's sum of one index's uploads, and the uploads it relays to have it
-    decrypted (every party recomputes the sum from them)."""
+class PooledUploads:
+    """One index's uploads of every party, checked, which the server relays to have their
+    combination decrypted (every party recomputes it from them)."""
 
     index: int
-    uploads: tuple[SumUpload, ...]  # in party order
-    total: openfhe.Ciphertext
+    uploads: tuple[SignedUpload, ...]  # in party order
+
+    @property
+    def kind(self) -> type[SignedUpload]:
+        return type(self.uploads[0])
+
+    def combined(self, context: ckks.CkksContext) -> openfhe.Ciphertext:
+        """The server's own combination, the shape the parties' shares must have: made
+        while the parties make theirs (a product takes a while)."""
+        return self.kind.combined(context, [u.ciphertext for u in self.uploads])
 
 
-def statement(session: str, party: int, index: int, digest: bytes) -> signing.Statement:
-    """What party ``party`` signs for its ``index``-th sum upload of ``session``."""
-    return signing.Statement(session, KIND, index, KIND, party, digest)
+def statement(session: str, party: int, index: int, digest: bytes,
+              kind: str = SumUpload.KIND) -> signing.Statement:
+    """What party ``party`` signs for its ``index``-th upload of ``kind`` in ``session``."""
+    return signing.Statement(session, kind, index, kind, party, digest)
 
 
 def upload_digest(ciphertext: openfhe.Ciphertext) -> bytes:
-    """The digest a party signs its sum upload with: of the ciphertext as a receiver will
+    """The digest a party signs its upload with: of the ciphertext as a receiver will
     parse it (a ciphertext made in this process serializes other bytes than its parsed
     copy, see :func:`fednorm.engine.ckks.serial.object_digest`); a receiver holds the
     parsed copy and digests it as it is."""
@@ -62,81 +125,136 @@ def upload_digest(ciphertext: openfhe.Ciphertext) -> bytes:
 
 
 def sign_upload(keyring: signing.Keyring, session: str, index: int,
-                ciphertext: openfhe.Ciphertext) -> tuple[SumUpload, bytes]:
-    """This party's ``index``-th sum upload, signed, and the digest it signed."""
+                ciphertext: openfhe.Ciphertext, kind: type[AnUpload] = SumUpload  # type: ignore[assignment]
+                ) -> tuple[AnUpload, bytes]:
+    """This party's ``index``-th upload of ``kind``, signed, and the digest it signed."""
     digest = upload_digest(ciphertext)
-    signature = keyring.signer.sign(statement(session, keyring.party, index, digest))
-    return SumUpload(index, ciphertext, signature, keyring.signer.certificate), digest
+    signature = keyring.signer.sign(statement(session, keyring.party, index, digest,
+                                              kind.KIND))
+    return kind(index, ciphertext, signature, keyring.signer.certificate), digest
 
 
-def pool(context: ckks.CkksContext, uploads: Mapping[int, object]) -> PooledSum:
-    """Server: the sum of every party's upload of one index (ProtocolError naming the
-    party that sent something else)."""
+def pool(uploads: Mapping[int, object], kind: type[SignedUpload] = SumUpload
+         ) -> PooledUploads:
+    """Server: every party's upload of one index, in party order (ProtocolError naming
+    the party that sent something else)."""
     ordered = []
     for party in sorted(uploads):
         upload = uploads[party]
-        if not isinstance(upload, SumUpload):
+        if type(upload) is not kind:
             raise ProtocolError(f"party {party} sent a {type(upload).__name__}, not a signed "
-                                "sum upload")
+                                f"{kind.NOUN} upload")
         ordered.append(upload)
     indices = {upload.index for upload in ordered}
     if len(indices) != 1:
-        raise ProtocolError(f"the parties' sum uploads are of different indices {indices}")
-    return PooledSum(indices.pop(), tuple(ordered), total_of(context, ordered))
+        raise ProtocolError(f"the parties' {kind.NOUN} uploads are of different indices "
+                            f"{indices}")
+    return PooledUploads(indices.pop(), tuple(ordered))
 
 
-def total_of(context: ckks.CkksContext, uploads: Sequence[SumUpload]) -> openfhe.Ciphertext:
-    """Σ of the uploads' ciphertexts, in the order given (party order on both sides)."""
-    total = uploads[0].ciphertext
-    for upload in uploads[1:]:
-        total = context.add(total, upload.ciphertext)
+def total_of(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
+             ) -> openfhe.Ciphertext:
+    """Σ of the ciphertexts, in the order given (party order on both sides)."""
+    total = ciphertexts[0]
+    for ct in ciphertexts[1:]:
+        total = context.add(total, ct)
     return total
 
 
-def verified_total(context: ckks.CkksContext, keyring: signing.Keyring, session: str,
-                   parties: Sequence[int], index: int, uploads: Sequence[object],
-                   own_digest: bytes) -> openfhe.Ciphertext:
-    """Party: the sum to decrypt, recomputed from the relayed ``uploads`` after checking
-    that there is one per party, each signed by its party for ``index`` of this session,
-    and this party's own entry is the one it sent (digest ``own_digest``)."""
+def product_of(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
+               ) -> openfhe.Ciphertext:
+    """Π of the ciphertexts by a fixed tree: neighbours multiplied pairwise in the order
+    given (an odd one out carried up), ⌈log2 P⌉ levels, each product relinearized and
+    rescaled (lazily, by OpenFHE), then rescaled to :data:`~fednorm.engine.ckks.context.
+    PRODUCT_TOWERS` towers at scale ≈ Δ, where its flooding noise fits the sampler
+    (:mod:`fednorm.engine.ckks.flooding`) — deterministic, so server and parties get the
+    same bytes.  A single ciphertext is multiplied by 1.0, so that every product takes
+    the same path (:func:`product_level`)."""
+    layer = list(ciphertexts)
+    if len(layer) == 1:
+        layer = [context.mul(layer[0], 1.0)]
+    while len(layer) > 1:
+        pairs = [context.mul(layer[i], layer[i + 1]) for i in range(0, len(layer) - 1, 2)]
+        layer = pairs + layer[len(pairs) * 2:]
+    return context.raw.Compress(layer[0], PRODUCT_TOWERS)
+
+
+def product_levels(factors: int) -> int:
+    """Levels the tree of :func:`product_of` takes: ⌈log2 P⌉, and 1 for a single factor."""
+    return max(1, math.ceil(math.log2(factors)))
+
+
+def product_level(context: ckks.CkksContext, factors: int) -> int:
+    """The level parties encrypt product uploads at (scale Δ²): each is rescaled once
+    before its first product, each of the tree's ⌈log2 P⌉ levels takes a tower, and the
+    product ends one rescale above the decrypted :data:`~fednorm.engine.ckks.context.
+    PRODUCT_TOWERS` (the smallest uploads and products that hold the flooded bits).
+    InputError when the preset has too few levels for so many parties."""
+    level = context.preset.towers - PRODUCT_TOWERS - 1 - product_levels(factors)
+    if level < 0:
+        most = 2 ** (context.preset.towers - PRODUCT_TOWERS - 1)
+        raise InputError(f"a product of {factors} parties' uploads needs "
+                         f"{product_levels(factors)} levels; preset "
+                         f"{context.preset.name!r} multiplies at most {most} parties")
+    return level
+
+
+def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, session: str,
+                         parties: Sequence[int], index: int, uploads: Sequence[object],
+                         own_digest: bytes, kind: type[SignedUpload] = SumUpload
+                         ) -> openfhe.Ciphertext:
+    """Party: the combination to decrypt, recomputed from the relayed ``uploads`` after
+    checking that there is one per party, each a ``kind`` upload signed by its party for
+    ``index`` of this session, and this party's own entry is the one it sent (digest
+    ``own_digest``)."""
+    request = f"a {kind.NOUN} decryption request"
     if len(uploads) != len(parties):
-        raise ProtocolError(f"a sum decryption request relays {len(uploads)} uploads for "
+        raise ProtocolError(f"{request} relays {len(uploads)} uploads for "
                             f"{len(parties)} parties")
-    checked = []
+    checked, digests = [], []
     for party, upload in zip(parties, uploads, strict=True):
-        if not isinstance(upload, SumUpload) or upload.index != index:
-            raise ProtocolError(f"a sum decryption request relays, as party {party}'s, "
-                                f"something other than its sum upload #{index}")
-        digest = ckks.object_digest(upload.ciphertext)  # parsed from the request
+        if type(upload) is not kind or upload.index != index:
+            raise ProtocolError(f"{request} relays, as party {party}'s, something other "
+                                f"than its {kind.NOUN} upload #{index}")
+        digest = context.computed_once(  # of the ciphertext parsed from the request
+            ("object_digest", upload.ciphertext), partial(ckks.object_digest,
+                                                          upload.ciphertext))
         if party == keyring.party and digest != own_digest:
-            raise ProtocolError(f"a sum decryption request relays, as this party's upload "
-                                f"#{index}, a ciphertext it did not send")
+            raise ProtocolError(f"{request} relays, as this party's upload #{index}, a "
+                                "ciphertext it did not send")
         try:
-            signing.verify(keyring.verifier, statement(session, party, index, digest),
+            signing.verify(keyring.verifier, statement(session, party, index, digest,
+                                                       kind.KIND),
                            upload.signature, upload.certificate)
         except ProtocolError as exc:
-            raise ProtocolError(f"a sum decryption request relays a forged upload: {exc}"
-                                ) from None
-        checked.append(upload)
-    return total_of(context, checked)
+            raise ProtocolError(f"{request} relays a forged upload: {exc}") from None
+        checked.append(upload.ciphertext)
+        digests.append(digest)
+    return context.computed_once((kind.KIND, *digests),
+                                 lambda: kind.combined(context, checked))
 
 
 def register_codec(context: ckks.CkksContext, register) -> None:  # type: ignore[no-untyped-def]
-    """Teach the codec to carry :class:`SumUpload` (its ciphertext as the context frames
-    it)."""
-    def encode(upload: SumUpload) -> bytes:
+    """Teach the codec to carry every kind of signed upload (its ciphertext as the context
+    frames it)."""
+    for kind in UPLOAD_KINDS:
+        _register_kind(context, register, kind)
+
+
+def _register_kind(context: ckks.CkksContext, register,  # type: ignore[no-untyped-def]
+                   kind: type[SignedUpload]) -> None:
+    def encode(upload: SignedUpload) -> bytes:
         return msgpack.packb([upload.index, context.to_bytes(upload.ciphertext),
                               upload.signature, upload.certificate], use_bin_type=True)
 
-    def decode(data: bytes) -> SumUpload:
+    def decode(data: bytes) -> SignedUpload:
         try:
             index, body, signature, certificate = msgpack.unpackb(data, raw=False)
         except (ValueError, TypeError, msgpack.UnpackException):
-            raise ProtocolError("malformed sum upload in frame") from None
+            raise ProtocolError(f"malformed {kind.NOUN} upload in frame") from None
         if not isinstance(index, int) or not all(
                 isinstance(b, bytes) for b in (body, signature, certificate)):
-            raise ProtocolError("malformed sum upload in frame")
-        return SumUpload(index, context.from_bytes("ciphertext", body), signature,
-                         certificate)
+            raise ProtocolError(f"malformed {kind.NOUN} upload in frame")
+        return kind(index, context.from_bytes("ciphertext", body), signature, certificate)
 
-    register(SUM_UPLOAD_EXT, SumUpload, encode, decode)
+    register(kind.EXT, kind, encode, decode)

@@ -12,7 +12,7 @@ import numpy as np
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import FitOptions, by_algorithm, register
 from fednorm.protocols.normalizers import Normalizer
-from fednorm.protocols.ppf import minmax, robust, yeojohnson, zscore
+from fednorm.protocols.ppf import extremes, minmax, robust, yeojohnson, yeojohnson_sums, zscore
 
 
 async def _zscore_server(rc: RoleContext, options: FitOptions) -> Normalizer:
@@ -25,8 +25,10 @@ async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> 
 
 register("zscore", "mhe", *by_algorithm(default=(_zscore_server, _zscore_party),
                                         paper=(zscore.server, zscore.party)))
-register("minmax", "mhe", *by_algorithm(default=None, paper=(minmax.server, minmax.party)))
+register("minmax", "mhe", *by_algorithm(default=(extremes.server, extremes.party),
+                                        paper=(minmax.server, minmax.party)))
 register("robust", "mhe", *by_algorithm(default=(robust.server, robust.party),
                                         paper=(robust.paper_server, robust.paper_party)))
-register("yeojohnson", "mhe", *by_algorithm(default=None,
-                                            paper=(yeojohnson.server, yeojohnson.party)))
+register("yeojohnson", "mhe", *by_algorithm(
+    default=(yeojohnson_sums.server, yeojohnson_sums.party),
+    paper=(yeojohnson.server, yeojohnson.party)))

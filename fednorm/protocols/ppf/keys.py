@@ -19,15 +19,32 @@ from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import METHODS, FitOptions, Protocol
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
-from fednorm.protocols.ppf import minmax_layout, robust, yeojohnson, zscore
+from fednorm.protocols.ppf import (
+    extremes,
+    minmax_layout,
+    robust,
+    yeojohnson,
+    yeojohnson_sums,
+    zscore,
+)
 
 KeyNeeds = Callable[[FitOptions], dict[str, object]]
 
+
+def needs_of_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
+    """The key needs of the algorithm ``FitOptions.algorithm`` names."""
+    def needs(options: FitOptions) -> dict[str, object]:
+        return (paper if options.algorithm == "paper" else default)(options)
+    return needs
+
+
 NEEDS: dict[str, KeyNeeds] = {
     "zscore": zscore.setup_arguments,
-    "minmax": minmax_layout.setup_arguments,
+    "minmax": needs_of_algorithm(default=extremes.setup_arguments,
+                                 paper=minmax_layout.setup_arguments),
     "robust": robust.setup_arguments,
-    "yeojohnson": yeojohnson.setup_arguments,
+    "yeojohnson": needs_of_algorithm(default=yeojohnson_sums.setup_arguments,
+                                     paper=yeojohnson.setup_arguments),
 }
 
 

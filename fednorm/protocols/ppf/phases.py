@@ -21,5 +21,6 @@ async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Messag
                       allowance: Allowance) -> M:
     """Answer the server's requests within ``allowance`` until ``expected`` arrives."""
     return await serve_until(crypto, expected, decryptions=allowance.decryptions,
-                             sums=allowance.sums, bootstraps=allowance.bootstraps,
+                             sums=allowance.sums, products=allowance.products,
+                             bootstraps=allowance.bootstraps,
                              retries=allowance.retries)

@@ -10,7 +10,6 @@ import pytest
 from fednorm.bench import cases, communication, kth, report
 from fednorm.cli import main
 from fednorm.engine.errors import InputError
-from fednorm.protocols import FitOptions
 
 
 def test_scaling_section_through_the_cli(tmp_path) -> None:
@@ -176,19 +175,9 @@ def test_each_default_case_is_paired_with_its_paper_case() -> None:
     assert cases.CASES["minmax"].speedup_target == 3.0
 
 
-def test_a_method_without_the_cases_algorithm_is_noted_not_run() -> None:
-    from fednorm.protocols.base import Protocol, by_algorithm
-
-    async def server(ctx, options):  # pragma: no cover - only started, on the probe
-        return ctx.never
-
-    async def party(ctx, X, options):  # pragma: no cover
-        return None
-
-    protocol = Protocol("x-mhe", "minmax", "mhe", *by_algorithm(
-        default=None, paper=(server, party)))
-    assert "no 'default' algorithm" in cases._server_refusal(protocol, FitOptions())
-    assert cases._server_refusal(protocol, FitOptions(algorithm="paper")) is None
+def test_every_case_runs_in_this_tree() -> None:
+    """Every PPF method is registered with both algorithms, so no case is noted away."""
+    assert [name for name in cases.CASES if not cases.available(name)] == []
 
 
 def test_yeojohnson_errors_include_the_log_likelihood() -> None:

@@ -27,7 +27,6 @@ from fednorm.bench.paper import (
 )
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions, get_protocol
-from fednorm.protocols.base import Protocol
 
 NAN = math.nan
 
@@ -131,48 +130,15 @@ def with_counterparts(names: Iterable[str]) -> list[str]:
 
 
 # -- which cases this tree can run -----------------------------------------------------
-class _Probed(Exception):
-    """The probed role reached its context: it runs with these options."""
-
-
-class _ProbeContext:
-    def __getattr__(self, name: str) -> Any:
-        raise _Probed(name)
-
-
 def refusal(name: str) -> str | None:
-    """Why case ``name`` cannot run in this tree, or None if it can.
-
-    A method may be registered without the kind of algorithm the case asks for
-    (``by_algorithm(default=None, ...)``): its roles raise InputError before they touch
-    their context. The server role is started on a context that stops it at its first
-    use, so nothing is computed or sent. (A registry query, e.g. the algorithms a
-    registered :class:`Protocol` has, would replace this probe.)
-    """
+    """Why case ``name`` cannot run in this tree (its method is not registered under
+    mhe), or None if it can: every registered PPF method has both algorithms."""
     case = CASES[name]
     try:
-        protocol = get_protocol(case.method, "mhe")
+        get_protocol(case.method, "mhe")
     except InputError:
         return f"`get_protocol({case.method!r}, 'mhe')` is not registered in this tree"
-    options = case.fit_options(None, "test")
-    why = _server_refusal(protocol, options)
-    return None if why is None else (f"`get_protocol({case.method!r}, 'mhe')` with "
-                                     f"algorithm={case.algorithm!r} refuses: {why}")
-
-
-def _server_refusal(protocol: Protocol, options: FitOptions) -> str | None:
-    coro = protocol.server(_ProbeContext(), options)  # type: ignore[arg-type]
-    try:
-        coro.send(None)
-    except InputError as exc:
-        return str(exc)
-    except (_Probed, StopIteration):
-        return None
-    except Exception:  # not a refusal: the run itself reports it
-        return None
-    finally:
-        coro.close()
-    return None  # it awaited something before its context: it runs
+    return None
 
 
 def available(name: str) -> bool:

@@ -23,6 +23,7 @@ from fednorm.bench import (
     micro,
     noise,
     plain,
+    precision,
     protocols,
     study,
     threads,
@@ -120,7 +121,7 @@ class BenchPlan:
         """Units of work the progress bar counts (runs, or one per P / per section)."""
         table_v = sum(map(cases.available, cases.with_counterparts(self.cases)))
         scaled = len(self.scaling_parties) * sum(map(cases.available, self.scaling_methods))
-        costly = sum(cases.available(name) for name, _, _ in protocols.PRECISION_CASES)
+        costly = sum(cases.available(name) for name, _, _ in precision.PRECISION_CASES)
         count = {
             "micro": len(self.micro_parties) + 1,
             "totals": self.repeats * table_v,
@@ -223,7 +224,7 @@ def _zscore(plan: BenchPlan, run: BenchRun) -> list[Section]:
 def _precision(plan: BenchPlan, run: BenchRun) -> list[Section]:
     return [zscore.table_vi(plan.precision_seeds, plan.parties, plan.preset, plan.command,
                             plan.precision_modes),
-            protocols.precision(plan.costly_seeds, plan.parties, plan.preset, plan.command)]
+            precision.precision(plan.costly_seeds, plan.parties, plan.preset, plan.command)]
 
 
 def _epsilon(plan: BenchPlan, run: BenchRun) -> list[Section]:

@@ -126,22 +126,16 @@ class Protocol:
 Roles = tuple[ServerRole, PartyRole]
 
 
-def by_algorithm(default: Roles | None, paper: Roles) -> Roles:
+def by_algorithm(default: Roles, paper: Roles) -> Roles:
     """One PPF protocol's two roles, each running the kind ``FitOptions.algorithm`` names
     (the server sends its options to the parties, so all roles run the same kind)."""
     kinds = {"default": default, "paper": paper}
 
-    def roles(options: FitOptions) -> Roles:
-        chosen = kinds[options.algorithm]
-        if chosen is None:
-            raise InputError(f"this method has no {options.algorithm!r} algorithm")
-        return chosen
-
     async def server(ctx: RoleContext, options: FitOptions) -> Normalizer:
-        return await roles(options)[0](ctx, options)
+        return await kinds[options.algorithm][0](ctx, options)
 
     async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> Normalizer:
-        return await roles(options)[1](ctx, X, options)
+        return await kinds[options.algorithm][1](ctx, X, options)
 
     return server, party
 

@@ -5,8 +5,9 @@ write the marker file named by ``FEDNORM_STALL_MARKER``, then sleep.  So the tes
 SIGKILL the party at a known point of the protocol:
 
 - ``plain-round2``: plain z-score, after round one, before it answers round two;
-- ``mhe-setup``: PPF z-score, during collective key generation (relinearization round 2);
-- ``mhe-decrypt``: PPF z-score, when asked for its first decryption share.
+- ``mhe-setup``: the paper's PPF z-score, during collective key generation
+  (relinearization round 2);
+- ``mhe-decrypt``: the paper's PPF z-score, when asked for its first decryption share.
 """
 
 import os

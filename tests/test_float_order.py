@@ -11,7 +11,8 @@ from hypothesis.extra import numpy as hnp
 
 from fednorm.protocols import float_order
 from fednorm.protocols.base import FitOptions
-from fednorm.protocols.rank import SortedColumns, plan_quantiles, round_limit, start_search
+from fednorm.protocols.quantiles import plan_quantiles
+from fednorm.protocols.rank import SortedColumns, round_limit, start_search
 from fednorm.sim.federation import simulate
 
 finite = st.floats(allow_nan=False, allow_infinity=False)

@@ -206,7 +206,9 @@ async def test_a_key_share_the_server_made_for_party_2_is_refused(signed: bool) 
 async def test_an_honest_run_passes_and_every_party_checked_every_share() -> None:
     watch = PartyWatch()
     data = parts(4)
-    result = await run_federation(get_protocol("zscore", "mhe"), data, TEST, timeout=120,
+    # the paper's z-score: its encrypted inverse needs both relinearization rounds
+    result = await run_federation(get_protocol("zscore", "mhe"), data,
+                                  FitOptions(preset="test", algorithm="paper"), timeout=120,
                                   party_tracer=watch)
     pooled = np.vstack(data)
     np.testing.assert_allclose(result.normalizer.mean, pooled.mean(axis=0), rtol=1e-6)

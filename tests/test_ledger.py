@@ -277,7 +277,8 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
     from fednorm.protocols.plain.robust import QUARTILES
     from fednorm.protocols.ppf import kth
     from fednorm.protocols.ppf import minmax as ppf_minmax
-    from fednorm.protocols.rank import plan_quantiles, start_search
+    from fednorm.protocols.quantiles import plan_quantiles
+    from fednorm.protocols.rank import start_search
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, **ppf_minmax.setup_arguments(options))

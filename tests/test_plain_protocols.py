@@ -216,7 +216,8 @@ def test_complex_party_data_is_refused_not_truncated() -> None:
 def test_the_search_announces_the_rounds_it_then_takes(probes: int) -> None:
     """The rank search's planned rounds (shown as 'round k of ~n' by the progress line)
     are within one round of what it takes, and within the parties' round limit."""
-    from fednorm.protocols.rank import SortedColumns, plan_quantiles, round_limit, start_search
+    from fednorm.protocols.quantiles import plan_quantiles
+    from fednorm.protocols.rank import SortedColumns, round_limit, start_search
 
     X = np.random.default_rng(6).normal(size=(500, 3)) * [1.0, 1e-3, 1e6]
     options = FitOptions(epsilon=None, relative_epsilon=1e-6, rank_probes=probes)

@@ -49,7 +49,7 @@ def _order_statistics_quartiles(pooled: np.ndarray) -> np.ndarray:
     """numpy's linear-interpolation quartiles, combined as the protocol combines the
     order statistics it finds (so exact order statistics give exactly these values)."""
     from fednorm.protocols.plain.robust import QUARTILES
-    from fednorm.protocols.rank import plan_quantiles
+    from fednorm.protocols.quantiles import plan_quantiles
 
     counts = np.sum(~np.isnan(pooled), axis=0).astype(np.float64)
     plan = plan_quantiles(counts, QUARTILES)
@@ -103,7 +103,8 @@ async def test_a_default_ppf_robust_party_refuses_rounds_past_the_agreed_plan() 
     from fednorm.protocols.collective import setup_server
     from fednorm.protocols.plain.robust import QUARTILES
     from fednorm.protocols.ppf import kth
-    from fednorm.protocols.rank import plan_quantiles, start_unbounded_search
+    from fednorm.protocols.quantiles import plan_quantiles
+    from fednorm.protocols.rank import start_unbounded_search
     from fednorm.sim.federation import run_federation
 
     async def server(rc, options):

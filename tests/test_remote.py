@@ -343,8 +343,10 @@ def test_a_role_killed_mid_protocol_stops_everyone_with_one_cause_and_nothing_is
     marker = tmp_path / "stalled"
     privacy = phase.split("-")[0]
     stalling = 1 if victim == "party 1" else 3
+    # The paper's z-score: its key setup has the relinearization round to stall in.
+    algorithm = ["--algorithm", "paper"] if privacy == "mhe" else []
     server, port = start_server(spawn, certs, "zscore", outs[0],
-                                "--privacy", privacy, "--preset", "test")
+                                "--privacy", privacy, "--preset", "test", *algorithm)
     honest = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p], timeout=60)
               for p in (1, 2, 3) if p != stalling]
     stalled = start_party(spawn, port, stalling, csvs[stalling - 1], certs, outs[stalling],

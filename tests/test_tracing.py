@@ -41,9 +41,9 @@ def _parts() -> list[np.ndarray]:
 
 def test_a_ppf_run_reports_phases_frames_and_worker_calls_that_match_its_traffic() -> None:
     server, parties = Everything(), Everything()
-    result = trio.run(lambda: run_federation(
-        get_protocol("zscore", "mhe"), _parts(), FitOptions(preset="test"), timeout=300,
-        tracer=server, party_tracer=parties))
+    result = trio.run(lambda: run_federation(  # the paper's: its inverse's calls too
+        get_protocol("zscore", "mhe"), _parts(), FitOptions(preset="test", algorithm="paper"),
+        timeout=300, tracer=server, party_tracer=parties))
     stats = result.report.traffic["server"]
     sent = [e for e in server.frames if e.direction == "sent"]
     received = [e for e in server.frames if e.direction == "received"]
@@ -152,7 +152,8 @@ class PhaseLog(StateTracer):
 
 def test_a_ppf_run_shows_key_setup_the_inverse_and_decryptions() -> None:
     log = PhaseLog()
-    simulate(_parts(), "zscore", "mhe", FitOptions(preset="test"), timeout=300, tracer=log)
+    simulate(_parts(), "zscore", "mhe", FitOptions(preset="test", algorithm="paper"),
+             timeout=300, tracer=log)
     shown = " | ".join(log.lines)
     for phase in ("key setup", "inverse", "inverse › ciphertext refresh", "decryption"):
         assert f"{phase} ·" in shown, shown

@@ -24,7 +24,8 @@ from fednorm.protocols.ledger import declare
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain import kth
 from fednorm.protocols.plain.minmax import local_extremes
-from fednorm.protocols.rank import SortedColumns, plan_quantiles, probe_limit, start_search
+from fednorm.protocols.quantiles import plan_quantiles
+from fednorm.protocols.rank import SortedColumns, probe_limit, start_search
 
 QUARTILES = (0.25, 0.5, 0.75)
 

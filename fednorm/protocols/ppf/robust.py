@@ -47,10 +47,9 @@ from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain.robust import QUARTILES, RobustResult
 from fednorm.protocols.ppf import kth
 from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.quantiles import QuantilePlan, plan_quantiles
 from fednorm.protocols.rank import (
-    QuantilePlan,
     SortedColumns,
-    plan_quantiles,
     probe_limit,
     round_limit,
     search_probes,

@@ -9,6 +9,7 @@ party's name, or asks for one set twice is refused, and receives no share.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 
@@ -114,3 +115,41 @@ def test_a_relayed_upload_must_carry_its_index() -> None:
     refusal, received = _attack(forge)
     assert "sum decryption request" in str(refusal) and "sum upload #" in str(refusal)
     assert received == []
+
+
+@pytest.mark.parametrize("method", ["zscore", "robust", "minmax", "yeojohnson"])
+def test_a_default_protocol_refuses_any_plain_decryption(method: str) -> None:
+    """The default protocols decrypt only pooled uploads each party recomputes: a plain
+    decryption request for a party's own upload (the server's substitution of a single
+    upload for the aggregate) is refused by every party, and the server gets no share."""
+    from fednorm.protocols.collective import DecryptRequest, setup_server
+    from fednorm.protocols.ppf.keys import NEEDS
+
+    received: list[int] = []
+
+    async def server(rc, options):
+        await setup_server(rc, options.preset, **NEEDS[method](options))
+        with rc.subprotocol("extremes") if method in ("minmax", "yeojohnson") \
+                else nullcontext():
+            own = await _first_upload(rc, method)
+            replies = await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
+                                           DecryptShare)
+        received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
+        raise ProtocolError("the attacking server stops here")
+
+    with pytest.raises(ProtocolError, match="decrypt"):
+        trio.run(partial(run_federation, deviating(method, server=server), PARTS,
+                         FitOptions(preset="test"), timeout=60))
+    assert received == []
+
+
+async def _first_upload(rc, method: str):
+    """Party 1's first upload of a default protocol, as the server receives it."""
+    from fednorm.protocols.ppf import extremes, pooled
+
+    if method == "zscore":
+        return (await rc.gather(ppf_zscore.EncryptedSums))[1].total.ciphertext
+    if method == "robust":
+        return (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
+    # MinMax and Yeo-Johnson start with the extremes' bits
+    return (await rc.gather(extremes.EncryptedBits))[1].chunks[0].ciphertext

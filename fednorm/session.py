@@ -297,6 +297,20 @@ def needs_vabs(protocol: Protocol, options: FitOptions) -> bool:
             and options.algorithm == "paper")
 
 
+def check_options_used(protocols: Sequence[Protocol], options: FitOptions) -> None:
+    """InputError for an option the user set that no protocol of the run reads, since a
+    run that silently ignores it looks like one that used it."""
+    if options.vabs is not None and not any(needs_vabs(p, options) for p in protocols):
+        raise InputError("--vabs bounds |x| for the paper's PPF minmax, robust and yeojohnson "
+                         "only (--privacy mhe --algorithm paper); this run would ignore it")
+    if options.reveal_counts and not any(
+            p.privacy == "mhe" and p.method == "zscore" and options.algorithm == "paper"
+            for p in protocols):
+        raise InputError("--reveal-counts chooses how the paper's PPF z-score treats n_g "
+                         "(--privacy mhe --algorithm paper --method zscore; the default "
+                         "algorithm always reveals it); this run would ignore it")
+
+
 def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
                       features: Sequence[str] | None = None) -> None:
     """A party's values against the agreed V_abs, before anything is encrypted, with the

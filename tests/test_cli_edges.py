@@ -366,3 +366,21 @@ def test_the_version_and_every_default_are_shown(capsys: pytest.CaptureFixture[s
         assert shown in flat
     code, out, _ = run_cli(["demo", "--help"], capsys)
     assert "number of parties (default 10)" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("flags, what", [
+    (["--privacy", "plain", "--vabs", "10"], "--vabs"),
+    (["--privacy", "mhe", "--vabs", "10"], "--vabs"),  # the default algorithm needs none
+    (["--privacy", "mhe", "--method", "minmax", "--reveal-counts"], "--reveal-counts"),
+    (["--privacy", "mhe", "--reveal-counts"], "--reveal-counts"),  # default z-score
+])
+def test_an_option_the_run_would_ignore_is_refused(
+    flags: list[str], what: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A flag no protocol of the run reads exits 2 naming it, before any work."""
+    args = ["simulate", "--parties", "2", "--preset", "test", *flags]
+    if "--method" not in flags:
+        args += ["--method", "zscore"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and out == ""
+    assert what in err and "would ignore it" in err, err

@@ -807,6 +807,7 @@ def edit(base: list[str], **changes: str) -> list[str]:
     ([*SERVE, "--features", "a,,b"], "non-empty names"),
     ([*SERVE, "--epsilon", "inf"], "epsilon must be a finite"),
     ([*SERVE, "--vabs", "-1"], "vabs bounds must be finite positive"),
+    ([*SERVE, "--vabs", "10"], "--vabs bounds .* this run would ignore it"),
 ])
 def test_bad_input_exits_2_before_connecting(
     args: list[str], message: str, certs: Path, csvs: list[Path], tmp_path: Path,

@@ -19,6 +19,7 @@ from fednorm.cli.progress import add_quiet_option, progress_for
 from fednorm.engine.errors import InputError
 from fednorm.multihost.files import load_csv
 from fednorm.protocols import METHODS, Normalizer, fit_local
+from fednorm.session import SessionPlan, check_options_used
 from fednorm.session import parse_methods as parse_method_list
 from fednorm.sim.federation import (
     SessionResult,
@@ -99,6 +100,7 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     in mhe mode one key setup, reported apart, then every method on those keys."""
     split = SplitSpec.parse(args.split)
     options = fit_options(args)
+    check_options_used(SessionPlan(tuple(args.method), args.privacy).protocols, options)
     dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
     label = ",".join(args.method)

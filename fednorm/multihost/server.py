@@ -37,6 +37,7 @@ from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
+    check_options_used,
     needs_vabs,
     options_to_wire,
     play_session,
@@ -255,6 +256,7 @@ class Server:
         self._log(f"party {party} left session {lobby.session} before the start: {reason}")
 
     def _check_options(self, features: Sequence[str] | None) -> None:
+        check_options_used(self.plan.protocols, self.config.options)
         for protocol in self.plan.protocols:
             check_server_options(protocol, self.config.options, features)
 

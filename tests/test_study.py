@@ -104,6 +104,21 @@ def test_store_skips_done_cells_and_drops_a_half_written_row(tmp_path):
     assert keys(read_rows(path)) == [a.key(), b.key()]
 
 
+def test_a_store_that_wrote_no_row_leaves_no_file(tmp_path):
+    """An experiment that fails before its first run finishes leaves no header-only CSV;
+    an existing results file is kept as it was, and a header comes with the first row."""
+    path = tmp_path / "r.csv"
+    with pytest.raises(RuntimeError), ResultStore(path):
+        raise RuntimeError("the experiment failed")
+    assert not path.exists()
+    a = Cell("bcw", "iid", 10, "none", 0)
+    with ResultStore(path) as store:
+        store.append(row_for(a, test_f1=0.9))
+    with ResultStore(path):
+        pass
+    assert keys(read_rows(path)) == [a.key()]
+
+
 def test_store_refuses_a_foreign_file_and_a_second_writer(tmp_path):
     foreign = tmp_path / "other.csv"
     foreign.write_text("a,b\n1,2\n", encoding="utf-8")

@@ -226,12 +226,15 @@ class ResultStore:
 
     The file is locked while open so two experiments cannot interleave rows. A run
     killed in the middle of writing leaves at most a partial last line; it is cut off
-    on reopening, so the interrupted cell simply runs again.
+    on reopening, so the interrupted cell simply runs again.  The header is written with
+    the first row, and a file this store created but never wrote a row to is removed on
+    close: an experiment that fails before any run finishes leaves nothing behind.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = not self.path.exists()
         self._file: IO[str] = self.path.open("a+", encoding="utf-8", newline="")
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -240,8 +243,6 @@ class ResultStore:
             raise InputError(f"{self.path} is in use by another experiment") from None
         self._drop_partial_line()
         self.done = {self._key(row) for row in self.rows()}
-        if self.path.stat().st_size == 0:
-            self._write(dict(zip(COLUMNS, COLUMNS, strict=True)))
 
     def rows(self) -> list[dict[str, str]]:
         self._file.seek(0)
@@ -251,6 +252,8 @@ class ResultStore:
         return list(reader)
 
     def append(self, row: dict[str, object]) -> None:
+        if self.path.stat().st_size == 0:
+            self._write(dict(zip(COLUMNS, COLUMNS, strict=True)))
         self._write(row)
         self.done.add(self._key(row))
 
@@ -258,7 +261,10 @@ class ResultStore:
         return [cell for cell in cells if cell.key() not in self.done]
 
     def close(self) -> None:
+        empty = self.path.stat().st_size == 0
         self._file.close()
+        if self._created and empty:
+            self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> ResultStore:
         return self

@@ -384,3 +384,24 @@ def test_an_option_the_run_would_ignore_is_refused(
     code, out, err = run_cli(args, capsys)
     assert code == 2 and out == ""
     assert what in err and "would ignore it" in err, err
+
+
+def test_force_replaces_an_earlier_runs_outputs_and_keeps_other_files(tmp_path: Path) -> None:
+    """A multi-method run written over a one-method run's ``--out`` (``--force``) leaves
+    no ``params.json`` or ``normalized.csv`` of the earlier run beside its own, and
+    touches nothing else; back to one method, the per-method directories go."""
+    from fednorm.multihost.files import replace_outputs
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "params.json").write_text("{}")
+    (out / "normalized.csv").write_text("a\n1\n")
+    (out / "notes.txt").write_text("mine")
+    written = replace_outputs(out, {out / "zscore" / "params.json": b"{}",
+                                    out / "minmax" / "params.json": b"{}"})
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) \
+        == ["minmax/params.json", "notes.txt", "zscore/params.json"]
+    assert len(written) == 2
+    replace_outputs(out, {out / "params.json": b"{}"})
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) \
+        == ["notes.txt", "params.json"]

@@ -27,7 +27,7 @@ from fednorm.multihost.files import (
     check_out_dir,
     load_party_data,
     party_outputs,
-    write_atomically,
+    replace_outputs,
 )
 from fednorm.multihost.party import Party
 from fednorm.multihost.server import Server, SessionOutcome
@@ -121,7 +121,7 @@ def party_command(args: argparse.Namespace) -> int:
                   log=_logger(f"party {args.id}", progress), tracer=progress)
     with progress or nullcontext():
         run = _run(lambda: party.run(data.X, data.features))
-    written = write_atomically(party_outputs(args.out, data, run))
+    written = replace_outputs(args.out, party_outputs(args.out, data, run))
     print(f"party {args.id}: {run.plan.name} session {run.welcome.session} done; "
           f"wrote {', '.join(map(str, written))}")
     return 0

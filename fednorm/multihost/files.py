@@ -20,7 +20,7 @@ import numpy as np
 
 from fednorm.engine.errors import FednormError, InputError
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import Protocol, check_party_data
+from fednorm.protocols.base import METHODS, Protocol, check_party_data
 from fednorm.sim.datasets import Dataset, load_dataset
 
 if TYPE_CHECKING:
@@ -202,6 +202,27 @@ def party_outputs(out: Path, data: PartyData, run: PartyRun) -> dict[Path, bytes
         files[where / PARAMS_JSON] = params_document(
             protocol, run.welcome.parties, run.welcome.session, data.features, normalizer)
     return files
+
+
+def replace_outputs(out: Path, files: Mapping[Path, bytes]) -> list[Path]:
+    """Write ``files`` (all or none), then remove fednorm's own outputs in ``out`` that an
+    earlier run left and this one did not write: after ``--force``, a one-method run's
+    ``params.json`` beside a multi-method run's ``<method>/`` directories (or the other
+    way round) would read as a result of this run.  Other files are left alone."""
+    written = write_atomically(files)
+    for stale in sorted(_outputs_in(out) - set(written)):
+        stale.unlink(missing_ok=True)
+    for method in METHODS:
+        with suppress(OSError):  # only if now empty
+            (out / method).rmdir()
+    return written
+
+
+def _outputs_in(out: Path) -> set[Path]:
+    """The files fednorm writes that exist in ``out`` or its per-method directories."""
+    places = [out, *(out / method for method in METHODS)]
+    return {place / name for place in places for name in (PARAMS_JSON, NORMALIZED_CSV)
+            if (place / name).is_file()}
 
 
 def write_atomically(files: Mapping[Path, bytes]) -> list[Path]:

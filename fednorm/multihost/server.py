@@ -20,7 +20,7 @@ from fednorm.engine.errors import FednormError, InputError, PartyDropped
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, ServerConfig, quiet
-from fednorm.multihost.files import check_out_dir, params_document, params_path, write_atomically
+from fednorm.multihost.files import check_out_dir, params_document, params_path, replace_outputs
 from fednorm.multihost.handshake import (
     NET_VERSION,
     PartyWithdrew,
@@ -278,7 +278,7 @@ class Server:
         out = self.session_dir(outcome.number)
         if out is None or not outcome.normalizers:
             return []
-        return write_atomically({
+        return replace_outputs(out, {
             params_path(out, self.plan, protocol): params_document(
                 protocol, self.config.parties, outcome.session, outcome.features, normalizer)
             for protocol, normalizer in zip(self.plan.protocols, outcome.normalizers,

@@ -405,3 +405,22 @@ def test_force_replaces_an_earlier_runs_outputs_and_keeps_other_files(tmp_path: 
     replace_outputs(out, {out / "params.json": b"{}"})
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) \
         == ["notes.txt", "params.json"]
+
+
+def test_the_readme_names_every_json_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """The keys `simulate --json` prints, one method and several, as the README lists."""
+    import json
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    one = text[text.index("With `--json` it prints one object with the keys"):]
+    one_keys = re.findall(r"`(\w+)`", one[:one.index(";")])
+    several = text[text.index("it prints one object with the session's keys"):]
+    several_keys = [*re.findall(r"`(\w+)`", several[:several.index(" (under mhe")]), "runs"]
+    code, out, _ = run_cli(["simulate", "--parties", "2", "--method", "zscore", "--json"],
+                           capsys)
+    assert code == 0 and list(json.loads(out)) == one_keys
+    code, out, _ = run_cli(["simulate", "--parties", "2", "--method", "zscore,minmax",
+                            "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and list(report) == several_keys
+    assert list(report["runs"][0]) == one_keys

@@ -311,6 +311,34 @@ def check_options_used(protocols: Sequence[Protocol], options: FitOptions) -> No
                          "algorithm always reveals it); this run would ignore it")
 
 
+def check_epsilon_reachable(X: np.ndarray, protocol: Protocol, options: FitOptions,
+                            features: Sequence[str] | None = None) -> None:
+    """InputError, naming the features, where an absolute ε is finer than float64 can
+    resolve at a feature's magnitude: no search can reach it (it would go on to one float
+    and call that ε)."""
+    if protocol.method != "robust" or options.epsilon is None:
+        return
+    largest = np.nanmax(np.abs(X), axis=0, initial=0.0)
+    spacing = np.spacing(largest)
+    names = feature_labels(X.shape[1], features)
+    finer = [f"{names[j]} (float64 spacing {spacing[j]:.3g} at |x| up to {largest[j]:.6g})"
+             for j in np.flatnonzero(spacing > options.epsilon)]
+    if finer:
+        raise InputError(f"--epsilon {options.epsilon:g} is finer than float64 resolves for "
+                         + ", ".join(finer) + "; use a larger ε, or none (exact)")
+
+
+def check_party_inputs(arrays: Sequence[np.ndarray], protocols: Sequence[Protocol],
+                       options: FitOptions, features: Sequence[str] | None = None) -> None:
+    """Every party's data against the run's options, before any work: within V_abs and
+    not asking for an ε finer than its values resolve."""
+    for protocol in protocols:
+        for X in arrays:
+            if features is not None:  # unnamed, the protocol's own check numbers them
+                check_within_vabs(X, protocol, options, features)
+            check_epsilon_reachable(X, protocol, options, features)
+
+
 def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
                       features: Sequence[str] | None = None) -> None:
     """A party's values against the agreed V_abs, before anything is encrypted, with the

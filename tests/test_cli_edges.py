@@ -424,3 +424,21 @@ def test_the_readme_names_every_json_key(capsys: pytest.CaptureFixture[str]) -> 
     report = json.loads(out)
     assert code == 0 and list(report) == several_keys
     assert list(report["runs"][0]) == one_keys
+
+
+def test_an_epsilon_below_the_float_spacing_is_refused_naming_the_feature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ε = 1e-14 on values up to 800: float64 cannot resolve it there, so no search could
+    reach it; exit 2 before any work, the feature named, the small one not."""
+    rows = "\n".join(f"{i / 10},{i * 100},{i % 2}" for i in range(1, 9))
+    data = csv_file(tmp_path / "d.csv", f"small,large,label\n{rows}\n")
+    for privacy in ("plain", "mhe"):
+        code, out, err = run_cli(["simulate", "--dataset", data, "--target", "label",
+                                  "--parties", "2", "--method", "robust", "--privacy",
+                                  privacy, "--preset", "test", "--epsilon", "1e-14"], capsys)
+        assert code == 2 and out == ""
+        # each party checks its own values: the first party to hold a large one names it
+        assert re.search(r"'large' \(float64 spacing 1.14e-13 at \|x\| up to [5-8]00\)",
+                         err), err
+        assert "'small'" not in err

@@ -31,6 +31,7 @@ from fednorm.protocols.base import check_party_data
 from fednorm.session import (
     SessionPlan,
     StepContexts,
+    check_epsilon_reachable,
     check_real,
     check_within_vabs,
     input_rejected,
@@ -94,14 +95,17 @@ async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndar
     """Check the data against what the welcome announced (V_abs); if it does not fit,
     tell the server so (the category, not which values) before leaving, so that every
     role stops with this cause; the detail stays on this party's console."""
-    try:
-        for protocol in plan.protocols:
-            check_within_vabs(X, protocol, options, features)
-    except InputError as exc:
-        cause = input_rejected(party, "values beyond the agreed V_abs")
-        with trio.move_on_after(1.0), suppress(FednormError):
-            await send_handshake(link, Withdraw(cause))
-        raise InputError(f"{cause}: {exc}") from None
+    for check, category in ((check_within_vabs, "values beyond the agreed V_abs"),
+                            (check_epsilon_reachable,
+                             "an ε finer than its values' float64 spacing")):
+        try:
+            for protocol in plan.protocols:
+                check(X, protocol, options, features)
+        except InputError as exc:
+            cause = input_rejected(party, category)
+            with trio.move_on_after(1.0), suppress(FednormError):
+                await send_handshake(link, Withdraw(cause))
+            raise InputError(f"{cause}: {exc}") from None
     await send_handshake(link, Ready(session))
 
 

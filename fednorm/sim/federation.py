@@ -31,7 +31,7 @@ from fednorm.session import (
     check_federation_data,
     check_fit_options,
     check_no_overflow,
-    check_within_vabs,
+    check_party_inputs,
     play,
     role_context,
     root_cause,
@@ -117,9 +117,7 @@ async def run_federation(
     """
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
-    if features is not None:  # named here; unnamed, the protocol's own check numbers them
-        for X in arrays:
-            check_within_vabs(X, protocol, options, features)
+    check_party_inputs(arrays, [protocol], options, features)
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     server_links, party_links = star_links(party_ids)
@@ -202,7 +200,8 @@ def simulate_session(
     keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
     keys`); each protocol then reuses them, so its report holds its own cost only."""
     protocols = [get_protocol(method, privacy) for method in methods]
-    check_federation_data(party_data)
+    check_party_inputs(check_federation_data(party_data), protocols,
+                       check_fit_options(options or FitOptions()), features)
     keys = FederationKeys()
     keyrings = trusted_setup(range(1, len(party_data) + 1))
 

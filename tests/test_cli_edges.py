@@ -442,3 +442,29 @@ def test_an_epsilon_below_the_float_spacing_is_refused_naming_the_feature(
         assert re.search(r"'large' \(float64 spacing 1.14e-13 at \|x\| up to [5-8]00\)",
                          err), err
         assert "'small'" not in err
+
+
+def test_simulate_errors_are_against_the_rows_the_parties_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A feature split adds noise to the parties' rows: the errors compare with the fit on
+    those rows (exact here), and the centered diabetes features' means (~1e-17) are judged
+    in units of their spread, not against themselves."""
+    import json
+
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    rows = "\n".join(",".join(repr(float(v)) for v in [*row, t])
+                     for row, t in zip(X, y, strict=True))
+    header = ",".join([f"f{j}" for j in range(X.shape[1])] + ["target"])
+    data = csv_file(tmp_path / "diabetes.csv", f"{header}\n{rows}\n")
+    for split in ("feature:0.5", "iid"):
+        # robust: the search stops within 1e-9 of each feature's range (a few spreads)
+        for method, bound in (("zscore", 1e-12), ("minmax", 0.0), ("robust", 1e-8)):
+            code, out, err = run_cli(["simulate", "--dataset", data, "--target", "target",
+                                      "--parties", "4", "--split", split, "--method",
+                                      method, "--json"], capsys)
+            assert code == 0, err
+            report = json.loads(out)
+            assert report["max_rel_error"] <= bound, (split, method, report["max_rel_error"])

@@ -41,17 +41,38 @@ class Comparison:
     max_rel_error: float
 
 
-def compare(federated: Normalizer, pooled: Normalizer) -> Comparison:
+SPREAD_POWER = {"var": 2, "lambda": 0}
+"""Each parameter's units as a power of the feature's spread (1 for the rest: values)."""
+
+
+def compare(federated: Normalizer, pooled: Normalizer, spread: np.ndarray) -> Comparison:
+    """The worst absolute error and the worst relative error, |federated − pooled| /
+    max(|pooled|, the feature's spread in the parameter's units): a statistic near 0
+    (a centered feature's mean) is judged against the feature's spread, not against
+    itself.  ``spread`` per feature: the pooled data's standard deviation (Yeo-Johnson's
+    mean and variance: the transformed data's, its pooled variance's root)."""
     fed, ref = federated.params(), pooled.params()
     abs_errors, rel_errors = [0.0], [0.0]
     for name in fed:
         a, b = np.asarray(fed[name]), np.asarray(ref[name])
+        scale = spread ** SPREAD_POWER.get(name, 1)
+        if name in ("mean", "var") and "lambda" in ref:  # of the transformed data
+            scale = np.sqrt(np.asarray(ref["var"])) ** SPREAD_POWER.get(name, 1)
         both = np.isfinite(a) & np.isfinite(b)
         diff = np.abs(a[both] - b[both])
         abs_errors.extend(diff)
-        nonzero = b[both] != 0
-        rel_errors.extend(diff[nonzero] / np.abs(b[both][nonzero]))
+        unit = np.fmax(np.abs(b[both]), np.nan_to_num(scale[both]))
+        rel_errors.extend(diff[unit > 0] / unit[unit > 0])
     return Comparison(fed, ref, float(max(abs_errors)), float(max(rel_errors)))
+
+
+def feature_spread(X: np.ndarray) -> np.ndarray:
+    """Each feature's population standard deviation over its present values (0 where it
+    has none)."""
+    count = np.maximum(np.sum(~np.isnan(X), axis=0), 1)
+    mean = np.nansum(X, axis=0) / count
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.nan_to_num(np.sqrt(np.nansum((X - mean) ** 2, axis=0) / count))
 
 
 def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]]:
@@ -115,8 +136,11 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
         else:
             session = simulate_session(arrays, args.method, args.privacy, options,
                                        features=dataset.feature_names, tracer=progress)
-        runs = [MethodRun(method, result,
-                          compare(result.normalizer, fit_local(method, dataset.X, options)))
+        # The reference: the pooled rows the parties hold (a feature split adds noise).
+        held = np.vstack(arrays)
+        runs = [MethodRun(method, result, compare(result.normalizer,
+                                                  fit_local(method, held, options),
+                                                  feature_spread(held)))
                 for method, result in zip(args.method, session.results, strict=True)]
     return SimulateOutcome(dataset.feature_names, session.setup, runs)
 
@@ -207,6 +231,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "with --privacy mhe they share one joint key setup (default zscore)")
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(p)
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout; errors are against the pooled rows the "
+                        "parties hold, max_rel_error in units of max(|pooled value|, the "
+                        "feature's spread)")
     add_quiet_option(p)
     p.set_defaults(handler=simulate_command)

@@ -281,3 +281,31 @@ def test_over_tcp_a_share_signed_with_the_server_s_certificate_is_refused(
         assert isinstance(errors[party], ProtocolError), errors
         assert "certificate sent for party 2 is no party's" in str(errors[party])
     watch.assert_nothing_encrypted()
+
+
+def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
+    certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The substitution attack over TCP and TLS against the default z-score: the server
+    asks every party for a plain decryption share of party 1's own Σx upload; each party
+    refuses (its phases declare only decryptions of pooled uploads it recomputes) and the
+    server receives no share."""
+    from fednorm.protocols.collective import DecryptRequest, DecryptShare, setup_server
+    from fednorm.protocols.collective.rounds import request_shares
+    from fednorm.protocols.ppf import zscore as ppf_zscore
+
+    received: list[object] = []
+
+    async def server(rc, options):
+        await setup_server(rc, options.preset, **ppf_zscore.setup_arguments(options))
+        own = (await rc.gather(ppf_zscore.EncryptedSums))[1].total.ciphertext
+        received.extend(await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
+                                             DecryptShare))
+        raise ProtocolError("the attacking server stops here")
+
+    errors, _, outcome = tcp_run(certs, server, monkeypatch)
+    assert sorted(errors) == [1, 2, 3] and outcome.error is not None
+    for error in errors.values():  # each party's own refusal, not the server's word
+        assert isinstance(error, ProtocolError), error
+        assert "asked for more decryptions than the protocol step declares" in str(error)
+    assert received == []

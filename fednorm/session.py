@@ -33,7 +33,6 @@ from fednorm.protocols.base import METHODS, Protocol, check_party_data
 from fednorm.protocols.ppf.keys import setup_protocol
 
 T = TypeVar("T")
-VABS_METHODS = ("minmax", "robust", "yeojohnson")  # the paper's PPF protocols need V_abs
 LOCATION_PARAMS = ("mean", "median", "min")  # NaN exactly when a feature has no values
 
 
@@ -291,10 +290,9 @@ def feature_labels(width: int, features: Sequence[str] | None = None) -> list[st
 
 
 def needs_vabs(protocol: Protocol, options: FitOptions) -> bool:
-    """Only the paper's PPF MinMax, robust scaling and Yeo-Johnson need a bound V_abs
-    (the default algorithm searches the float order instead)."""
-    return (protocol.privacy == "mhe" and protocol.method in VABS_METHODS
-            and options.algorithm == "paper")
+    """Whether the algorithm ``options`` pick runs on an agreed bound V_abs, as the
+    protocol declares it (the paper's PPF MinMax, robust scaling and Yeo-Johnson)."""
+    return protocol.kind(options).needs_vabs
 
 
 def check_options_used(protocols: Sequence[Protocol], options: FitOptions) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from fednorm.protocols import get_protocol
 from fednorm.protocols.base import PartyRole, Protocol, ServerRole
 
@@ -12,7 +10,7 @@ def deviating(method: str, privacy: str = "mhe", *, server: ServerRole | None = 
               party: PartyRole | None = None) -> Protocol:
     """The registered protocol with ``server`` and/or ``party`` in place of its roles."""
     protocol = get_protocol(method, privacy)
-    return replace(protocol, server=server or protocol.server, party=party or protocol.party)
+    return protocol.with_roles(server, party)
 
 
 async def zscore_server_start(rc, options):

@@ -107,13 +107,13 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
     from fednorm.protocols.collective import setup_server
     from fednorm.protocols.ppf import pooled
     from fednorm.protocols.ppf import zscore as ppf_zscore
-    from fednorm.protocols.ppf.keys import NEEDS
+    from fednorm.protocols.ppf.keys import key_needs
 
     first = {"zscore": ppf_zscore.EncryptedSums, "robust": pooled.EncryptedSum}[method]
     read: dict[int, np.ndarray] = {}
 
     async def server(rc, options):
-        crypto = await setup_server(rc, options.preset, **NEEDS[method](options))
+        crypto = await setup_server(rc, options.preset, **key_needs([method], options))
         await rc.gather(first)
         await _attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
 

@@ -43,7 +43,7 @@ from fednorm.protocols.collective.sums import (
     sign_upload,
 )
 from fednorm.protocols.ppf import extremes
-from fednorm.protocols.ppf.keys import NEEDS
+from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate
 
 TEST = FitOptions(preset="test")
@@ -138,8 +138,8 @@ def test_random_federations_give_numpys_extremes(federation) -> None:
 
 
 def test_the_default_minmax_needs_the_relinearization_key_only() -> None:
-    assert NEEDS["minmax"](TEST) == {"relinearize": True, "rotations": ()}
-    paper = NEEDS["minmax"](FitOptions(preset="test", algorithm="paper"))
+    assert key_needs(["minmax"], TEST) == {"relinearize": True, "rotations": ()}
+    paper = key_needs(["minmax"], FitOptions(preset="test", algorithm="paper"))
     assert paper["rotations"], "the paper's MinMax rotates by its slot block"
 
 

@@ -123,12 +123,12 @@ def test_a_default_protocol_refuses_any_plain_decryption(method: str) -> None:
     decryption request for a party's own upload (the server's substitution of a single
     upload for the aggregate) is refused by every party, and the server gets no share."""
     from fednorm.protocols.collective import DecryptRequest, setup_server
-    from fednorm.protocols.ppf.keys import NEEDS
+    from fednorm.protocols.ppf.keys import key_needs
 
     received: list[int] = []
 
     async def server(rc, options):
-        await setup_server(rc, options.preset, **NEEDS[method](options))
+        await setup_server(rc, options.preset, **key_needs([method], options))
         with rc.subprotocol("extremes") if method in ("minmax", "yeojohnson") \
                 else nullcontext():
             own = await _first_upload(rc, method)

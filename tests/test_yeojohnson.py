@@ -312,7 +312,7 @@ def test_party_moments_of_many_features_at_once_are_each_features() -> None:
 
 # -- misbehaving peers --------------------------------------------------------------------
 def _run_with(server, party, parts: list[np.ndarray]) -> None:
-    protocol = Protocol("yeojohnson-plain", "yeojohnson", "plain", server, party)
+    protocol = Protocol.single("yeojohnson-plain", "yeojohnson", "plain", server, party)
     trio.run(lambda: run_federation(protocol, parts, timeout=10))
 
 

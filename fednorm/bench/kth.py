@@ -75,7 +75,7 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, found: KthRounds) -> Protoco
         nothing = np.full(X.shape[1], np.nan)
         return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)
 
-    return Protocol("kth-mhe", "robust", "mhe", server, party)
+    return Protocol.single("kth-mhe", "robust", "mhe", server, party)
 
 
 def kth_vs_epsilon(epsilons: Sequence[float], parties: int = 10, preset: str = "paper",

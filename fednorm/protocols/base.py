@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -112,41 +112,74 @@ PartyRole = Callable[[RoleContext, np.ndarray, FitOptions], Awaitable[Normalizer
 LocalFit = Callable[[np.ndarray, FitOptions], Normalizer]
 
 
+KeyNeeds = Callable[[FitOptions], dict[str, object]]
+
+
+def no_keys(options: FitOptions) -> dict[str, object]:
+    """The key needs of a protocol that needs no joint keys (plain)."""
+    return {}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One algorithm of a protocol, declared in one place: its two roles, the joint keys
+    it needs (for a PPF session's one key setup) and whether it needs an agreed V_abs."""
+
+    server: ServerRole
+    party: PartyRole
+    key_needs: KeyNeeds = no_keys
+    needs_vabs: bool = False
+
+
 @dataclass(frozen=True)
 class Protocol:
-    """A registered protocol: its id on the wire and its two roles."""
+    """A registered protocol: its id on the wire and its algorithms (plain protocols have
+    one, "default"); its roles run the kind ``FitOptions.algorithm`` names (the server
+    sends its options to the parties, so all roles run the same kind)."""
 
     name: str
     method: str
     privacy: str
-    server: ServerRole
-    party: PartyRole
+    kinds: Mapping[str, Kind]
 
+    @classmethod
+    def single(cls, name: str, method: str, privacy: str, server: ServerRole,
+               party: PartyRole, key_needs: KeyNeeds = no_keys) -> Protocol:
+        """A protocol whose every algorithm runs the same two roles (a key-setup step,
+        a test's or a benchmark's own protocol)."""
+        kind = Kind(server, party, key_needs)
+        return cls(name, method, privacy, {"default": kind, "paper": kind})
 
-Roles = tuple[ServerRole, PartyRole]
+    def with_roles(self, server: ServerRole | None = None, party: PartyRole | None = None
+                   ) -> Protocol:
+        """The same protocol with its server's or parties' role replaced in every kind."""
+        kinds = {name: replace(kind, server=server or kind.server, party=party or kind.party)
+                 for name, kind in self.kinds.items()}
+        return replace(self, kinds=kinds)
 
+    def kind(self, options: FitOptions) -> Kind:
+        return self.kinds[options.algorithm if self.privacy == "mhe" else "default"]
 
-def by_algorithm(default: Roles, paper: Roles) -> Roles:
-    """One PPF protocol's two roles, each running the kind ``FitOptions.algorithm`` names
-    (the server sends its options to the parties, so all roles run the same kind)."""
-    kinds = {"default": default, "paper": paper}
+    async def server(self, ctx: RoleContext, options: FitOptions) -> Normalizer:
+        return await self.kind(options).server(ctx, options)
 
-    async def server(ctx: RoleContext, options: FitOptions) -> Normalizer:
-        return await kinds[options.algorithm][0](ctx, options)
-
-    async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> Normalizer:
-        return await kinds[options.algorithm][1](ctx, X, options)
-
-    return server, party
+    async def party(self, ctx: RoleContext, X: np.ndarray, options: FitOptions
+                    ) -> Normalizer:
+        return await self.kind(options).party(ctx, X, options)
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}
 _LOCAL_FITS: dict[str, LocalFit] = {}
 
 
-def register(method: str, privacy: str, server: ServerRole, party: PartyRole) -> Protocol:
-    """Make a protocol available by (method, privacy)."""
-    protocol = Protocol(f"{method}-{privacy}", method, privacy, server, party)
+def register(method: str, privacy: str, default: Kind, paper: Kind | None = None
+             ) -> Protocol:
+    """Make a protocol available by (method, privacy): a PPF one with both algorithms, a
+    plain one with its one."""
+    kinds = {"default": default} if paper is None else {"default": default, "paper": paper}
+    if privacy == "mhe" and paper is None:
+        raise ValueError(f"{method}-mhe needs both algorithms, default and paper")
+    protocol = Protocol(f"{method}-{privacy}", method, privacy, kinds)
     _PROTOCOLS[method, privacy] = protocol
     return protocol
 

@@ -13,6 +13,7 @@ from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
+    Kind,
     check_party_data,
     gathered_vectors,
     register,
@@ -73,5 +74,5 @@ def fit_local(X: np.ndarray, options: FitOptions) -> MinMaxNormalizer:
     return MinMaxNormalizer(finite_or_nan(low), finite_or_nan(high), rows=X.shape[0])
 
 
-register("minmax", "plain", server, party)
+register("minmax", "plain", Kind(server, party))
 register_local("minmax", fit_local)

@@ -14,6 +14,7 @@ from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
+    Kind,
     check_party_data,
     feature_counts,
     gathered_vectors,
@@ -88,5 +89,5 @@ def fit_local(X: np.ndarray, options: FitOptions) -> RobustNormalizer:
     return _normalizer(quartiles)
 
 
-register("robust", "plain", server, party)
+register("robust", "plain", Kind(server, party))
 register_local("robust", fit_local)

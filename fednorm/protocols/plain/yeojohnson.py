@@ -63,6 +63,7 @@ from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
+    Kind,
     check_party_data,
     feature_counts,
     gathered_vectors,
@@ -357,5 +358,5 @@ def fit_local(X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
     return YeoJohnsonNormalizer(lambdas, scaled.mean, scaled.var)
 
 
-register("yeojohnson", "plain", server, party)
+register("yeojohnson", "plain", Kind(server, party))
 register_local("yeojohnson", fit_local)

@@ -16,6 +16,7 @@ from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
+    Kind,
     check_party_data,
     feature_counts,
     gathered_vectors,
@@ -113,5 +114,5 @@ def fit_local(X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
                             corrected_variance(count, squared, linear), count)
 
 
-register("zscore", "plain", server, party)
+register("zscore", "plain", Kind(server, party))
 register_local("zscore", fit_local)

@@ -10,9 +10,17 @@ roles.
 import numpy as np
 
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import FitOptions, by_algorithm, register
+from fednorm.protocols.base import FitOptions, Kind, register
 from fednorm.protocols.normalizers import Normalizer
-from fednorm.protocols.ppf import extremes, minmax, robust, yeojohnson, yeojohnson_sums, zscore
+from fednorm.protocols.ppf import (
+    extremes,
+    minmax,
+    minmax_layout,
+    robust,
+    yeojohnson,
+    yeojohnson_sums,
+    zscore,
+)
 
 
 async def _zscore_server(rc: RoleContext, options: FitOptions) -> Normalizer:
@@ -23,12 +31,17 @@ async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> 
     return await zscore.party(rc, X, zscore.revealing(options))
 
 
-register("zscore", "mhe", *by_algorithm(default=(_zscore_server, _zscore_party),
-                                        paper=(zscore.server, zscore.party)))
-register("minmax", "mhe", *by_algorithm(default=(extremes.server, extremes.party),
-                                        paper=(minmax.server, minmax.party)))
-register("robust", "mhe", *by_algorithm(default=(robust.server, robust.party),
-                                        paper=(robust.paper_server, robust.paper_party)))
-register("yeojohnson", "mhe", *by_algorithm(
-    default=(yeojohnson_sums.server, yeojohnson_sums.party),
-    paper=(yeojohnson.server, yeojohnson.party)))
+register("zscore", "mhe",
+         Kind(_zscore_server, _zscore_party, zscore.setup_arguments),
+         Kind(zscore.server, zscore.party, zscore.setup_arguments))
+register("minmax", "mhe",
+         Kind(extremes.server, extremes.party, extremes.setup_arguments),
+         Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True))
+register("robust", "mhe",
+         Kind(robust.server, robust.party, robust.setup_arguments),
+         Kind(robust.paper_server, robust.paper_party, minmax_layout.setup_arguments,
+              needs_vabs=True))
+register("yeojohnson", "mhe",
+         Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
+         Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,
+              needs_vabs=True))

@@ -11,51 +11,25 @@ a setup step of its own, so its time and bytes are reported apart from the proto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import METHODS, FitOptions, Protocol
+from fednorm.protocols.base import METHODS, FitOptions, Protocol, get_protocol
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
-from fednorm.protocols.ppf import (
-    extremes,
-    minmax_layout,
-    robust,
-    yeojohnson,
-    yeojohnson_sums,
-    zscore,
-)
-
-KeyNeeds = Callable[[FitOptions], dict[str, object]]
-
-
-def needs_of_algorithm(default: KeyNeeds, paper: KeyNeeds) -> KeyNeeds:
-    """The key needs of the algorithm ``FitOptions.algorithm`` names."""
-    def needs(options: FitOptions) -> dict[str, object]:
-        return (paper if options.algorithm == "paper" else default)(options)
-    return needs
-
-
-NEEDS: dict[str, KeyNeeds] = {
-    "zscore": zscore.setup_arguments,
-    "minmax": needs_of_algorithm(default=extremes.setup_arguments,
-                                 paper=minmax_layout.setup_arguments),
-    "robust": robust.setup_arguments,
-    "yeojohnson": needs_of_algorithm(default=yeojohnson_sums.setup_arguments,
-                                     paper=yeojohnson.setup_arguments),
-}
 
 
 def key_needs(methods: Sequence[str], options: FitOptions) -> dict[str, object]:
-    """The keys that cover every method: relinearization if any needs it, and the union
-    of their rotations."""
-    unknown = [m for m in methods if m not in NEEDS]
+    """The keys that cover every method, as each registered protocol's algorithm declares
+    them (:class:`~fednorm.protocols.base.Kind`): relinearization if any needs it, and the
+    union of their rotations."""
+    unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise InputError(f"a key session needs methods among {', '.join(METHODS)}, "
                          f"got {list(methods)}")
-    needs = [NEEDS[m](options) for m in methods]
+    needs = [get_protocol(m, "mhe").kind(options).key_needs(options) for m in methods]
     rotations = {rotation for n in needs for rotation in n.get("rotations", ())}
     return {"relinearize": any(bool(n.get("relinearize")) for n in needs),
             "rotations": tuple(sorted(rotations))}
@@ -73,4 +47,4 @@ def setup_protocol(methods: Sequence[str]) -> Protocol:
         await setup_party(rc, options.preset, **key_needs(methods, options),
                           **flooding_arguments(options))
 
-    return Protocol("keys-mhe", "keys", "mhe", server, party)
+    return Protocol.single("keys-mhe", "keys", "mhe", server, party)

@@ -75,8 +75,8 @@ then :data:`~.kth.SEARCH_ROUND` per round."""
 
 
 def setup_arguments(options: FitOptions) -> dict[str, object]:
-    """The paper's algorithm needs PPF MinMax's keys; the default only adds counts."""
-    return ppf_minmax.setup_arguments(options) if options.algorithm == "paper" else {}
+    """The default algorithm only adds counts: no relinearization key, no rotation."""
+    return {"relinearize": False}
 
 
 # -- default: the search from the whole float order ----------------------------------
@@ -86,7 +86,7 @@ def default_probes(plan: QuantilePlan, options: FitOptions, slots: int) -> int:
 
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
-    crypto = await setup_server(rc, options.preset)
+    crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     count = await kth.reveal_pooled_counts(crypto)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
     search = start_unbounded_search(plan, count, options,
@@ -96,7 +96,8 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
     X = check_party_data(X)
-    crypto = await setup_party(rc, options.preset, **flooding_arguments(options))
+    crypto = await setup_party(rc, options.preset, **setup_arguments(options),
+                               **flooding_arguments(options))
     count = await kth.share_pooled_counts(crypto, feature_counts(X))
     plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
                           options.quantile_rule)

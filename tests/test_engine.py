@@ -274,7 +274,7 @@ async def test_a_failing_party_cancels_the_federation_and_its_error_surfaces() -
         reached_end.append(ctx.me)
         return result
 
-    protocol = type(zscore)(zscore.name, "zscore", "plain", zscore.server, failing_party)
+    protocol = zscore.with_roles(party=failing_party)
     with trio.fail_after(5), pytest.raises(Boom, match="party 2 broke"):
         await run_federation(protocol, [np.ones((3, 2))] * 3)
     assert reached_end == []
@@ -289,7 +289,7 @@ async def test_a_party_sending_a_wrong_width_vector_is_named() -> None:
             await trio.sleep_forever()
         return await zscore.party(ctx, X, options)
 
-    protocol = type(zscore)(zscore.name, "zscore", "plain", zscore.server, lying_party)
+    protocol = zscore.with_roles(party=lying_party)
     with trio.fail_after(5), pytest.raises(ProtocolError, match="party 3"):
         await run_federation(protocol, [np.ones((3, 2))] * 3)
 

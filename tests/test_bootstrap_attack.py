@@ -99,23 +99,28 @@ def _run_attack(method: str, server, options: FitOptions) -> ProtocolError:
     return refusal.value
 
 
-@pytest.mark.parametrize("method", ["zscore", "robust"])
+@pytest.mark.parametrize("method", ["zscore", "robust", "minmax", "yeojohnson"])
 def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
     """After the parties' first upload, the server asks for a bootstrap share of
     ``c1 = a + K``: no default protocol declares a bootstrap, so every party refuses and
     the server reads nothing (with the paper's z-score, below, it reads every key share)."""
+    from contextlib import nullcontext
+
     from fednorm.protocols.collective import setup_server
-    from fednorm.protocols.ppf import pooled
+    from fednorm.protocols.ppf import extremes, pooled
     from fednorm.protocols.ppf import zscore as ppf_zscore
     from fednorm.protocols.ppf.keys import key_needs
 
-    first = {"zscore": ppf_zscore.EncryptedSums, "robust": pooled.EncryptedSum}[method]
+    first = {"zscore": ppf_zscore.EncryptedSums, "robust": pooled.EncryptedSum,
+             "minmax": extremes.EncryptedBits, "yeojohnson": extremes.EncryptedBits}[method]
     read: dict[int, np.ndarray] = {}
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, **key_needs([method], options))
-        await rc.gather(first)
-        await _attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
+        with rc.subprotocol("extremes") if first is extremes.EncryptedBits \
+                else nullcontext():
+            await rc.gather(first)
+            await _attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
 
     refusal = _run_attack(method, server, FitOptions(preset="test"))
     assert not read, f"the server read the key shares of parties {sorted(read)}"

@@ -119,8 +119,7 @@ def test_a_party_answers_no_more_probe_points_per_feature_than_agreed(probes: in
     from fednorm.engine.errors import ProtocolError
     from fednorm.protocols.rank import RankProbe, SortedColumns, probe_limit
 
-    options = FitOptions(rank_probes=probes)
-    columns = SortedColumns(np.arange(12.0).reshape(6, 2), probe_limit(options, (0.25, 0.75)))
+    columns = SortedColumns(np.arange(12.0).reshape(6, 2), probe_limit(probes, (0.25, 0.75)))
     agreed = 4 * probes  # two quartiles, at most two ranks each, K points per rank
     points = np.linspace(0, 10, agreed)
     answered = columns.count_at_most(RankProbe(features=np.zeros(agreed, dtype=np.int64),

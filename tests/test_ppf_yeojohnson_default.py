@@ -34,14 +34,15 @@ def sklearn_lambdas(pooled: np.ndarray) -> np.ndarray:
         return PowerTransformer(standardize=False).fit(pooled).lambdas_
 
 
-def assert_right_or_refused(parts: list[np.ndarray], pooled: np.ndarray) -> None:
+def assert_right_or_refused(parts: list[np.ndarray], pooled: np.ndarray,
+                            refusal: bool = True) -> None:
     """λ as good as scikit-learn's for the pooled log-likelihood, feature by feature, and
-    the transformed mean and variance those of the pooled transformed rows; or an
-    InputError that names a feature."""
+    the transformed mean and variance those of the pooled transformed rows; or, where
+    ``refusal`` allows it, an InputError that names a feature."""
     try:
         fitted = simulate(parts, "yeojohnson", "mhe", TEST).normalizer
     except InputError as exc:
-        assert "feature" in str(exc), exc
+        assert refusal and "feature" in str(exc), exc
         return
     reference = sklearn_lambdas(pooled)
     for j, column in enumerate(pooled.T):
@@ -63,7 +64,7 @@ def test_a_nearly_constant_transformed_feature_is_right_or_refused() -> None:
     variance 0 with a normal exit."""
     X = load_wine().data[:, [4]]
     parts = [X[:60], X[60:61], X[61:]]
-    assert_right_or_refused(parts, X)
+    assert_right_or_refused(parts, X, refusal=False)
 
 
 def test_it_runs_without_vabs_on_a_wine_split() -> None:
@@ -72,7 +73,7 @@ def test_it_runs_without_vabs_on_a_wine_split() -> None:
     rng = np.random.default_rng(0)
     order = rng.permutation(len(X))
     parts = [X[order[:50]], X[order[50:120]], X[order[120:]]]
-    assert_right_or_refused(parts, X)
+    assert_right_or_refused(parts, X, refusal=False)
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,3 +93,56 @@ def test_default_ppf_yeojohnson_needs_no_vabs() -> None:
     with pytest.raises(InputError):
         simulate([X[:10], X[10:]], "yeojohnson", "mhe",
                  FitOptions(preset="test", algorithm="paper"))  # the paper's needs V_abs
+
+
+def test_a_lambda_whose_log_likelihood_the_noise_could_move_is_refused() -> None:
+    """The refusal itself: a chosen λ whose variance flooding may move by more than the
+    tolerance allows is named, one the noise cannot move is not."""
+    from fednorm.protocols.plain.yeojohnson import Candidates
+    from fednorm.protocols.plain.yeojohnson_math import PooledSummary
+    from fednorm.protocols.ppf.yeojohnson_sums import ProbedMoments
+
+    class Chosen:  # what ProbedMoments reads of a finished search
+        features = np.array([0, 1])
+        lambdas = np.array([0.5, 0.5])
+
+    count = np.array([100.0, 100.0])
+    summary = PooledSummary(count, np.zeros(2), np.ones(2), np.ones(2), np.zeros(2),
+                            np.zeros(2))
+    probed = ProbedMoments(noise=1e-16)
+    probe = Candidates(features=np.array([0, 1]), lambdas=np.array([[0.5], [0.5]]))
+    # half-range 1 for both; feature 1's variance is far below what the noise resolves
+    probed.record(probe, count, np.zeros((2, 1)), np.array([[0.1], [1e-14]]),
+                  np.ones((2, 1)), np.zeros((2, 1)))
+    assert probed.unsure(Chosen(), summary).tolist() == [1]
+
+
+def test_a_party_refuses_more_candidates_than_the_search_probes() -> None:
+    """A server asking for the pooled moments at more λ's than the search's grid (to map
+    the pooled distribution) is refused before any party uploads them."""
+    import trio
+    from deviating import deviating
+
+    from fednorm.engine.errors import ProtocolError
+    from fednorm.protocols.collective import setup_server
+    from fednorm.protocols.plain.yeojohnson import Candidates
+    from fednorm.protocols.plain.yeojohnson_math import FIRST_GRID
+    from fednorm.protocols.ppf import extremes, pooled
+    from fednorm.protocols.ppf import yeojohnson_sums as yj
+    from fednorm.sim.federation import run_federation
+
+    sent: list[int] = []
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, **yj.setup_arguments(options))
+        await extremes.extremes_server(crypto, None)
+        await pooled.pooled_sum(crypto)
+        wide = np.linspace(-2.0, 2.0, FIRST_GRID + 1)[None, :].repeat(2, axis=0)
+        await rc.broadcast(Candidates(features=np.arange(2), lambdas=wide))
+        sent.extend(await rc.gather(pooled.EncryptedSum))
+
+    X = np.random.default_rng(2).gamma(2, 3, size=(12, 2))
+    with pytest.raises(ProtocolError, match="more than the search's 16"):
+        trio.run(lambda: run_federation(deviating("yeojohnson", server=server),
+                                        [X[:6], X[6:]], TEST, timeout=120))
+    assert sent == []

@@ -36,7 +36,7 @@ from fednorm.protocols.collective import setup_party, setup_server
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.ppf import kth as ppf_kth
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import SortedColumns, probe_limit, start_search
+from fednorm.protocols.rank import SortedColumns, options_probes, probe_limit, start_search
 
 MEDIAN = (0.5,)  # the k-th timing searches the median alone
 
@@ -71,7 +71,8 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, found: KthRounds) -> Protoco
     async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
         crypto = await setup_party(rc, options.preset, relinearize=False)
         await ppf_kth.share_pooled_counts(crypto, feature_counts(X))
-        await ppf_kth.kth_party(crypto, SortedColumns(X, probe_limit(options, MEDIAN)))
+        limit = probe_limit(options_probes(options), MEDIAN)
+        await ppf_kth.kth_party(crypto, SortedColumns(X, limit))
         nothing = np.full(X.shape[1], np.nan)
         return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)
 

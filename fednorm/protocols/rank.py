@@ -68,7 +68,7 @@ def search_probes(options: FitOptions, targets: int, max_points: int | None = No
     """Points probed per target and round: ``rank_probes`` (``default`` if None), capped
     so that a round's points fit ``max_points`` (one ciphertext's slots, under
     encryption).  Server and parties compute it alike from public numbers."""
-    probes = options.rank_probes or default
+    probes = options_probes(options, default)
     if max_points is not None and targets:
         probes = max(1, min(probes, max_points // targets))
     return probes
@@ -229,10 +229,15 @@ class RankSearch:
         self._finish_narrow()
 
 
-def probe_limit(options: FitOptions, quantiles: Sequence[float]) -> int:
-    """The most points a round may probe per feature: ``rank_probes`` per target, and a
+def options_probes(options: FitOptions, default: int = 1) -> int:
+    """K: ``rank_probes``, or the protocol's ``default`` where the options leave it open."""
+    return options.rank_probes or default
+
+
+def probe_limit(probes: int, quantiles: Sequence[float]) -> int:
+    """The most points a round may probe per feature: ``probes`` per target, and a
     quantile has at most two targets (the order statistics around it)."""
-    return (options.rank_probes or 1) * 2 * len(quantiles)
+    return probes * 2 * len(quantiles)
 
 
 def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
@@ -246,8 +251,8 @@ def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
     below, top = float_order.keys(low) - 1, float_order.keys(high)
     exact = epsilon <= 0
     by_value = rounds_to_narrow(np.where(exact, 0.0, high - low),
-                                np.where(exact, 1.0, epsilon), options.rank_probes or 1)
-    by_order = float_order.rounds_to_single(below[exact], top[exact], options.rank_probes or 1)
+                                np.where(exact, 1.0, epsilon), options_probes(options))
+    by_order = float_order.rounds_to_single(below[exact], top[exact], options_probes(options))
     return max(by_value, by_order) + 2
 
 

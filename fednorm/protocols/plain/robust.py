@@ -26,7 +26,7 @@ from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain import kth
 from fednorm.protocols.plain.minmax import local_extremes
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import SortedColumns, probe_limit, start_search
+from fednorm.protocols.rank import SortedColumns, options_probes, probe_limit, start_search
 
 QUARTILES = (0.25, 0.5, 0.75)
 
@@ -74,7 +74,7 @@ async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> RobustN
     X = check_party_data(X)
     low, high = local_extremes(X)
     await ctx.send(SERVER, LocalSummary(count=feature_counts(X), min=low, max=high))
-    await kth.kth_party(ctx, SortedColumns(X, probe_limit(options, QUARTILES)))
+    await kth.kth_party(ctx, SortedColumns(X, probe_limit(options_probes(options), QUARTILES)))
     result = await ctx.receive(SERVER, RobustResult)
     return _normalizer(np.vstack([result.q1, result.median, result.q3]))
 

@@ -9,7 +9,8 @@ count uploads (n_g, then one per round).  An absolute ``epsilon`` stops a target
 bracket is that narrow (``relative_epsilon`` has no range to apply to).  Each round probes
 ``rank_probes`` points per target (default: as many as one ciphertext's slots hold, at
 most 255), so a target takes at most ⌈64 / log2(K + 1)⌉ rounds and reveals K pooled counts
-a round; a party refuses more points or more rounds (:func:`default_limits`).
+a round; a party refuses more points per feature (:func:`~fednorm.protocols.rank.
+probe_limit`) or more rounds (:func:`~fednorm.protocols.rank.unbounded_round_limit`).
 
 **Paper algorithm**, step by step with Algorithm 3:
 
@@ -50,6 +51,7 @@ from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.quantiles import QuantilePlan, plan_quantiles
 from fednorm.protocols.rank import (
     SortedColumns,
+    options_probes,
     probe_limit,
     round_limit,
     search_probes,
@@ -102,7 +104,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
                           options.quantile_rule)
     probes = default_probes(plan, options, crypto.ckks.slots)
-    await kth.kth_party(crypto, SortedColumns(X, probes * 2 * len(QUARTILES),
+    await kth.kth_party(crypto, SortedColumns(X, probe_limit(probes, QUARTILES),
                                               max_rounds=unbounded_round_limit(probes)))
     return await _finish_party(rc, X.shape[1])
 
@@ -141,7 +143,7 @@ async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
     width = X.shape[1]
     await kth.share_pooled_counts(crypto, feature_counts(X))
     low, high = await ppf_minmax.minmax_party(crypto, X, options)
-    columns = SortedColumns(X, probe_limit(options, QUARTILES), bounds=(low, high),
+    columns = SortedColumns(X, probe_limit(options_probes(options), QUARTILES), bounds=(low, high),
                             max_rounds=round_limit(low, high, options))
     await kth.kth_party(crypto, columns)
     return await _finish_party(rc, width)

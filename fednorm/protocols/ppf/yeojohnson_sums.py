@@ -57,6 +57,8 @@ from fednorm.protocols.plain.yeojohnson import (
     PartyColumns,
 )
 from fednorm.protocols.plain.yeojohnson_math import (
+    FIRST_GRID,
+    GRID,
     MAX_SEARCH_ROUNDS,
     PooledSummary,
     log_likelihood,
@@ -67,8 +69,6 @@ from fednorm.protocols.ppf.phases import serve_phase
 
 LLF_TOLERANCE = 1e-9
 """The chosen λ's log-likelihood is within this (relative) of the pooled fit's, or refused."""
-
-TAIL = 8.0  # a flooded sum's noise stays within this many of its σ per slot
 
 LEDGER = declare("yeojohnson", "mhe", {
     **COLLECTIVE, **pooled.PLAINTEXT, **extremes.PLAINTEXT,
@@ -240,6 +240,17 @@ async def _pooled_moments(crypto: ServerCrypto, probe: Candidates, low: np.ndarr
 
 
 # -- party -------------------------------------------------------------------------------
+def require_grid(lambdas: np.ndarray, round_number: int) -> None:
+    """ProtocolError unless a round probes at most the candidates per feature an honest
+    search does (:data:`FIRST_GRID`, then :data:`GRID`): each one is a pooled mean and
+    variance the server learns."""
+    allowed = FIRST_GRID if round_number == 1 else GRID
+    if lambdas.shape[1] > allowed:
+        raise ProtocolError(f"Yeo-Johnson round {round_number} probes {lambdas.shape[1]} "
+                            f"candidates per feature, more than the search's {allowed}")
+
+
+
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
     X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
@@ -255,6 +266,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
         if rounds > MAX_SEARCH_ROUNDS:
             raise ProtocolError(f"the server's λ search exceeds {MAX_SEARCH_ROUNDS} rounds")
         features, lambdas = columns.check(msg)
+        require_grid(lambdas, rounds)
         mean, m2 = moments_from_logs(columns.logs.select(features), lambdas)
         center, half = midrange(*transform_bounds(low[features], high[features], lambdas))
         await pooled.send_sum(crypto, party_moments(count[features][:, None], mean, m2,

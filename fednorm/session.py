@@ -24,7 +24,13 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    Interrupted,
+    PartyDropped,
+    ProtocolError,
+)
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
@@ -161,7 +167,7 @@ async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitO
     keys.  A failing step tells the peers why (:func:`run_role`).  The server refuses an
     overflowed fit inside the run, so that every party gets the cause as an Abort; a
     party refuses it after its run, on its own console (inside, its refusal would reach
-    the others as "input rejected").
+    the others as "refused its input").
     """
     crypto = None
     fitted: list[Normalizer] = []
@@ -207,22 +213,24 @@ async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:
 def abort_reason(me: int, exc: BaseException) -> str:
     """What a failing role tells its peers.
 
-    A party's rejected input is sent as a category only ("input rejected by party 3"):
+    A party's rejected input is sent as a category only ("party 3 refused its input"):
     its detail (which feature, how large a value, how many rows) is data the ledger
     does not list, so it stays on the party's own console (docs/LEAKAGE.md).
     """
+    if isinstance(exc, BaseExceptionGroup):
+        exc = root_cause(exc)
+    if isinstance(exc, BaseExceptionGroup | trio.Cancelled | KeyboardInterrupt | Interrupted):
+        return f"{role_name(me)} was interrupted"  # nothing but cancellations: a signal
     if isinstance(exc, InputError) and me != SERVER:
         return input_rejected(me)
     if isinstance(exc, FednormError):
         return str(exc)
-    if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
-        return f"{role_name(me)} was interrupted"
     return f"{role_name(me)} failed: {type(exc).__name__}: {exc}"
 
 
 def input_rejected(party: int, what: str = "") -> str:
     """The category a party's refusal of its own input is known by to everyone else."""
-    return f"input rejected by {role_name(party)}" + (f": {what}" if what else "")
+    return f"{role_name(party)} refused its input" + (f": {what}" if what else "")
 
 
 def root_cause(group: BaseExceptionGroup) -> BaseException:

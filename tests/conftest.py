@@ -3,7 +3,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +101,36 @@ def child_processes() -> Iterator[ChildProcesses]:
     processes = ChildProcesses()
     yield processes
     processes.stop_all()
+
+
+@pytest.fixture(scope="module")
+def csvs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three parties' CSV files (:func:`federation_processes.party_arrays`)."""
+    from federation_processes import party_arrays, write_csv
+
+    directory = tmp_path_factory.mktemp("data")
+    return [write_csv(directory / f"party-{i}.csv", X)
+            for i, X in enumerate(party_arrays(), start=1)]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``fednorm ...`` (or a test script) processes; kill leftovers at the end."""
+    from federation_processes import ROOT
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(*args: object, script: Path | None = None, env: dict[str, str] | None = None,
+            stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+        entry = [str(script)] if script else ["-m", "fednorm"]
+        proc = subprocess.Popen([sys.executable, *entry, *map(str, args)], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=stderr, bufsize=0,
+                                preexec_fn=die_with_parent)
+        started.append(track(proc))
+        return proc
+
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

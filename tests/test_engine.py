@@ -21,6 +21,7 @@ from fednorm.engine.errors import (
     PartyDropped,
     ProtocolError,
     ProtocolTimeout,
+    RunAborted,
 )
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -173,7 +174,7 @@ async def test_closed_link_is_a_dropout() -> None:
 async def test_abort_from_peer_stops_the_receiver() -> None:
     server, party, _ = _pair()
     await party.send_abort("disk full")
-    with pytest.raises(PartyDropped, match="aborted"):
+    with pytest.raises(RunAborted, match=r"^party 1 stopped the run: disk full$"):
         await server.receive(1, Other)
 
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import metadata
 
+from exceptiongroup import BaseExceptionGroup
+
 from fednorm.cli import bench, demo, net, simulate, study
-from fednorm.engine.errors import FednormError, InputError
+from fednorm.engine.errors import FednormError, InputError, Interrupted
+from fednorm.session import root_cause
+
+INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT
 
 SUBCOMMAND_MODULES = [simulate, demo, net, study, bench]
 
@@ -34,13 +41,40 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; bad input exits 2, any other fednorm failure exits 1."""
+    """Run one subcommand; bad input exits 2, any other fednorm failure exits 1, and an
+    interrupt (SIGINT or SIGTERM) exits 130 saying so, without a traceback."""
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        with terminate_as_interrupt():
+            try:
+                return args.handler(args)
+            except BaseExceptionGroup as group:  # a trio nursery's: its first cause
+                raise root_cause(group) from None
+    except (KeyboardInterrupt, Interrupted):
+        print("fednorm: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except InputError as exc:
         print(f"fednorm: error: {exc}", file=sys.stderr)
         return 2
     except FednormError as exc:
         print(f"fednorm: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a service manager's stop, ``kill``) does what SIGINT does: inside a trio
+    run, trio delivers it where it is safe, each role tells its peers it was interrupted.
+    Python's default for SIGTERM is to die on the spot, peers learning nothing."""
+    def forward(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, forward)
+    except ValueError:  # not the main thread (an embedding application's worker)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

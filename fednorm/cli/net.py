@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,14 +23,16 @@ from exceptiongroup import BaseExceptionGroup
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
 from fednorm.cli.simulate import parse_methods
+from fednorm.engine.errors import InputError
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import (
+    check_data_path,
     check_out_dir,
     load_party_data,
     party_outputs,
     replace_outputs,
 )
-from fednorm.multihost.party import Party
+from fednorm.multihost.party import UNUSABLE_DATA, Party
 from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
 from fednorm.session import root_cause
@@ -37,7 +40,6 @@ from fednorm.transport.tcp import parse_address
 from fednorm.transport.tls import init_certs
 
 T = TypeVar("T")
-INTERRUPTED = 130
 
 
 def _logger(role: str, progress: TerminalProgress | None = None) -> Callable[[str], None]:
@@ -115,10 +117,14 @@ def serve_command(args: argparse.Namespace) -> int:
 def party_command(args: argparse.Namespace) -> int:
     host, port = parse_address(args.connect)
     check_out_dir(args.out, force=args.force)
-    data = load_party_data(args.data, args.target)
+    check_data_path(args.data)
     progress = progress_for(args, f"fednorm party {args.id}")
     party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args)),
                   log=_logger(f"party {args.id}", progress), tracer=progress)
+    try:
+        data = load_party_data(args.data, args.target)
+    except InputError as exc:  # the others need not wait for a party that cannot come
+        raise _run(partial(party.refuse, UNUSABLE_DATA, exc)) from None
     with progress or nullcontext():
         run = _run(lambda: party.run(data.X, data.features))
     written = replace_outputs(args.out, party_outputs(args.out, data, run))
@@ -128,19 +134,19 @@ def party_command(args: argparse.Namespace) -> int:
 
 
 def _run(main: Callable[[], Awaitable[T]]) -> T:
-    """trio.run, with a nursery's exception group reduced to its real cause."""
+    """trio.run, with a nursery's exception group reduced to its real cause (an
+    interrupt is reported by :func:`fednorm.cli.main`)."""
     try:
         return trio.run(main)
     except BaseExceptionGroup as group:
         raise root_cause(group) from None
-    except KeyboardInterrupt:
-        print("fednorm: interrupted", file=sys.stderr)
-        raise SystemExit(INTERRUPTED) from None
 
 
 def _add_timeouts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds to wait for each protocol message (default 60)")
+                   help="seconds the server waits for each party's protocol message "
+                        "(default 60); a party waits 2×S+5 for the server's, so that a "
+                        "stalled party is named by the server")
     p.add_argument("--join-timeout", type=float, default=120.0, metavar="S",
                    help="seconds to wait for the other parties to join (default 120)")
 

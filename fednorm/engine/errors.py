@@ -7,6 +7,8 @@ violation (a peer misbehaved) from a dropout (a peer went away).
 
 from __future__ import annotations
 
+import re
+
 
 class FednormError(Exception):
     """Base class of every error fednorm raises on purpose."""
@@ -49,9 +51,38 @@ class PartyDropped(FednormError):
 
 
 class ProtocolTimeout(PartyDropped):
-    """A peer did not send the expected message within the receive timeout."""
+    """A peer did not send the expected message within the receive timeout.
+
+    The message names the peer and the time only: which frame kinds were awaited
+    (``waiting_for``) is the protocol's inner working, kept for tracers and tests.
+    """
 
     def __init__(self, peer: str, seconds: float, waiting_for: str) -> None:
-        super().__init__(peer, f"no {waiting_for!r} within {seconds:g} s")
+        reason = f"sent nothing for {seconds:g} s"
+        FednormError.__init__(self, f"{peer} stalled: {reason}")
+        self.peer = peer
+        self.reason = reason
         self.seconds = seconds
         self.waiting_for = waiting_for
+
+
+class RunAborted(PartyDropped):
+    """A peer stopped the run and said why (an abort frame): the cause is its reason.
+
+    A reason that names the role it started at ("party 3 was interrupted", "party 2
+    dropped: connection lost") is the message as it is: a server relays a party's reason
+    verbatim, so every role of a run reports one and the same cause, never "server
+    dropped" when the server is fine.  Any other reason gets the name of the peer that
+    sent it in front.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        names_a_role = re.match(r"(server|party \d+)\b", reason) is not None
+        FednormError.__init__(self, reason if names_a_role
+                              else f"{peer} stopped the run: {reason}")
+        self.peer = peer
+        self.reason = reason
+
+
+class Interrupted(FednormError):
+    """This process was asked to stop (SIGINT or SIGTERM)."""

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame
-from fednorm.engine.errors import PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
@@ -234,7 +234,7 @@ class RoleContext:
         if header.sender != peer:
             raise ProtocolError(f"frame on {who}'s link claims sender {header.sender}")
         if isinstance(msg, Abort):
-            raise PartyDropped(who, f"aborted the run: {msg.reason}")
+            raise RunAborted(who, msg.reason)
         if header.round != self._receive_round[peer]:
             raise ProtocolError(
                 f"frame from {who} has round {header.round}, "
@@ -326,15 +326,20 @@ class RoleContext:
     # -- heavy work -------------------------------------------------------------
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a heavy (GIL-releasing) call in a worker thread, off the event loop;
-        tracers learn its name and how long it ran (not how long it queued)."""
+        tracers learn its name and how long it ran (not how long it queued).
+
+        A cancelled role (an interrupt, a peer's abort) does not wait for the call: its
+        thread is abandoned, its result dropped, so the role can tell its peers at once."""
         if not self._tracers.wants("crypto_call"):
-            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter,
+                                                 abandon_on_cancel=True)
 
         def timed() -> tuple[T, float]:
             started = time.perf_counter()
             return fn(*args), time.perf_counter() - started
 
-        out, seconds = await trio.to_thread.run_sync(timed, limiter=self._limiter)
+        out, seconds = await trio.to_thread.run_sync(timed, limiter=self._limiter,
+                                                     abandon_on_cancel=True)
         self._tracers.emit("crypto_call", CryptoEvent(
             role_name(self.me), self.protocol, call_name(fn), seconds, out))
         return out

@@ -11,6 +11,7 @@ from fednorm.protocols import FitOptions
 from fednorm.transport.tcp import DEFAULT_MAX_FRAME
 
 Log = Callable[[str], None]
+STALL_MARGIN = 5.0  # seconds a party allows the server beyond twice the protocol timeout
 
 
 def quiet(message: str) -> None:
@@ -24,12 +25,23 @@ class Timeouts:
     ``join``: the server waits this long for the rest of the parties once the first
     is in; a party keeps trying to connect, then waits for the start, this long.
     ``handshake``: TLS plus hello/welcome of one connection.  ``protocol``: each
-    protocol message (the receive timeout of the role).
+    protocol message (the server's receive timeout); a party waits
+    :attr:`party_protocol` for the server.
     """
 
     join: float = 120.0
     handshake: float = 10.0
     protocol: float = 60.0
+
+    @property
+    def party_protocol(self) -> float:
+        """A party's wait for the server's next message: twice ``protocol`` and a margin.
+
+        Between two of its messages the server may itself wait ``protocol`` for another
+        party; with the same limit, a party waiting on the server would give up first and
+        blame the server for a peer that stalled.  Longer, the server names the stalled
+        peer and its abort reaches every party with that cause."""
+        return 2 * self.protocol + STALL_MARGIN
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -90,9 +90,7 @@ def _delimiter_hint(name_or_path: Path | str) -> str:
 
 def load_party_data(path: Path | str, target: str | None = None) -> PartyData:
     """Load and validate a party's CSV before anything is sent; problems are InputErrors."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"--data {path} is not a file")
+    path = check_data_path(path)
     try:
         dataset = load_csv(path, target)
         with path.open(newline="", encoding="utf-8-sig") as stream:
@@ -106,6 +104,14 @@ def load_party_data(path: Path | str, target: str | None = None) -> PartyData:
     if len(rows) != len(X):  # the loader and this reader disagree on what a row is
         raise InputError(f"cannot map the rows of {path} back to its data")
     return PartyData(path, list(dataset.feature_names), X, header, rows, positions)
+
+
+def check_data_path(path: Path | str) -> Path:
+    """``--data`` names a file (a mistyped path is the command's error, not the data's)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--data {path} is not a file")
+    return path
 
 
 def check_out_dir(out: Path | None, *, force: bool = False) -> None:

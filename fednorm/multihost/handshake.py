@@ -2,7 +2,8 @@
 
 Each connection carries one exchange of small msgpack frames::
 
-    party  -> server   Hello    versions, party id, feature names (+ optional session, protocol)
+    party  -> server   Hello    versions, party id, feature names (+ optional session, protocol;
+                                or, from a party that refuses its own data, why: the end)
     server -> party    Welcome  session id, methods, privacy, options   (or Refusal)
     party  -> server   Ready    its data fits those options  (or Withdraw, saying why not)
     server -> party    Start    once all N parties are in; protocol frames follow
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import msgpack
 import trio
 
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError, RunAborted
 from fednorm.engine.runtime import role_name
 from fednorm.transport.tcp import (
     DEFAULT_MAX_FRAME,
@@ -41,7 +42,7 @@ from fednorm.transport.tls import peer_party
 if TYPE_CHECKING:
     from fednorm.multihost.lobby import Lobby
 
-NET_VERSION = 3  # 2: the party answers the welcome with Ready or Withdraw; 3: methods
+NET_VERSION = 4  # 2: Ready or Withdraw after the welcome; 3: methods; 4: Hello.withdraw
 HANDSHAKE_MAX_FRAME = 64 * 2**10
 
 
@@ -51,7 +52,9 @@ class Hello:
     """Party -> server: who I am, what I speak, which columns I hold.
 
     ``session`` and ``protocol`` are optional pins: when set, the server refuses the
-    party unless its session / protocol is that one.
+    party unless its session / protocol is that one.  ``withdraw`` is set by a party
+    that cannot use its own data (unreadable, non-numeric): it comes only to say so,
+    and the server abandons the session at once instead of waiting for it to join.
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -61,6 +64,7 @@ class Hello:
     features: tuple[str, ...]
     session: str | None = None
     protocol: str | None = None
+    withdraw: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,11 +130,17 @@ class Withdrawal(FednormError):
         self.reason = reason
 
 
-class PartyWithdrew(PartyDropped):
-    """A party of the federation cannot take part (it said why): the session is doomed."""
+class PartyWithdrew(RunAborted):
+    """A party of the federation cannot take part (it said why): the session is doomed.
+
+    The reason is the party's own ("party 3 refused its input: ..."), the cause every
+    role reports; one that does not start with the party's name gets it in front, so a
+    party cannot pass its reason off as another role's."""
 
     def __init__(self, party: int, reason: str) -> None:
-        super().__init__(role_name(party), f"withdrew: {reason}")
+        name = role_name(party)
+        super().__init__(name, reason if reason.startswith(f"{name} ")
+                         else f"{name} withdrew: {reason}")
         self.party = party
 
 

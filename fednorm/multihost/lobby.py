@@ -8,7 +8,7 @@ import trio
 
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import FednormError
-from fednorm.multihost.handshake import NET_VERSION, Hello, Welcome
+from fednorm.multihost.handshake import NET_VERSION, Hello, PartyWithdrew, Welcome
 from fednorm.transport.tcp import HandshakeRefused, TcpLink
 
 
@@ -79,12 +79,15 @@ class Lobby:
         """Claim ``hello.party``'s slot, or raise :class:`HandshakeRefused` saying why.
 
         Once the session is doomed, a party of the federation that arrives late is
-        refused with the cause everyone else was given.
+        refused with the cause everyone else was given.  A party that only comes to
+        withdraw (it refused its own data) dooms it: :class:`PartyWithdrew`.
         """
         self._check(hello, cert_party)
         if self.failure is not None:
             self.tell(hello.party)
             raise HandshakeRefused(f"session abandoned: {self.failure}")
+        if hello.withdraw is not None:
+            raise PartyWithdrew(hello.party, hello.withdraw)
         if self.schema is not None and hello.features != self.schema:
             raise SchemaMismatch(column_difference(hello.party, hello.features, self.schema),
                                  hello.party)
@@ -151,7 +154,7 @@ class Lobby:
              f"the party wants session {hello.session!r}, this is session {self.session!r}"),
             (hello.protocol is not None and hello.protocol != self.protocol,
              f"the party wants protocol {hello.protocol!r}, the server runs {self.protocol!r}"),
-            (not hello.features, "the party has no features"),
+            (not hello.features and hello.withdraw is None, "the party has no features"),
         ]
         for refused, reason in refusals:
             if refused:

@@ -41,6 +41,9 @@ from fednorm.session import (
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import party_context, party_keyring
 
+UNUSABLE_DATA = "its data cannot be used"
+REFUSAL_CONNECT = 1.0  # a server not up yet has no session to abandon: do not wait for it
+
 
 @dataclass(frozen=True)
 class PartyRun:
@@ -66,8 +69,11 @@ class Party:
         self._log = log
 
     async def run(self, X: np.ndarray, features: Sequence[str]) -> PartyRun:
-        check_real(X)
-        X = check_party_data(X)
+        try:
+            check_real(X)
+            X = check_party_data(X)
+        except InputError as exc:
+            raise await self.refuse(UNUSABLE_DATA, exc) from None
         config, timeouts = self.config, self.config.timeouts
         hello = Hello(NET_VERSION, WIRE_VERSION, config.party, tuple(features))
         link, welcome = await connect_party(
@@ -82,11 +88,30 @@ class Party:
                       f"{welcome.parties} parties); waiting for the start")
             await wait_start(link, welcome.session, timeouts.join + timeouts.handshake)
             contexts = StepContexts(config.party, {SERVER: link}, welcome.session,
-                                    timeouts.protocol, self.tracer, self.keyring)
+                                    timeouts.party_protocol, self.tracer,
+                                    self.keyring)
             normalizers = await play_session(contexts, plan, options, X, features)
         finally:
             await link.aclose()
         return PartyRun(welcome, plan, normalizers)
+
+
+    async def refuse(self, category: str, error: InputError) -> InputError:
+        """This party cannot use its own data: tell the server before any join completes
+        (the category only: the detail is data the ledger does not list), so that the
+        session is abandoned and every other role stops at once with this cause, instead
+        of waiting out the join timeout for a party that will not come.  Best effort,
+        within the handshake timeout; returns the error for this console (cause and
+        detail)."""
+        config = self.config
+        cause = input_rejected(config.party, category)
+        hello = Hello(NET_VERSION, WIRE_VERSION, config.party, (), withdraw=cause)
+        with trio.move_on_after(config.timeouts.handshake), suppress(FednormError):
+            link, _ = await connect_party(
+                config.host, config.port, self.context, hello,
+                connect_timeout=REFUSAL_CONNECT, handshake_timeout=config.timeouts.handshake)
+            await link.aclose()  # an accepting server answers with a refusal, not this
+        return InputError(f"{cause}: {error}")
 
 
 async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndarray,

@@ -174,7 +174,8 @@ class Server:
             outcome.error = exc
         finally:
             with trio.CancelScope(shield=True):
-                await close_links(lobby.links.values(), drain=outcome.error is not None)
+                await close_links(lobby.links.values(), drain=outcome.error is not None,
+                                  patience=self.config.timeouts.protocol)
         self._report(outcome)
         self._on_session(outcome)
         return outcome
@@ -294,18 +295,21 @@ class Server:
                       f"{outcome.error}")
 
 
-async def close_links(links: Iterable[TcpLink], *, drain: bool) -> None:
+async def close_links(links: Iterable[TcpLink], *, drain: bool,
+                      patience: float = _DRAIN_SECONDS) -> None:
     """Close every link; after a failure, first let each peer read the cause.
 
     Closing a socket with frames still unread (those of the parties the server had
     not come to yet), or one a party is still sending to, makes the kernel send a
     reset, and a reset can discard the Abort waiting in the party's receive buffer:
-    it would report "connection reset" instead of the cause.  So the server reads and
-    drops what each party sends until the party closes, for a short while, then closes.
+    it would report "connection reset" (or a broken pipe) instead of the cause.  So the
+    server reads and drops what each party sends until the party closes, which it does
+    once it reads the Abort: a party still computing its answer sends it first, so the
+    wait lasts up to ``patience`` (the protocol timeout), then the link is closed.
     """
     async def close(link: TcpLink) -> None:
         if drain:
-            with trio.move_on_after(_DRAIN_SECONDS), suppress(FednormError):
+            with trio.move_on_after(patience), suppress(FednormError):
                 while True:
                     await link.receive()
         await link.aclose()

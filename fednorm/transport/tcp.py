@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+from contextlib import suppress
 
 import trio
 
@@ -56,7 +57,7 @@ class TcpLink:
             try:
                 await self.stream.send_all(_PREFIX.pack(len(frame)) + frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise PartyDropped(self.peer, describe_broken(exc)) from None
+                raise broken(self.peer, exc) from None
 
     async def receive(self) -> bytes:
         (length,) = _PREFIX.unpack(await self._read(_PREFIX.size, boundary=True))
@@ -71,7 +72,7 @@ class TcpLink:
             try:
                 chunk = await self.stream.receive_some()
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise PartyDropped(self.peer, describe_broken(exc)) from None
+                raise broken(self.peer, exc) from None
             if not chunk:
                 cut = "" if boundary and not self._buffer else (
                     f" mid-frame ({len(self._buffer)} of {size} bytes)")
@@ -87,8 +88,33 @@ class TcpLink:
             await self.stream.aclose()
 
 
+# The TLS alerts a peer sends when it refuses the certificate this end presented.
+CERTIFICATE_ALERTS = {
+    "TLSV1_ALERT_UNKNOWN_CA": "it was not issued by the CA the peer trusts (unknown CA)",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "it has expired",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": "it was revoked",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the peer found it malformed or its signature bad",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "the peer does not accept its kind",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the peer could not verify it",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "none was presented and the peer requires one",
+}
+
+
+def broken(peer: str, exc: BaseException) -> FednormError:
+    """The error for a stream to ``peer`` that broke: the peer refused this end's
+    certificate (a :class:`HandshakeRefused` saying why), or it went away."""
+    cause = exc.__cause__ or exc
+    refused = CERTIFICATE_ALERTS.get(getattr(cause, "reason", None) or "")
+    if isinstance(cause, ssl.SSLError) and refused:
+        return HandshakeRefused(f"{peer} refused the certificate this end presented: "
+                                f"{refused}")
+    return PartyDropped(peer, describe_broken(exc))
+
+
 def describe_broken(exc: BaseException) -> str:
-    """A readable cause for a broken stream: the TLS alert or socket error behind it."""
+    """A readable cause for a broken stream: the TLS error behind it, or that the
+    connection was lost (a socket error's wording, e.g. "Broken pipe", says which end
+    noticed first, not what happened)."""
     if isinstance(exc, trio.ClosedResourceError):
         return "link closed"
     cause = exc.__cause__ or exc
@@ -98,7 +124,9 @@ def describe_broken(exc: BaseException) -> str:
         return f"certificate verify failed: {cause.verify_message}{hint}"
     if isinstance(cause, ssl.SSLEOFError):
         return "connection lost (closed without TLS shutdown)"
-    return f"connection lost ({cause})" if str(cause) else "connection lost"
+    if isinstance(cause, ssl.SSLError):  # what TLS objected to
+        return f"connection lost ({cause})"
+    return "connection lost"
 
 
 # -- connecting -------------------------------------------------------------------------
@@ -132,8 +160,21 @@ async def tls_handshake(tls: trio.SSLStream[trio.SocketStream], peer: str) -> No
     try:
         await tls.do_handshake()
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await _send_alert(tls)
         raise HandshakeRefused(f"TLS handshake with {peer} failed: "
                                f"{describe_broken(exc)}") from None
+
+
+async def _send_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
+    """Deliver the TLS alert that says why the handshake failed (e.g. "unknown CA" for a
+    client certificate from another CA).  OpenSSL writes it, but trio's SSLStream stops
+    sending once an operation failed, so without this the peer sees only a closed
+    connection and cannot tell its certificate was refused."""
+    outgoing = getattr(tls, "_outgoing", None)  # the stream's ssl.MemoryBIO
+    alert = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+    if alert:
+        with trio.move_on_after(0.5), suppress(trio.BrokenResourceError, OSError):
+            await tls.transport_stream.send_all(alert)
 
 
 async def open_connection(host: str, port: int, timeout: float) -> trio.SocketStream:

@@ -24,13 +24,7 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import (
-    FednormError,
-    InputError,
-    Interrupted,
-    PartyDropped,
-    ProtocolError,
-)
+from fednorm.engine.errors import FednormError, InputError, Interrupted, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
@@ -179,7 +173,7 @@ async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitO
             continue
         if not ctx.is_server:  # the server checked inside the run
             check_no_overflow(normalizer, step.method, features)
-        fitted.append(normalizer)
+        fitted.append(normalizer.with_names(features))
     return fitted
 
 

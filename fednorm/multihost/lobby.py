@@ -9,6 +9,7 @@ import trio
 from fednorm.engine.codec import WIRE_VERSION
 from fednorm.engine.errors import FednormError
 from fednorm.multihost.handshake import NET_VERSION, Hello, PartyWithdrew, Welcome
+from fednorm.protocols.columns import column_difference
 from fednorm.transport.tcp import HandshakeRefused, TcpLink
 
 
@@ -20,18 +21,6 @@ class SchemaMismatch(HandshakeRefused):
     def __init__(self, message: str, party: int | None = None) -> None:
         super().__init__(message)
         self.party = party
-
-
-def column_difference(party: int, have: tuple[str, ...], expected: tuple[str, ...]) -> str:
-    """Which columns a party lacks or adds against ``expected``, by name."""
-    missing = [name for name in expected if name not in have]
-    extra = [name for name in have if name not in expected]
-    if not missing and not extra:
-        return (f"party {party} has the federation's columns in another order "
-                f"({', '.join(have)}; expected {', '.join(expected)})")
-    parts = ([f"lacks {', '.join(map(repr, missing))}"] if missing else []) + (
-        [f"has unexpected {', '.join(map(repr, extra))}"] if extra else [])
-    return f"party {party}'s columns differ from the federation's: " + " and ".join(parts)
 
 
 class Lobby:

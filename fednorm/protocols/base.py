@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -88,9 +88,8 @@ class FitOptions:
             raise InputError(f"algorithm must be 'default' or 'paper', not {self.algorithm!r}")
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise InputError(f"epsilon must be a finite positive number, got {self.epsilon}")
-        if self.vabs is not None and not all(
-                isinstance(v, numbers.Real) and math.isfinite(v) and v > 0 for v in self.vabs):
-            raise InputError(f"vabs bounds must be finite positive numbers, got {self.vabs}")
+        if self.vabs is not None:
+            object.__setattr__(self, "vabs", vabs_bounds(self.vabs))
         if not 0 <= self.relative_epsilon < 1:
             raise InputError(f"relative_epsilon must be in [0, 1), got {self.relative_epsilon}")
         if self.rank_probes is not None and not 1 <= self.rank_probes <= MAX_RANK_PROBES:
@@ -105,6 +104,19 @@ class FitOptions:
             raise InputError(
                 f"quantile_rule must be 'interpolate' or 'gap', not {self.quantile_rule!r}"
             )
+
+
+def vabs_bounds(vabs: object) -> tuple[float, ...]:
+    """V_abs as FitOptions holds it: one bound for every feature (a number) or one per
+    feature (a sequence of numbers), each finite and positive."""
+    bounds = (vabs,) if isinstance(vabs, numbers.Real) else vabs
+    if isinstance(bounds, str | bytes) or not isinstance(bounds, Iterable):
+        raise InputError(f"vabs must be a number or a sequence of numbers, got {vabs!r}")
+    bounds = tuple(bounds)
+    if not bounds or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                             and math.isfinite(v) and v > 0 for v in bounds):
+        raise InputError(f"vabs bounds must be finite positive numbers, got {vabs!r}")
+    return tuple(float(v) for v in bounds)
 
 
 ServerRole = Callable[[RoleContext, FitOptions], Awaitable[Normalizer]]

@@ -9,12 +9,14 @@ feature maps to 0 instead of NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from fednorm.engine.errors import InputError
+from fednorm.protocols.columns import column_names, is_table, table_values
 
 
 def _safe_scale(scale: np.ndarray) -> np.ndarray:
@@ -31,12 +33,17 @@ def _check_width(X: np.ndarray, width: int) -> np.ndarray:
     return X
 
 
+N = TypeVar("N", bound="Normalizer")
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """Common shape: named per-feature parameter vectors."""
 
     METHOD: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[str, ...]] = ()
+    feature_names: tuple[str, ...] | None = field(default=None, kw_only=True)
+    """The columns' names when the parties' data had names (DataFrames), in fit order."""
 
     @property
     def n_features(self) -> int:
@@ -46,8 +53,38 @@ class Normalizer:
         """Parameters as plain lists, keyed as in the ``--json`` contract."""
         return {name: [float(v) for v in getattr(self, name)] for name in self.PARAMS}
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
+    def with_names(self: N, features: Sequence[str] | None) -> N:
+        """This normalizer carrying the columns' names, when they are known."""
+        return self if features is None else replace(self, feature_names=tuple(features))
+
+    def transform(self, X: Any) -> np.ndarray:
+        """``X`` normalized, as an array.  A DataFrame's columns are matched by name to
+        those fitted (any order; a missing or extra column is refused, naming it)."""
+        if is_table(X):
+            X = table_values(X[list(self._names_in(X))], "the data")
         return self._transform(_check_width(X, self.n_features))
+
+    def _names_in(self, frame: Any) -> tuple[str, ...]:
+        have = column_names(frame, "the data")
+        if self.feature_names is None:
+            return have
+        missing = [name for name in self.feature_names if name not in have]
+        extra = [name for name in have if name not in self.feature_names]
+        if missing or extra:
+            raise InputError("the data's columns differ from those fitted: " + "; ".join(
+                [f"lacks {', '.join(map(repr, missing))}"] * bool(missing)
+                + [f"has unexpected {', '.join(map(repr, extra))}"] * bool(extra)))
+        return self.feature_names
+
+    def _fitted(self, estimator: Any) -> Any:
+        """``estimator`` with what scikit-learn's ``fit`` would have set besides the
+        parameters: ``n_features_in_``, and ``feature_names_in_`` when names are known
+        (so ``transform(DataFrame)`` checks them, ``get_feature_names_out()`` returns
+        them and ``set_output(transform="pandas")`` works)."""
+        estimator.n_features_in_ = self.n_features
+        if self.feature_names is not None:
+            estimator.feature_names_in_ = np.asarray(self.feature_names, dtype=object)
+        return estimator
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -76,11 +113,10 @@ class ZScoreNormalizer(Normalizer):
         scaler.mean_ = np.asarray(self.mean, dtype=np.float64)
         scaler.var_ = np.asarray(self.var, dtype=np.float64)
         scaler.scale_ = _safe_scale(np.sqrt(self.var))
-        scaler.n_features_in_ = self.n_features
         scaler.n_samples_seen_ = (
             np.asarray(self.count, dtype=np.int64) if self.count is not None else 0
         )
-        return scaler
+        return self._fitted(scaler)
 
 
 @dataclass(frozen=True)
@@ -106,11 +142,10 @@ class MinMaxNormalizer(Normalizer):
         scaler.data_min_ = np.asarray(self.min, dtype=np.float64)
         scaler.data_max_ = np.asarray(self.max, dtype=np.float64)
         scaler.data_range_ = data_range
-        scaler.n_features_in_ = self.n_features
         # The pooled row count when known.  Unknown is None, not 0: a later partial_fit
         # then fails loudly instead of carrying on from a count that is wrong.
         scaler.n_samples_seen_ = self.rows
-        return scaler
+        return self._fitted(scaler)
 
 
 @dataclass(frozen=True)
@@ -132,8 +167,7 @@ class RobustNormalizer(Normalizer):
         scaler = RobustScaler()
         scaler.center_ = np.asarray(self.median, dtype=np.float64)
         scaler.scale_ = _safe_scale(self.q3 - self.q1)
-        scaler.n_features_in_ = self.n_features
-        return scaler
+        return self._fitted(scaler)
 
 
 def yeo_johnson(X: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
@@ -186,5 +220,4 @@ class YeoJohnsonNormalizer(Normalizer):
         transformer = PowerTransformer(method="yeo-johnson", standardize=True)
         transformer.lambdas_ = np.asarray(self.lambdas, dtype=np.float64)
         transformer._scaler = ZScoreNormalizer(self.mean, self.var).to_sklearn()
-        transformer.n_features_in_ = self.n_features
-        return transformer
+        return self._fitted(transformer)

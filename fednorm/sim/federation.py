@@ -36,6 +36,7 @@ from fednorm.session import (
     role_context,
     root_cause,
 )
+from fednorm.sim.tables import party_tables
 from fednorm.transport.memory import star_links
 
 
@@ -156,7 +157,9 @@ async def run_federation(
     report = SimulationReport(server_ctx.stats.rounds, seconds, traffic)
     if results[SERVER] is not None:  # the key-setup step fits nothing
         check_no_overflow(results[SERVER], protocol.method, features)
-    return SimulationResult(results[SERVER], {p: results[p] for p in party_ids}, report)
+    named = {role: fitted if fitted is None else fitted.with_names(features)
+             for role, fitted in results.items()}
+    return SimulationResult(named[SERVER], {p: named[p] for p in party_ids}, report)
 
 
 def simulate(
@@ -169,12 +172,16 @@ def simulate(
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
 ) -> SimulationResult:
-    """Synchronous entry point: fit ``method`` federatedly over the given party arrays
-    (``features`` names the columns in errors; ``tracer`` sees every frame)."""
+    """Synchronous entry point: fit ``method`` federatedly over the given parties' data,
+    one array or DataFrame per party (DataFrames: columns matched by name,
+    :mod:`fednorm.sim.tables`; ``features`` names the columns of arrays, or orders those
+    of DataFrames); ``tracer`` sees every frame.  The fitted normalizers carry the
+    columns' names when there are any."""
     protocol = get_protocol(method, privacy)
-    check_federation_data(party_data)
-    return trio.run(lambda: run_federation(protocol, party_data, options, timeout=timeout,
-                                           features=features, tracer=tracer))
+    tables = party_tables(party_data, features)
+    check_federation_data(tables.arrays)
+    return trio.run(lambda: run_federation(protocol, tables.arrays, options, timeout=timeout,
+                                           features=tables.features, tracer=tracer))
 
 
 @dataclass
@@ -200,6 +207,8 @@ def simulate_session(
     keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
     keys`); each protocol then reuses them, so its report holds its own cost only."""
     protocols = [get_protocol(method, privacy) for method in methods]
+    tables = party_tables(party_data, features)
+    party_data, features = tables.arrays, tables.features
     check_party_inputs(check_federation_data(party_data), protocols,
                        check_fit_options(options or FitOptions()), features)
     keys = FederationKeys()

@@ -4,6 +4,7 @@ accepted or refused naming the argument.  Oracle: scikit-learn on the pooled fra
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -131,3 +132,29 @@ def test_a_v_abs_refusal_names_the_frame_s_columns() -> None:
     options = FitOptions(algorithm="paper", vabs=500.0, preset="test")
     with pytest.raises(InputError, match="'weight'"):
         simulate(frames, "minmax", "mhe", options)
+
+
+def test_partial_fit_carries_on_from_a_counted_fit_and_says_why_it_cannot_otherwise() -> None:
+    from fednorm.protocols.plain.minmax import fit_local
+
+    frames = party_frames((10, 12))
+    more = party_frames((5,), seed=1)[0]
+    counted = fit_local(frames[0].to_numpy(), FitOptions()).to_sklearn()  # counts its rows
+    oracle = MinMaxScaler().fit(frames[0]).partial_fit(more)
+    np.testing.assert_array_equal(counted.partial_fit(more.to_numpy()).data_max_,
+                                  oracle.data_max_)
+    assert counted.n_samples_seen_ == oracle.n_samples_seen_
+    for privacy in ("plain", "mhe"):  # no federated MinMax learns the pooled row count
+        fitted = simulate(frames, "minmax", privacy, FitOptions(preset="test")).normalizer
+        assert fitted.rows is None
+        with pytest.raises(ValueError, match="without revealing the pooled row count"):
+            fitted.to_sklearn().partial_fit(more)
+
+
+def test_to_sklearn_without_scikit_learn_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fitted = simulate(party_frames((10, 12)), "robust").normalizer
+    monkeypatch.setitem(sys.modules, "sklearn.preprocessing", None)  # as if not installed
+    with pytest.raises(InputError, match=r"needs scikit-learn.*pip install scikit-learn"):
+        fitted.to_sklearn()

@@ -17,6 +17,7 @@ import numpy as np
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols.columns import column_names, is_table, table_values
+from fednorm.protocols.estimators import federated_minmax_scaler, preprocessing
 
 
 def _safe_scale(scale: np.ndarray) -> np.ndarray:
@@ -107,9 +108,7 @@ class ZScoreNormalizer(Normalizer):
         return (X - self.mean) / _safe_scale(np.sqrt(self.var))
 
     def to_sklearn(self) -> Any:
-        from sklearn.preprocessing import StandardScaler
-
-        scaler = StandardScaler()
+        scaler = preprocessing().StandardScaler()
         scaler.mean_ = np.asarray(self.mean, dtype=np.float64)
         scaler.var_ = np.asarray(self.var, dtype=np.float64)
         scaler.scale_ = _safe_scale(np.sqrt(self.var))
@@ -133,9 +132,7 @@ class MinMaxNormalizer(Normalizer):
         return (X - self.min) / _safe_scale(self.max - self.min)
 
     def to_sklearn(self) -> Any:
-        from sklearn.preprocessing import MinMaxScaler
-
-        scaler = MinMaxScaler()
+        scaler = federated_minmax_scaler()
         data_range = np.asarray(self.max - self.min, dtype=np.float64)
         scaler.scale_ = 1.0 / _safe_scale(data_range)
         scaler.min_ = -np.asarray(self.min) * scaler.scale_
@@ -162,9 +159,7 @@ class RobustNormalizer(Normalizer):
         return (X - self.median) / _safe_scale(self.q3 - self.q1)
 
     def to_sklearn(self) -> Any:
-        from sklearn.preprocessing import RobustScaler
-
-        scaler = RobustScaler()
+        scaler = preprocessing().RobustScaler()
         scaler.center_ = np.asarray(self.median, dtype=np.float64)
         scaler.scale_ = _safe_scale(self.q3 - self.q1)
         return self._fitted(scaler)
@@ -215,9 +210,8 @@ class YeoJohnsonNormalizer(Normalizer):
         return (yeo_johnson(X, self.lambdas) - self.mean) / _safe_scale(np.sqrt(self.var))
 
     def to_sklearn(self) -> Any:
-        from sklearn.preprocessing import PowerTransformer
-
-        transformer = PowerTransformer(method="yeo-johnson", standardize=True)
+        transformer = preprocessing().PowerTransformer(method="yeo-johnson",
+                                                     standardize=True)
         transformer.lambdas_ = np.asarray(self.lambdas, dtype=np.float64)
         transformer._scaler = ZScoreNormalizer(self.mean, self.var).to_sklearn()
         return self._fitted(transformer)

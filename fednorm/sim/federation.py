@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
+import sniffio
 import trio
 from exceptiongroup import BaseExceptionGroup
 
@@ -38,6 +40,8 @@ from fednorm.session import (
 )
 from fednorm.sim.tables import party_tables
 from fednorm.transport.memory import star_links
+
+T = TypeVar("T")
 
 
 def worker_threads() -> int:
@@ -172,16 +176,52 @@ def simulate(
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
 ) -> SimulationResult:
-    """Synchronous entry point: fit ``method`` federatedly over the given parties' data,
-    one array or DataFrame per party (DataFrames: columns matched by name,
-    :mod:`fednorm.sim.tables`; ``features`` names the columns of arrays, or orders those
-    of DataFrames); ``tracer`` sees every frame.  The fitted normalizers carry the
-    columns' names when there are any."""
+    """Fit ``method`` federatedly over the given parties' data, one array or DataFrame per
+    party (DataFrames: columns matched by name, :mod:`fednorm.sim.tables`; ``features``
+    names the columns of arrays, or orders those of DataFrames); ``tracer`` sees every
+    frame.  The fitted normalizers carry the columns' names when there are any.
+
+    Blocks until fitted; inside a running event loop, ``await`` :func:`simulate_async`."""
+    refuse_inside_event_loop("simulate")
+    return trio.run(lambda: fit_federation(party_data, method, privacy, options,
+                                           timeout=timeout, features=features, tracer=tracer))
+
+
+async def simulate_async(
+    party_data: Sequence[np.ndarray],
+    method: str = "zscore",
+    privacy: str = "plain",
+    options: FitOptions | None = None,
+    *,
+    timeout: float | None = 120.0,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
+) -> SimulationResult:
+    """:func:`simulate` for code that runs an event loop, trio or asyncio; the loop keeps
+    running while the federation fits."""
+    return await in_caller_loop(
+        partial(fit_federation, party_data, method, privacy, options, timeout=timeout,
+                features=features, tracer=tracer),
+        partial(simulate, party_data, method, privacy, options, timeout=timeout,
+                features=features, tracer=tracer))
+
+
+async def fit_federation(
+    party_data: Sequence[np.ndarray],
+    method: str = "zscore",
+    privacy: str = "plain",
+    options: FitOptions | None = None,
+    *,
+    timeout: float | None = 120.0,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
+) -> SimulationResult:
+    """:func:`simulate` inside a trio run (the caller's)."""
     protocol = get_protocol(method, privacy)
     tables = party_tables(party_data, features)
     check_federation_data(tables.arrays)
-    return trio.run(lambda: run_federation(protocol, tables.arrays, options, timeout=timeout,
-                                           features=tables.features, tracer=tracer))
+    return await run_federation(protocol, tables.arrays, options, timeout=timeout,
+                                features=tables.features, tracer=tracer)
 
 
 @dataclass
@@ -205,7 +245,44 @@ def simulate_session(
 ) -> SessionResult:
     """Fit several methods in turn over the same federation. In ``mhe`` mode the joint
     keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
-    keys`); each protocol then reuses them, so its report holds its own cost only."""
+    keys`); each protocol then reuses them, so its report holds its own cost only.
+
+    Blocks until fitted; inside a running event loop, ``await``
+    :func:`simulate_session_async`."""
+    refuse_inside_event_loop("simulate_session")
+    return trio.run(lambda: fit_session(party_data, methods, privacy, options,
+                                        timeout=timeout, features=features, tracer=tracer))
+
+
+async def simulate_session_async(
+    party_data: Sequence[np.ndarray],
+    methods: Sequence[str],
+    privacy: str = "mhe",
+    options: FitOptions | None = None,
+    *,
+    timeout: float | None = 120.0,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
+) -> SessionResult:
+    """:func:`simulate_session` for code that runs an event loop, trio or asyncio."""
+    return await in_caller_loop(
+        partial(fit_session, party_data, methods, privacy, options, timeout=timeout,
+                features=features, tracer=tracer),
+        partial(simulate_session, party_data, methods, privacy, options, timeout=timeout,
+                features=features, tracer=tracer))
+
+
+async def fit_session(
+    party_data: Sequence[np.ndarray],
+    methods: Sequence[str],
+    privacy: str = "mhe",
+    options: FitOptions | None = None,
+    *,
+    timeout: float | None = 120.0,
+    features: Sequence[str] | None = None,
+    tracer: Tracer | None = None,
+) -> SessionResult:
+    """:func:`simulate_session` inside a trio run (the caller's)."""
     protocols = [get_protocol(method, privacy) for method in methods]
     tables = party_tables(party_data, features)
     party_data, features = tables.arrays, tables.features
@@ -213,17 +290,39 @@ def simulate_session(
                        check_fit_options(options or FitOptions()), features)
     keys = FederationKeys()
     keyrings = trusted_setup(range(1, len(party_data) + 1))
+    setup = None
+    if privacy == "mhe":
+        step = setup_protocol([p.method for p in protocols])
+        setup = (await run_federation(step, party_data, options, timeout=timeout,
+                                      keys=keys, tracer=tracer, keyrings=keyrings)).report
+    results = [await run_federation(protocol, party_data, options, timeout=timeout,
+                                    keys=keys, features=features, tracer=tracer,
+                                    keyrings=keyrings)
+               for protocol in protocols]
+    return SessionResult(setup, results)
 
-    async def run_all() -> SessionResult:
-        setup = None
-        if privacy == "mhe":
-            step = setup_protocol([p.method for p in protocols])
-            setup = (await run_federation(step, party_data, options, timeout=timeout,
-                                          keys=keys, tracer=tracer, keyrings=keyrings)).report
-        results = [await run_federation(protocol, party_data, options, timeout=timeout,
-                                        keys=keys, features=features, tracer=tracer,
-                                        keyrings=keyrings)
-                   for protocol in protocols]
-        return SessionResult(setup, results)
 
-    return trio.run(run_all)
+def refuse_inside_event_loop(name: str) -> None:
+    """A synchronous fit called from a coroutine would stop the caller's event loop (or,
+    under trio, fail inside ``trio.run``): say what to call instead."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return
+    raise InputError(f"{name}() blocks until the federation is fitted and cannot run inside "
+                     f"the running {library} event loop: use `await {name}_async(...)`")
+
+
+async def in_caller_loop(trio_native: Callable[[], Awaitable[T]],
+                         blocking: Callable[[], T]) -> T:
+    """Run a fit in the caller's event loop: under trio, the trio-native coroutine in the
+    caller's own run (its crypto already runs in worker threads); under asyncio, the
+    blocking call in a worker thread, with a trio run of its own."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        return await trio_native()
+    if library == "asyncio":
+        import asyncio
+
+        return await asyncio.to_thread(blocking)
+    raise InputError(f"fednorm's async API runs under trio or asyncio, not {library}")

@@ -4,6 +4,7 @@ fits while the loop keeps ticking, and the blocking API says what to call instea
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import trio
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.sim.federation import (
+    SessionResult,
     simulate,
     simulate_async,
     simulate_session,
@@ -26,38 +28,35 @@ def pooled_mean() -> np.ndarray:
     return np.concatenate(PARTIES).mean(axis=0)
 
 
-async def test_from_trio_the_loop_keeps_ticking_while_a_ppf_fit_runs() -> None:
-    ticks = 0
+class Ticks:
+    """A task of the caller's own that counts how often its loop let it run."""
 
-    async def tick() -> None:
-        nonlocal ticks
+    count = 0
+
+    async def run(self, sleep: Callable[[float], Awaitable[object]]) -> None:
         while True:
-            await trio.sleep(0.01)
-            ticks += 1
+            await sleep(0.01)
+            self.count += 1
 
+
+async def test_from_trio_the_loop_keeps_ticking_while_a_ppf_fit_runs() -> None:
+    ticks = Ticks()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(tick)
+        nursery.start_soon(ticks.run, trio.sleep)
         result = await simulate_async(PARTIES, *PPF)
         nursery.cancel_scope.cancel()
     np.testing.assert_allclose(result.normalizer.mean, pooled_mean(), rtol=1e-6)
-    assert ticks >= 10, ticks
+    assert ticks.count >= 10, ticks.count
 
 
 def test_from_asyncio_the_loop_keeps_ticking_while_a_ppf_fit_runs() -> None:
-    async def main() -> tuple[object, int]:
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticker = asyncio.create_task(tick())
+    async def main() -> tuple[SessionResult, int]:
+        ticks = Ticks()
+        ticker = asyncio.create_task(ticks.run(asyncio.sleep))
         session = await simulate_session_async(PARTIES, ["zscore", "minmax"], "mhe",
                                                FitOptions(preset="test"))
         ticker.cancel()
-        return session, ticks
+        return session, ticks.count
 
     session, ticks = asyncio.run(main())
     np.testing.assert_allclose(session.results[0].normalizer.mean, pooled_mean(), rtol=1e-6)

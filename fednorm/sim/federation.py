@@ -13,8 +13,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar
+from functools import partial, wraps
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import sniffio
@@ -41,7 +41,8 @@ from fednorm.session import (
 from fednorm.sim.tables import party_tables
 from fednorm.transport.memory import star_links
 
-T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def worker_threads() -> int:
@@ -166,7 +167,7 @@ async def run_federation(
     return SimulationResult(named[SERVER], {p: named[p] for p in party_ids}, report)
 
 
-def simulate(
+async def fit_federation(
     party_data: Sequence[np.ndarray],
     method: str = "zscore",
     privacy: str = "plain",
@@ -181,42 +182,8 @@ def simulate(
     names the columns of arrays, or orders those of DataFrames); ``tracer`` sees every
     frame.  The fitted normalizers carry the columns' names when there are any.
 
-    Blocks until fitted; inside a running event loop, ``await`` :func:`simulate_async`."""
-    refuse_inside_event_loop("simulate")
-    return trio.run(lambda: fit_federation(party_data, method, privacy, options,
-                                           timeout=timeout, features=features, tracer=tracer))
-
-
-async def simulate_async(
-    party_data: Sequence[np.ndarray],
-    method: str = "zscore",
-    privacy: str = "plain",
-    options: FitOptions | None = None,
-    *,
-    timeout: float | None = 120.0,
-    features: Sequence[str] | None = None,
-    tracer: Tracer | None = None,
-) -> SimulationResult:
-    """:func:`simulate` for code that runs an event loop, trio or asyncio; the loop keeps
-    running while the federation fits."""
-    return await in_caller_loop(
-        partial(fit_federation, party_data, method, privacy, options, timeout=timeout,
-                features=features, tracer=tracer),
-        partial(simulate, party_data, method, privacy, options, timeout=timeout,
-                features=features, tracer=tracer))
-
-
-async def fit_federation(
-    party_data: Sequence[np.ndarray],
-    method: str = "zscore",
-    privacy: str = "plain",
-    options: FitOptions | None = None,
-    *,
-    timeout: float | None = 120.0,
-    features: Sequence[str] | None = None,
-    tracer: Tracer | None = None,
-) -> SimulationResult:
-    """:func:`simulate` inside a trio run (the caller's)."""
+    This runs inside the caller's trio run; :func:`simulate` blocks until fitted and
+    :func:`simulate_async` runs under trio or asyncio."""
     protocol = get_protocol(method, privacy)
     tables = party_tables(party_data, features)
     check_federation_data(tables.arrays)
@@ -233,7 +200,7 @@ class SessionResult:
     results: list[SimulationResult]
 
 
-def simulate_session(
+async def fit_session(
     party_data: Sequence[np.ndarray],
     methods: Sequence[str],
     privacy: str = "mhe",
@@ -247,42 +214,8 @@ def simulate_session(
     keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
     keys`); each protocol then reuses them, so its report holds its own cost only.
 
-    Blocks until fitted; inside a running event loop, ``await``
-    :func:`simulate_session_async`."""
-    refuse_inside_event_loop("simulate_session")
-    return trio.run(lambda: fit_session(party_data, methods, privacy, options,
-                                        timeout=timeout, features=features, tracer=tracer))
-
-
-async def simulate_session_async(
-    party_data: Sequence[np.ndarray],
-    methods: Sequence[str],
-    privacy: str = "mhe",
-    options: FitOptions | None = None,
-    *,
-    timeout: float | None = 120.0,
-    features: Sequence[str] | None = None,
-    tracer: Tracer | None = None,
-) -> SessionResult:
-    """:func:`simulate_session` for code that runs an event loop, trio or asyncio."""
-    return await in_caller_loop(
-        partial(fit_session, party_data, methods, privacy, options, timeout=timeout,
-                features=features, tracer=tracer),
-        partial(simulate_session, party_data, methods, privacy, options, timeout=timeout,
-                features=features, tracer=tracer))
-
-
-async def fit_session(
-    party_data: Sequence[np.ndarray],
-    methods: Sequence[str],
-    privacy: str = "mhe",
-    options: FitOptions | None = None,
-    *,
-    timeout: float | None = 120.0,
-    features: Sequence[str] | None = None,
-    tracer: Tracer | None = None,
-) -> SessionResult:
-    """:func:`simulate_session` inside a trio run (the caller's)."""
+    This runs inside the caller's trio run; :func:`simulate_session` blocks until fitted
+    and :func:`simulate_session_async` runs under trio or asyncio."""
     protocols = [get_protocol(method, privacy) for method in methods]
     tables = party_tables(party_data, features)
     party_data, features = tables.arrays, tables.features
@@ -302,6 +235,36 @@ async def fit_session(
     return SessionResult(setup, results)
 
 
+def blocking(trio_native: Callable[P, Awaitable[R]], name: str) -> Callable[P, R]:
+    """``trio_native`` as a call that blocks until done (its own trio run), refused
+    inside a running event loop, which it would stop."""
+    @wraps(trio_native)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        refuse_inside_event_loop(name)
+        return trio.run(partial(trio_native, *args, **kwargs))
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def any_loop(trio_native: Callable[P, Awaitable[R]], blocking_call: Callable[P, R],
+             name: str) -> Callable[P, Awaitable[R]]:
+    """``trio_native`` awaitable from trio or asyncio (:func:`in_caller_loop`)."""
+    @wraps(trio_native)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await in_caller_loop(partial(trio_native, *args, **kwargs),
+                                    partial(blocking_call, *args, **kwargs))
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+simulate = blocking(fit_federation, "simulate")
+simulate_async = any_loop(fit_federation, simulate, "simulate_async")
+simulate_session = blocking(fit_session, "simulate_session")
+simulate_session_async = any_loop(fit_session, simulate_session, "simulate_session_async")
+
+
 def refuse_inside_event_loop(name: str) -> None:
     """A synchronous fit called from a coroutine would stop the caller's event loop (or,
     under trio, fail inside ``trio.run``): say what to call instead."""
@@ -313,8 +276,8 @@ def refuse_inside_event_loop(name: str) -> None:
                      f"the running {library} event loop: use `await {name}_async(...)`")
 
 
-async def in_caller_loop(trio_native: Callable[[], Awaitable[T]],
-                         blocking: Callable[[], T]) -> T:
+async def in_caller_loop(trio_native: Callable[[], Awaitable[R]],
+                         blocking_call: Callable[[], R]) -> R:
     """Run a fit in the caller's event loop: under trio, the trio-native coroutine in the
     caller's own run (its crypto already runs in worker threads); under asyncio, the
     blocking call in a worker thread, with a trio run of its own."""
@@ -324,5 +287,5 @@ async def in_caller_loop(trio_native: Callable[[], Awaitable[T]],
     if library == "asyncio":
         import asyncio
 
-        return await asyncio.to_thread(blocking)
+        return await asyncio.to_thread(blocking_call)
     raise InputError(f"fednorm's async API runs under trio or asyncio, not {library}")

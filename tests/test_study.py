@@ -44,12 +44,16 @@ def keys(rows: list[dict[str, str]]) -> list[tuple[str, ...]]:
 
 def test_presets_are_the_papers_grid():
     tabular = build_grid(GridRequest(preset="tabular"))
-    # datasets × skews × clients × (12 normalizations + 2 references) × seeds
-    assert len(tabular) == 3 * 7 * 3 * 14 * 3
+    # datasets × skews × clients × (12 normalizations + 3 references) × seeds, and the
+    # lookup reference on both Parkinson's readings
+    assert len(tabular) == (4 * 15 + 2) * 7 * 3 * 5
     assert "instance_norm" not in {c.normalization for c in tabular}  # = layer norm on MLPs
-    assert {"central_model", "central_linear"} <= {c.normalization for c in tabular}
+    references = {"central_model", "central_linear", "central_majority"}
+    assert references <= {c.normalization for c in tabular if c.dataset == "hcv"}
+    assert {c.dataset for c in tabular if c.normalization == "central_lookup"} == {
+        "parkinsons", "parkinsons_patients"}
     digits = build_grid(GridRequest(preset="digits"))
-    assert len(digits) == 7 * 3 * 13 * 3  # no Yeo-Johnson on images, instance norm kept
+    assert len(digits) == 7 * 3 * 14 * 5  # no Yeo-Johnson on images, instance norm kept
     assert "instance_norm" in {c.normalization for c in digits}
     mnist = build_grid(GridRequest(preset="mnist"))
     assert {c.dataset for c in mnist} == {"mnist"} and {c.clients for c in mnist} == {10, 20, 50}
@@ -242,7 +246,7 @@ def test_a_missing_data_file_fails_before_training(tmp_path, capsys):
 def test_dry_run_counts_without_running(tmp_path, capsys):
     out = tmp_path / "results.csv"
     assert main(["experiment", "--preset", "tabular", "--dry-run", "--out", str(out)]) == 0
-    assert "2646 runs in the grid" in capsys.readouterr().out and not out.exists()
+    assert "6510 runs in the grid" in capsys.readouterr().out and not out.exists()
 
 
 def test_simulate_report_and_dry_run_work_without_torch(tmp_path):

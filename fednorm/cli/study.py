@@ -129,7 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clients", type=_integers, help="e.g. 10,20,30")
     p.add_argument("--normalizations", type=_names,
                    help="e.g. none,local_zscore,federated_zscore,batch_norm")
-    p.add_argument("--seeds", type=_integers, help="default 0,1,2")
+    p.add_argument("--seeds", type=_integers, help="default 0,1,2,3,4")
     p.add_argument("--privacy", default="plain", choices=("plain", "mhe"),
                    help="protocols for federated_<m> (mhe: CKKS, slow)")
     add_fit_options(p, preset_flag="--ckks-preset",

@@ -128,6 +128,10 @@ def test_store_refuses_a_foreign_file_and_a_second_writer(tmp_path):
     foreign.write_text("a,b\n1,2\n", encoding="utf-8")
     with pytest.raises(InputError, match="not a fednorm results file"):
         ResultStore(foreign)
+    older = tmp_path / "older.csv"
+    older.write_text(",".join(c for c in COLUMNS if c != "test_macro_f1") + "\n")
+    with pytest.raises(InputError, match=r"another fednorm version \(missing: test_macro_f1\)"):
+        ResultStore(older)
     with ResultStore(tmp_path / "r.csv"), pytest.raises(InputError, match="in use"):
         ResultStore(tmp_path / "r.csv")
 

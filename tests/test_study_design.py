@@ -213,3 +213,87 @@ def test_on_parkinsons_rows_the_lookup_names_the_patient_and_by_patient_it_canno
         scores[name] = float(row["test_r2"])
     assert scores["parkinsons"] > 0.7
     assert scores["parkinsons_patients"] < 0.2
+
+
+# --- tuning without the test rows ----------------------------------------------------------
+
+
+def never_read() -> None:
+    raise AssertionError("a tuning run read the test labels")
+
+
+def test_tuning_rows_come_from_the_training_rows_and_the_test_labels_are_never_read(bcw):
+    from fednorm.training.tuning import tuning_clients
+
+    clients = [replace(c, y_test=c.y_test.traced(never_read))
+               for c in make_clients(bcw, 4, "label:5", seed=2)]
+    views = tuning_clients(clients, seed=2)
+    for client, view in zip(clients, views, strict=True):
+        train_rows = {tuple(row) for row in client.X_train}
+        assert {tuple(row) for row in view.X_test} <= train_rows
+        assert {tuple(row) for row in view.X_train} <= train_rows
+        assert len(view.y_train) + len(view.y_test) == len(client.y_train)
+        assert len(view.y_test) == round(0.2 * len(client.y_train))
+        np.testing.assert_array_equal(view.X_val, client.X_val)
+    cells = [Cell("bcw", "label:5", 4, n, 2) for n in ("local_zscore", "federated_zscore",
+                                                        "central_majority")]
+    rows = run_partition(bcw, views, cells, RunSettings(max_rounds=2))
+    assert all(row["status"] == "ok" for _, row in rows)
+
+
+def test_tuning_by_group_keeps_each_patients_training_rows_on_one_side():
+    from fednorm.training.tuning import tuning_clients
+
+    patients = load_dataset("parkinsons_patients")
+    clients = make_clients(with_group_column(patients, patients.groups), 10, "iid", seed=0)
+    views = tuning_clients(clients, seed=0)
+    train, _, test = sides(views)
+    assert train and test and not train & test
+    assert train | test == sides(clients)[0]  # the training side, split in two
+    assert len(test) == round(0.2 * len(train | test))
+
+
+def write_tuning_file(path, scores: dict[str, float]) -> None:
+    from fednorm.training.grid import COLUMNS, KEY_COLUMNS, ResultStore
+
+    with ResultStore(path) as store:
+        for normalization, value in scores.items():
+            row = dict.fromkeys(COLUMNS, "")
+            row.update(zip(KEY_COLUMNS, Cell("hcv", "iid", 10, normalization, 0).key(),
+                           strict=True))
+            row.update(task="classification", status="ok", test_macro_f1=value, test_f1=0.9)
+            store.append(row)
+
+
+def test_the_best_candidate_has_the_highest_mean_main_score_of_its_federated_and_local_runs(
+        tmp_path):
+    from fednorm.training.tuning import best_candidate, candidates, tuning_scores
+
+    choices = candidates(lr=[1e-3, 1e-2], min_rounds=[0, 300])
+    assert [c.name for c in choices] == ["lr=0.001_min_rounds=0", "lr=0.001_min_rounds=300",
+                                         "lr=0.01_min_rounds=0", "lr=0.01_min_rounds=300"]
+    assert candidates()[0].name == "defaults"
+    files = {"slow": tmp_path / "slow.csv", "fast": tmp_path / "fast.csv"}
+    # slow: federated/local mean 0.5; its central model (0.99) and "none" do not count.
+    write_tuning_file(files["slow"], {"federated_zscore": 0.6, "local_zscore": 0.4,
+                                      "central_model": 0.99, "none": 0.99})
+    write_tuning_file(files["fast"], {"federated_zscore": 0.55, "local_zscore": 0.5})
+    assert best_candidate(files).candidate == "fast"
+    assert [(s.candidate, s.runs) for s in tuning_scores(files)] == [("fast", 2), ("slow", 2)]
+    assert tuning_scores(files)[1].score == pytest.approx(0.5)
+
+
+def test_fednorm_tune_runs_each_candidate_on_the_tuning_view_and_ranks_them(tmp_path, capsys):
+    from fednorm.cli import main
+
+    out = tmp_path / "tuning"
+    flags = ["--datasets", "bcw", "--skews", "iid", "--clients", "3", "--seeds", "0",
+             "--normalizations", "local_zscore,federated_zscore", "--max-rounds", "3",
+             "--lr", "1e-3,1e-2", "--out-dir", str(out)]
+    assert main(["tune", *flags]) == 0
+    assert sorted(p.name for p in (out / "bcw").iterdir()) == [
+        "lr=0.001.csv", "lr=0.01.csv", "ranking.csv"]
+    ranking = (out / "bcw" / "ranking.csv").read_text().splitlines()
+    assert ranking[0] == "candidate,tuning_score,runs" and len(ranking) == 3
+    assert "bcw: lr=" in capsys.readouterr().out
+    assert main(["tune", *flags[:-4], "--lr", "2", "--out-dir", str(out)]) == 2

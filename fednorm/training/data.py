@@ -93,6 +93,7 @@ class ClientData:
     y_val: np.ndarray
     X_test: np.ndarray
     y_test: HeldOutLabels
+    train_groups: np.ndarray | None = None  # the training rows' groups (split by group)
 
     def with_features(self, transform: Callable[[np.ndarray], np.ndarray]) -> ClientData:
         """The same client with ``transform`` applied to all three feature matrices."""
@@ -179,7 +180,8 @@ def _split_by_group(dataset: Dataset, clients: int, skew: SplitSpec | str, seed:
         result.append(ClientData(
             np.asarray(train.X, dtype=np.float64), train.y,
             np.asarray(rest.X[~is_test], dtype=np.float64), rest.y[~is_test],
-            np.asarray(rest.X[is_test], dtype=np.float64), HeldOutLabels((rest.y[is_test],))))
+            np.asarray(rest.X[is_test], dtype=np.float64), HeldOutLabels((rest.y[is_test],)),
+            dataset.groups[train_rows[train.indices]]))
     return result
 
 
@@ -189,15 +191,15 @@ def split_client(part: Partition, rng: np.random.Generator) -> ClientData:
     assert part.y is not None
     n_test, n_val, _ = split_sizes(len(part.y))
     by_target = np.lexsort((rng.random(len(part.y)), part.y))
-    test, rest = _evenly_spaced(by_target, n_test, rng)
-    val, train = _evenly_spaced(rest, n_val, rng)
+    test, rest = evenly_spaced(by_target, n_test, rng)
+    val, train = evenly_spaced(rest, n_val, rng)
     train = rng.permutation(train)
     X = np.asarray(part.X, dtype=np.float64)
     return ClientData(X[train], part.y[train], X[val], part.y[val], X[test],
                       HeldOutLabels((part.y[test],)))
 
 
-def _evenly_spaced(order: np.ndarray, count: int, rng: np.random.Generator
+def evenly_spaced(order: np.ndarray, count: int, rng: np.random.Generator
                    ) -> tuple[np.ndarray, np.ndarray]:
     """``count`` entries of ``order`` at evenly spaced positions from a random start
     (systematic sampling), and the others in their order."""

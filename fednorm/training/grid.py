@@ -256,7 +256,12 @@ class ResultStore:
     def rows(self) -> list[dict[str, str]]:
         self._file.seek(0)
         reader = csv.DictReader(self._file)
-        if reader.fieldnames is not None and tuple(reader.fieldnames) != COLUMNS:
+        names = reader.fieldnames
+        if names is not None and tuple(names) != COLUMNS:
+            if set(KEY_COLUMNS) <= set(names):
+                missing = ", ".join(c for c in COLUMNS if c not in names) or "none"
+                raise InputError(f"{self.path} has the columns of another fednorm version "
+                                 f"(missing: {missing}); run into a new file")
             raise InputError(f"{self.path} is not a fednorm results file (its columns differ)")
         return list(reader)
 

@@ -76,6 +76,7 @@ from fednorm.training.tensors import (
     score_on_test,
     standardize_targets,
 )
+from fednorm.training.tuning import tuning_clients
 
 # Called with a training group's cells once their training has ended, before any of
 # them is scored: the one point after which test labels may be read.
@@ -126,6 +127,8 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     started = time.perf_counter()
     try:
         clients = make_clients(dataset, first.clients, first.skew, first.seed)
+        if settings.tuning:
+            clients = tuning_clients(clients, first.seed)
     except InputError as exc:  # e.g. more clients than the rows allow
         seconds = time.perf_counter() - started
         return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]

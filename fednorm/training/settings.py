@@ -34,6 +34,8 @@ class RunSettings:
     class_weighted: bool | None = None  # None: the dataset's default
     regression_loss: RegressionLoss | None = None
     select: Selection | None = None
+    # Score on the tuning view (fednorm.training.tuning) instead of the test rows.
+    tuning: bool = False
 
     def train_config(self, dataset: Dataset, seed: int,
                      clients: list[ClientData] | None = None) -> TrainConfig:

@@ -359,6 +359,16 @@ def test_report_writes_tables_and_figures(tmp_path, capsys):
                    "fig4_per_skew.png", "fig5_per_clients.png", "fig_feature_skew_r2.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
     assert "| Total |" in (out / "table3.md").read_text(encoding="utf-8")
+    cells = {(r["reading"], r["dataset"], r["skew"], r["method"]): r
+             for r in read_rows(out / "table3_intervals.csv")}
+    # zscore on cls: seeds 0 and 1 differ by 0.00 and 0.02, so the interval [0, 0.02]
+    # does not exclude 0, and one non-zero difference gives p = 1.
+    zscore = cells["paper", "cls", "iid", "zscore"]
+    assert (zscore["seeds"], zscore["low"], zscore["high"]) == ("0 1", "0.0000", "0.0200")
+    assert (zscore["verdict"], zscore["p_value"]) == ("undecided", "1.0000")
+    assert ("main", "cls", "iid", "zscore") not in cells  # the file has no macro-F1
+    intervals = (out / "table3_intervals.md").read_text(encoding="utf-8")
+    assert "| cls | test_f1 | 2 | 0 | 0 | 3 | 0 | 1 / 1 / 1 |" in intervals
 
 
 def test_report_on_a_missing_or_foreign_file_is_an_input_error(tmp_path, capsys):
@@ -432,3 +442,40 @@ def test_bad_training_flags_exit_2(tmp_path, capsys, flags):
     except SystemExit as exit_:  # argparse refuses a value outside its choices
         code = exit_.code
     assert code == 2 and not out.exists()
+
+
+# --- one generator for what the results README quotes ------------------------------------
+
+
+def test_a_changed_number_in_a_generated_block_is_stale_and_refilled(tmp_path):
+    from fednorm.training.readme import block_names, fill_blocks, stale_blocks
+
+    (tmp_path / "t.md").write_text("| a | 0.91 |\n", encoding="utf-8")
+    readme = ("prose 1.0\n<!-- generated: t.md -->\n| a | 0.91 |\n"
+              "<!-- end generated: t.md -->\nmore prose\n")
+    assert block_names(readme) == ["t.md"] and stale_blocks(readme, tmp_path) == []
+    edited = readme.replace("0.91", "0.92")
+    assert stale_blocks(edited, tmp_path) == ["t.md"]
+    assert fill_blocks(edited, tmp_path) == readme
+    with pytest.raises(InputError, match="did not write"):
+        fill_blocks(readme.replace("t.md", "u.md"), tmp_path)
+
+
+def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
+    """Every generated block of results/README.md, and every table file in results/,
+    equals what ``fednorm report`` makes from the results files the README names."""
+    import re
+
+    from fednorm.training.readme import block_names, stale_blocks
+    from fednorm.training.report import write_report
+
+    readme = (REPO / "results" / "README.md").read_text(encoding="utf-8")
+    (inputs,) = set(re.findall(r"fednorm report ((?:results/\S+\.csv ?)+) --out results",
+                               readme))
+    written = write_report([REPO / p for p in inputs.split()], tmp_path, figures=False)
+    assert {"table3.md", "table3_intervals.md", "training_health.md"} <= set(
+        block_names(readme))
+    assert stale_blocks(readme, tmp_path) == []
+    for path in written:
+        assert (REPO / "results" / path.name).read_text(encoding="utf-8") == path.read_text(
+            encoding="utf-8"), f"results/{path.name} is not what the report generates"

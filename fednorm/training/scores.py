@@ -54,9 +54,10 @@ class Scores:
 
     means: dict[CellKey, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     tasks: dict[str, str] = field(default_factory=dict)
+    metric_of: dict[str, str] = field(default_factory=lambda: METRIC)
 
     def metric(self, dataset: str) -> str:
-        return METRIC[self.tasks[dataset]]
+        return self.metric_of[self.tasks[dataset]]
 
 
 @dataclass
@@ -93,14 +94,16 @@ def read_results(paths: Sequence[Path]) -> list[dict[str, str]]:
     return rows
 
 
-def mean_scores(rows: Iterable[dict[str, str]]) -> Scores:
-    """Average each (cell, normalization)'s score over its seeds; NaN scores are skipped."""
+def mean_scores(rows: Iterable[dict[str, str]], metric_of: dict[str, str] = METRIC
+                ) -> Scores:
+    """Average each (cell, normalization)'s score (column ``metric_of[task]``) over its
+    seeds; NaN and missing scores are skipped."""
     sums: dict[tuple[CellKey, str], list[float]] = defaultdict(list)
-    scores = Scores()
+    scores = Scores(metric_of=metric_of)
     for row in rows:
         task = row["task"]
         scores.tasks[row["dataset"]] = task
-        value = as_number(row.get(METRIC.get(task, ""), ""))
+        value = as_number(row.get(metric_of.get(task, ""), ""))
         if value is not None:
             key = (row["dataset"], row["clients"], row["skew"], row.get("privacy") or "plain")
             sums[key, row["normalization"]].append(value)

@@ -479,3 +479,17 @@ def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
     for path in written:
         assert (REPO / "results" / path.name).read_text(encoding="utf-8") == path.read_text(
             encoding="utf-8"), f"results/{path.name} is not what the report generates"
+
+
+def test_fig2_bars_carry_their_seed_range_and_their_datasets(tmp_path):
+    from fednorm.training.scores import datasets_of, seed_spread
+
+    path = tmp_path / "results.csv"
+    results_with_known_answer(path)
+    rows = read_results([path])
+    spread = seed_spread(rows, "test_f1")
+    assert spread["federated_zscore"] == pytest.approx((0.90, 0.92))
+    assert spread["local_robust"] == pytest.approx((0.80, 0.80))  # seed 1's NaN skipped
+    assert seed_spread(rows, "test_r2")["local_minmax"] == (0.0, 0.0)  # R² -0.2 floored
+    assert datasets_of(mean_scores(rows), "test_f1")["federated_yeojohnson"] == {"cls"}
+    assert "cls" not in datasets_of(mean_scores(rows), "test_r2").get("local_zscore", set())

@@ -21,20 +21,26 @@ from fednorm.training.scores import (
     METRIC_LABEL,
     CellKey,
     Scores,
+    datasets_of,
     method_means,
     norm_order,
 )
 
+Spread = dict[str, dict[str, tuple[float, float]]]  # metric -> normalization -> (lo, hi)
 
-def plot_all(scores: Scores, out_dir: Path) -> list[Path]:
-    """Every figure of the report; returns the files written."""
-    return [*_plot_means(scores, out_dir), *_plot_high_skew(scores, out_dir),
+
+def plot_all(scores: Scores, out_dir: Path, spread: Spread | None = None) -> list[Path]:
+    """Every figure of the report; returns the files written. ``spread``: the seed-to-
+    seed range of Fig. 2's bars (:func:`fednorm.training.scores.seed_spread`)."""
+    return [*_plot_means(scores, out_dir, spread or {}), *_plot_high_skew(scores, out_dir),
             *_plot_families(scores, out_dir, "skew"),
             *_plot_families(scores, out_dir, "clients"), *_plot_sorted_r2(scores, out_dir)]
 
 
-def _plot_means(scores: Scores, out_dir: Path) -> list[Path]:
-    """Fig. 2: the mean score of each normalization over everything with that metric."""
+def _plot_means(scores: Scores, out_dir: Path, spread: Spread) -> list[Path]:
+    """Fig. 2: the mean score of each normalization over everything with that metric,
+    with the range of its per-seed means; a bar that averages fewer datasets than the
+    others (instance norm: images only) names its datasets under it."""
     written = []
     for metric in ("test_f1", "test_r2"):
         means = method_means(scores, metric)
@@ -43,11 +49,20 @@ def _plot_means(scores: Scores, out_dir: Path) -> list[Path]:
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(10, 4))
         names = list(means)
-        ax.bar(names, [means[n]["all"] for n in names], color=[_color(n) for n in names])
+        heights = [means[n]["all"] for n in names]
+        ranges = [spread.get(metric, {}).get(n, (h, h)) for n, h in zip(names, heights,
+                                                                         strict=True)]
+        errors = [[max(h - lo, 0.0) for h, (lo, _) in zip(heights, ranges, strict=True)],
+                  [max(hi - h, 0.0) for h, (_, hi) in zip(heights, ranges, strict=True)]]
+        ax.bar(names, heights, color=[_color(n) for n in names], yerr=errors, capsize=2)
         floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
         ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
-        ax.set_title(f"{METRIC_LABEL[metric]} averaged over datasets, clients and skews")
-        _finish(ax, names, [means[n]["all"] for n in names])
+        sets = datasets_of(scores, metric)
+        everything = set().union(*sets.values())
+        ax.set_title(f"{METRIC_LABEL[metric]} averaged over clients and skews of "
+                     f"{', '.join(sorted(everything))}; bars: range of the seed means")
+        _finish(ax, [n if sets.get(n) == everything else f"{n} ({', '.join(sorted(sets[n]))})"
+                     for n in names], heights)
         path = out_dir / f"fig2_mean_{metric.removeprefix('test_')}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)

@@ -38,6 +38,7 @@ from fednorm.training.scores import (
     mean_scores,
     method_means,
     read_results,
+    seed_spread,
 )
 from fednorm.training.tables import write_interval_tables
 
@@ -53,7 +54,10 @@ def write_report(paths: Sequence[Path], out_dir: Path, figures: bool = True) -> 
     written = [*_write_table3({r: count_pairs(scores, r) for r in READINGS}, out_dir),
                *write_interval_tables(rows, out_dir),
                *_write_means(scores, out_dir), *_write_health(training_health(rows), out_dir)]
-    return written + (plot_all(scores, out_dir) if figures else [])
+    if not figures:
+        return written
+    spread = {metric: seed_spread(rows, metric) for metric in ("test_f1", "test_r2")}
+    return written + plot_all(scores, out_dir, spread)
 
 
 READING_NOTE = {

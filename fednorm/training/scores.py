@@ -159,6 +159,32 @@ def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
     }
 
 
+def seed_spread(rows: Iterable[dict[str, str]], metric: str
+                ) -> dict[str, tuple[float, float]]:
+    """Per normalization, the lowest and highest over seeds of its mean score on the
+    datasets scored by ``metric`` (each seed's runs averaged alone, R² floored at 0):
+    how far the bars of a mean-per-normalization figure move from seed to seed."""
+    floor = 0.0 if metric == "test_r2" else -math.inf
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        value = as_number(row.get(metric, ""))
+        if value is not None and metric in (METRIC.get(row["task"]),
+                                            MAIN_METRIC.get(row["task"])):
+            values[row["normalization"]][row["seed"]].append(max(value, floor))
+    return {norm: (min(means), max(means)) for norm, by_seed in values.items()
+            if (means := [sum(v) / len(v) for v in by_seed.values()])}
+
+
+def datasets_of(scores: Scores, metric: str) -> dict[str, set[str]]:
+    """Per normalization, the datasets scored by ``metric`` that have runs of it."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for cell, by_norm in scores.means.items():
+        if scores.metric(cell[0]) == metric:
+            for normalization in by_norm:
+                found[normalization].add(cell[0])
+    return dict(found)
+
+
 def norm_order(name: str) -> tuple[int, str]:
     order = [*PAPER_NORMALIZATIONS, *REFERENCE_NORMALIZATIONS]
     return (order.index(name), name) if name in order else (len(order), name)

@@ -34,19 +34,19 @@ def bcw() -> Dataset:
 
 
 class LabelWatch:
-    """Records when test labels are read, and whether the run that reads had ended its
-    training (the runner's ``on_trained`` hook) by then."""
+    """Records the runs whose training ended (the runner's ``on_trained`` hook) and the
+    reads of test labels; a read beyond the runs trained so far raises: each run may
+    read once, after its own training."""
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self) -> None:
         self.events: list[str] = []
-        self.strict = strict
 
     def trained(self, cells: list[Cell]) -> None:
         self.events += ["trained"] * len(cells)
 
     def read(self) -> None:
-        if self.strict and "trained" not in self.events:
-            raise AssertionError("test labels read before any training ended")
+        if self.events.count("read") >= self.events.count("trained"):
+            raise AssertionError("test labels read before the reading run's training ended")
         self.events.append("read")
 
 
@@ -64,7 +64,7 @@ def test_a_run_reads_test_labels_once_and_only_after_its_training(bcw, dataset_n
     norms = ["none", "local_zscore", "federated_minmax", "batch_norm", "central_model",
              "central_linear", "central_majority"]
     cells = [Cell(dataset.name, "iid", 4, n, 0) for n in norms]
-    watch = LabelWatch(strict=True)
+    watch = LabelWatch()
     clients = watched(make_clients(dataset, 4, "iid", seed=0), watch)
     rows = run_partition(dataset, clients, cells, RunSettings(max_rounds=3), watch.trained)
     assert all(row["status"] == "ok" for _, row in rows)
@@ -75,14 +75,17 @@ def test_a_run_reads_test_labels_once_and_only_after_its_training(bcw, dataset_n
     assert watch.events.index("read") > 0
 
 
-def test_the_watch_catches_a_read_before_training():
-    """The watch is not vacuous: reading labels before any training ended raises."""
-    watch = LabelWatch(strict=True)
+def test_the_watch_catches_a_read_before_training_and_a_second_read():
+    """The watch is not vacuous: a read before any training ended, or a second read
+    after one run's training, raises."""
+    watch = LabelWatch()
     labels = HeldOutLabels((np.array([0, 1]),)).traced(watch.read)
-    with pytest.raises(AssertionError, match="before any training ended"):
+    with pytest.raises(AssertionError, match="before the reading run's training ended"):
         labels.read()
     watch.trained([Cell("bcw", "iid", 2, "none", 0)])
     np.testing.assert_array_equal(labels.read(), [0, 1])
+    with pytest.raises(AssertionError, match="before the reading run's training ended"):
+        labels.read()
 
 
 def test_pooled_and_merged_test_labels_stay_unread_until_scoring(bcw):
@@ -269,6 +272,7 @@ def test_the_best_candidate_has_the_highest_mean_main_score_of_its_federated_and
         tmp_path):
     from fednorm.training.tuning import best_candidate, candidates, tuning_scores
 
+    assert candidates(select=["f1", "macro_f1"])[1].overrides() == {"select": "macro_f1"}
     choices = candidates(lr=[1e-3, 1e-2], min_rounds=[0, 300])
     assert [c.name for c in choices] == ["lr=0.001_min_rounds=0", "lr=0.001_min_rounds=300",
                                          "lr=0.01_min_rounds=0", "lr=0.01_min_rounds=300"]
@@ -297,3 +301,4 @@ def test_fednorm_tune_runs_each_candidate_on_the_tuning_view_and_ranks_them(tmp_
     assert ranking[0] == "candidate,tuning_score,runs" and len(ranking) == 3
     assert "bcw: lr=" in capsys.readouterr().out
     assert main(["tune", *flags[:-4], "--lr", "2", "--out-dir", str(out)]) == 2
+    assert main(["tune", *flags, "--select", "accuracy"]) == 2

@@ -569,6 +569,10 @@ def test_validation_f1_is_sklearns_and_only_computed_when_selecting_by_it():
                                            labels=[0, 1, 2], zero_division=0))
     assert validate(model, state, (X, y), "classification", TrainConfig())[1] is None
     assert validate(model, state, (X, y), "classification", TrainConfig())[0] == loss
+    _, macro = validate(model, state, (X, y), "classification", TrainConfig(select="macro_f1"))
+    assert macro == pytest.approx(f1_score(y.numpy(), predicted, average="macro",
+                                           zero_division=0))
+    assert macro != pytest.approx(score)  # the two criteria differ on these rows
 
 
 def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):

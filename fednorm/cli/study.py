@@ -65,7 +65,7 @@ def experiment_command(args: argparse.Namespace) -> int:
         return _dry_run(cells, out)
     settings = run_settings(args, options, patience=args.patience, min_rounds=args.min_rounds,
                             lr=args.lr, persist_optimizer=_on_off(args.persist_optimizer),
-                            regression_loss=args.regression_loss)
+                            regression_loss=args.regression_loss, select=args.select)
     summary = run_into(cells, out, settings, args.jobs)
     print(f"{summary.ran} runs finished ({summary.failed} failed), {summary.skipped} were "
           f"already done; results in {out}")
@@ -82,7 +82,7 @@ def run_settings(args: argparse.Namespace, options: FitOptions, **training: obje
     return RunSettings(
         data_dir=args.data_dir, max_rounds=args.max_rounds, batch_size=args.batch_size,
         trainer=args.trainer, threads=args.threads, stack=not args.no_stack,
-        fit_options=options, select=args.select, class_weighted=_on_off(args.class_weights),
+        fit_options=options, class_weighted=_on_off(args.class_weights),
         **training)
 
 
@@ -166,9 +166,6 @@ def add_grid_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="override the dataset's batch size")
     p.add_argument("--class-weights", choices=("on", "off"),
                    help="class-weighted cross-entropy (default: the dataset's setting)")
-    p.add_argument("--select", choices=("loss", "f1"),
-                   help="keep the weights of the lowest validation loss or (classification) "
-                   "the highest validation F1 (default: the dataset's setting)")
     p.add_argument("--trainer", choices=("batched", "sequential"), default="batched")
     p.add_argument("--no-stack", action="store_true",
                    help="train every run on its own (default: the runs of one partition "
@@ -192,6 +189,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--regression-loss", choices=("mae", "mse"),
                    help="loss on the standardized regression target (default: the "
                    "dataset's setting)")
+    p.add_argument("--select", choices=("loss", "f1", "macro_f1"),
+                   help="keep the weights of the lowest validation loss or (classification) "
+                   "the highest validation F1 or macro-F1 (default: the dataset's setting)")
     p.add_argument("--persist-optimizer", nargs="?", const="on", choices=("on", "off"),
                    help="keep each client's Adam state across rounds (alone: on; default: "
                    "the dataset's setting, kept for HCV, fresh otherwise)")

@@ -56,12 +56,14 @@ def _choices(args: argparse.Namespace) -> list[Candidate]:
         raise InputError("--patience values must be ≥ 1 and --min-rounds values ≥ 0")
     if not set(args.regression_loss or ()) <= {"mae", "mse"}:
         raise InputError("--regression-loss takes mae and/or mse")
+    if not set(args.select or ()) <= {"loss", "f1", "macro_f1"}:
+        raise InputError("--select takes loss, f1 and/or macro_f1")
     if not set(args.persist_optimizer or ()) <= {"on", "off"}:
         raise InputError("--persist-optimizer takes on and/or off")
     persist = [_on_off(v) for v in args.persist_optimizer] if args.persist_optimizer else None
     return candidates(lr=args.lr, regression_loss=args.regression_loss,
                       min_rounds=args.min_rounds, patience=args.patience,
-                      persist_optimizer=persist)
+                      persist_optimizer=persist, select=args.select)
 
 
 def _write_ranking(path: Path, ranking: list[TuningScore]) -> None:
@@ -86,4 +88,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-rounds", type=_integers, help="e.g. 0,150,300")
     p.add_argument("--regression-loss", type=_names, help="mae and/or mse")
     p.add_argument("--persist-optimizer", type=_names, help="on and/or off")
+    p.add_argument("--select", type=_names,
+                   help="checkpoint criteria to try: loss, f1 and/or macro_f1")
     p.set_defaults(handler=tune_command)

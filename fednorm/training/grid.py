@@ -51,7 +51,7 @@ STUDY_SEEDS = (0, 1, 2, 3, 4)
 
 
 RegressionLoss = Literal["mae", "mse"]
-Selection = Literal["loss", "f1"]
+Selection = Literal["loss", "f1", "macro_f1"]
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,15 @@ def classification_metrics(y_true: np.ndarray, scores: np.ndarray) -> dict[str, 
     }
 
 
-def f1(y_true: np.ndarray, scores: np.ndarray) -> float:
-    """The F1 of :func:`classification_metrics` alone (validation checkpoint selection)."""
+def f1(y_true: np.ndarray, scores: np.ndarray, macro: bool = False) -> float:
+    """The F1 (or, with ``macro``, the macro-F1) of :func:`classification_metrics`
+    alone (validation checkpoint selection)."""
     from sklearn.metrics import f1_score
 
     n_classes = scores.shape[1]
     y_pred = np.argmax(np.nan_to_num(scores, nan=-np.inf), axis=1)
+    if macro:
+        return float(f1_score(y_true, y_pred, average="macro", zero_division=0))
     if n_classes == 2:
         return float(f1_score(y_true, y_pred, zero_division=0))
     return float(f1_score(y_true, y_pred, average="weighted", zero_division=0,

@@ -9,7 +9,8 @@ partition and is scored on its tuning rows:
   become its tuning rows (stratified by target, as the test rows are); on a dataset
   split by group, a fifth of the training side's groups do, over all clients, so a
   patient's training recordings are never on both sides of the tuning split either;
-* the validation rows keep their role (early stopping and the kept weights);
+* the validation rows keep their role (early stopping and the kept weights, whose
+  criterion, ``select``, is one of the candidates' settings);
 * a candidate's score is the mean main score (:data:`fednorm.training.scores.MAIN_METRIC`,
   R² floored at 0) of its federated and local runs, the runs the study compares.
 
@@ -74,7 +75,8 @@ def _view(client: ClientData, tuning: np.ndarray) -> ClientData:
 
 
 # The training settings a tuning grid may vary (RunSettings fields of those names).
-TUNABLE = ("lr", "regression_loss", "min_rounds", "patience", "persist_optimizer")
+TUNABLE = ("lr", "regression_loss", "min_rounds", "patience", "persist_optimizer",
+           "select")
 
 
 @dataclass(frozen=True)

@@ -462,20 +462,24 @@ def test_a_changed_number_in_a_generated_block_is_stale_and_refilled(tmp_path):
 
 
 def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
-    """Every generated block of results/README.md, and every table file in results/,
-    equals what ``fednorm report`` makes from the results files the README names."""
+    """Every generated block of results/README.md and README.md, and every table file
+    in results/, equals what ``fednorm report`` makes from the results files
+    results/README.md names."""
     import re
 
     from fednorm.training.readme import block_names, stale_blocks
     from fednorm.training.report import write_report
 
     readme = (REPO / "results" / "README.md").read_text(encoding="utf-8")
+    project_readme = (REPO / "README.md").read_text(encoding="utf-8")
     (inputs,) = set(re.findall(r"fednorm report ((?:results/\S+\.csv ?)+) --out results",
                                readme))
     written = write_report([REPO / p for p in inputs.split()], tmp_path, figures=False)
     assert {"table3.md", "table3_intervals.md", "training_health.md"} <= set(
         block_names(readme))
     assert stale_blocks(readme, tmp_path) == []
+    assert "training_health.md" in block_names(project_readme)
+    assert stale_blocks(project_readme, tmp_path) == []
     for path in written:
         assert (REPO / "results" / path.name).read_text(encoding="utf-8") == path.read_text(
             encoding="utf-8"), f"results/{path.name} is not what the report generates"

@@ -135,11 +135,11 @@ def report_command(args: argparse.Namespace) -> int:
 
     written = write_report(args.results, args.out)
     print("wrote " + ", ".join(str(path) for path in written))
-    if args.readme is not None:
-        from fednorm.training.readme import update_readme
+    from fednorm.training.readme import update_readme
 
-        changed = update_readme(args.readme, args.out)
-        print(f"{args.readme}: generated blocks {'updated' if changed else 'unchanged'}")
+    for readme in args.readme or ():
+        changed = update_readme(readme, args.out)
+        print(f"{readme}: generated blocks {'updated' if changed else 'unchanged'}")
     return 0
 
 
@@ -204,8 +204,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     r = subparsers.add_parser("report", help="Table III, method means and figures from results")
     r.add_argument("results", type=Path, nargs="+", help="results CSV file(s)")
     r.add_argument("--out", type=Path, default=Path("results"), help="output folder")
-    r.add_argument("--readme", type=Path,
+    r.add_argument("--readme", type=Path, action="append",
                    help="a document whose generated blocks (<!-- generated: FILE -->) are "
-                   "refilled from the files written, e.g. results/README.md")
+                   "refilled from the files written, e.g. results/README.md (repeatable)")
     r.set_defaults(handler=report_command)
 

@@ -485,15 +485,23 @@ def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
             encoding="utf-8"), f"results/{path.name} is not what the report generates"
 
 
-def test_fig2_bars_carry_their_seed_range_and_their_datasets(tmp_path):
-    from fednorm.training.scores import datasets_of, seed_spread
+def test_figure_bars_carry_the_range_of_their_seed_values_and_name_their_datasets(tmp_path):
+    from fednorm.training.figures import seed_errors
+    from fednorm.training.scores import datasets_of, per_seed_scores
 
     path = tmp_path / "results.csv"
     results_with_known_answer(path)
     rows = read_results([path])
-    spread = seed_spread(rows, "test_f1")
-    assert spread["federated_zscore"] == pytest.approx((0.90, 0.92))
-    assert spread["local_robust"] == pytest.approx((0.80, 0.80))  # seed 1's NaN skipped
-    assert seed_spread(rows, "test_r2")["local_minmax"] == (0.0, 0.0)  # R² -0.2 floored
+    seeds = per_seed_scores(rows)
+    assert len(seeds) == 2  # seeds 0 and 1
+
+    def bars(scores):  # cls, iid, 10 clients: federated z-score, local robust (absent)
+        by_norm = scores.means.get(("cls", "10", "iid", "plain"), {})
+        return [by_norm.get("federated_zscore", float("nan")),
+                by_norm.get("local_robust", float("nan"))]
+
+    # federated z-score: 0.91 over seeds 0.90 and 0.92; no local_robust bar in iid.
+    below, above = seed_errors(bars, mean_scores(rows), seeds)
+    assert below == pytest.approx([0.01, 0.0]) and above == pytest.approx([0.01, 0.0])
     assert datasets_of(mean_scores(rows), "test_f1")["federated_yeojohnson"] == {"cls"}
-    assert "cls" not in datasets_of(mean_scores(rows), "test_r2").get("local_zscore", set())
+    assert datasets_of(mean_scores(rows), "test_r2")["local_zscore"] == {"reg"}

@@ -37,8 +37,8 @@ from fednorm.training.scores import (
     count_pairs,
     mean_scores,
     method_means,
+    per_seed_scores,
     read_results,
-    seed_spread,
 )
 from fednorm.training.tables import write_interval_tables
 
@@ -56,8 +56,7 @@ def write_report(paths: Sequence[Path], out_dir: Path, figures: bool = True) -> 
                *_write_means(scores, out_dir), *_write_health(training_health(rows), out_dir)]
     if not figures:
         return written
-    spread = {metric: seed_spread(rows, metric) for metric in ("test_f1", "test_r2")}
-    return written + plot_all(scores, out_dir, spread)
+    return written + plot_all(scores, out_dir, per_seed_scores(rows))
 
 
 READING_NOTE = {

@@ -159,20 +159,12 @@ def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
     }
 
 
-def seed_spread(rows: Iterable[dict[str, str]], metric: str
-                ) -> dict[str, tuple[float, float]]:
-    """Per normalization, the lowest and highest over seeds of its mean score on the
-    datasets scored by ``metric`` (each seed's runs averaged alone, R² floored at 0):
-    how far the bars of a mean-per-normalization figure move from seed to seed."""
-    floor = 0.0 if metric == "test_r2" else -math.inf
-    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        value = as_number(row.get(metric, ""))
-        if value is not None and metric in (METRIC.get(row["task"]),
-                                            MAIN_METRIC.get(row["task"])):
-            values[row["normalization"]][row["seed"]].append(max(value, floor))
-    return {norm: (min(means), max(means)) for norm, by_seed in values.items()
-            if (means := [sum(v) / len(v) for v in by_seed.values()])}
+def per_seed_scores(rows: Sequence[dict[str, str]], metric_of: dict[str, str] = METRIC
+                    ) -> list[Scores]:
+    """:func:`mean_scores` of each seed's rows alone (in seed order): what a figure's
+    bar would be had only that seed run, so a bar can show its seed-to-seed range."""
+    seeds = sorted({row["seed"] for row in rows}, key=int)
+    return [mean_scores([r for r in rows if r["seed"] == seed], metric_of) for seed in seeds]
 
 
 def datasets_of(scores: Scores, metric: str) -> dict[str, set[str]]:

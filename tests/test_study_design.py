@@ -256,16 +256,33 @@ def test_tuning_by_group_keeps_each_patients_training_rows_on_one_side():
     assert len(test) == round(0.2 * len(train | test))
 
 
-def write_tuning_file(path, scores: dict[str, float]) -> None:
+def write_tuning_file(path, scores: dict[str, float], task: str = "classification") -> None:
     from fednorm.training.grid import COLUMNS, KEY_COLUMNS, ResultStore
 
+    metric = "test_macro_f1" if task == "classification" else "test_r2"
     with ResultStore(path) as store:
         for normalization, value in scores.items():
             row = dict.fromkeys(COLUMNS, "")
             row.update(zip(KEY_COLUMNS, Cell("hcv", "iid", 10, normalization, 0).key(),
                            strict=True))
-            row.update(task="classification", status="ok", test_macro_f1=value, test_f1=0.9)
+            row.update({"task": task, "status": "ok", metric: value, "test_f1": 0.9})
             store.append(row)
+
+
+def test_negative_r2_still_ranks_candidates_and_a_diverged_run_counts_as_minus_one(
+        tmp_path):
+    from fednorm.training.tuning import tuning_scores
+
+    files = {name: tmp_path / f"{name}.csv" for name in ("worse", "better", "diverged")}
+    write_tuning_file(files["worse"], {"federated_zscore": -0.5, "local_zscore": -0.7},
+                      "regression")
+    write_tuning_file(files["better"], {"federated_zscore": -0.3, "local_zscore": -0.4},
+                      "regression")
+    write_tuning_file(files["diverged"], {"federated_zscore": 0.2, "local_zscore": -1e7},
+                      "regression")
+    ranking = tuning_scores(files)
+    assert [s.candidate for s in ranking] == ["better", "diverged", "worse"]
+    assert ranking[1].score == pytest.approx((0.2 - 1.0) / 2)
 
 
 def test_the_best_candidate_has_the_highest_mean_main_score_of_its_federated_and_local_runs(

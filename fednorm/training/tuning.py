@@ -11,8 +11,11 @@ partition and is scored on its tuning rows:
   patient's training recordings are never on both sides of the tuning split either;
 * the validation rows keep their role (early stopping and the kept weights, whose
   criterion, ``select``, is one of the candidates' settings);
-* a candidate's score is the mean main score (:data:`fednorm.training.scores.MAIN_METRIC`,
-  R² floored at 0) of its federated and local runs, the runs the study compares.
+* a candidate's score is the mean main score (:data:`fednorm.training.scores.MAIN_METRIC`)
+  of its federated and local runs, the runs the study compares, with an R² below
+  :data:`R2_FLOOR` counted as that: a diverged run (R² ≈ −1e7) marks a bad candidate
+  without swamping the mean, while R² < 0 still ranks (by patient, Parkinson's runs
+  score below 0, and the tables' floor at 0 would tie every candidate).
 
 The runner writes a tuning run like any run (its ``test_*`` columns then hold tuning
 scores), so a tuning grid is resumable like the study's; :func:`best_candidate` reads
@@ -35,6 +38,7 @@ from fednorm.training.normalization import NormalizationSpec
 from fednorm.training.scores import MAIN_METRIC, as_number, read_results
 
 TUNING_SHARE = TEST_SHARE  # of a client's training rows (or of the training groups)
+R2_FLOOR = -1.0
 
 
 def tuning_clients(clients: list[ClientData], seed: int) -> list[ClientData]:
@@ -130,7 +134,7 @@ def _score(name: str, path: Path) -> TuningScore:
         metric = MAIN_METRIC.get(row["task"], "")
         value = as_number(row.get(metric, ""))
         if kind in ("federated", "local") and value is not None:
-            values.append(max(value, 0.0) if metric == "test_r2" else value)
+            values.append(max(value, R2_FLOOR) if metric == "test_r2" else value)
     score = sum(values) / len(values) if values else math.nan
     return TuningScore(name, score, len(values))
 

@@ -487,7 +487,7 @@ def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
 
 def test_figure_bars_carry_the_range_of_their_seed_values_and_name_their_datasets(tmp_path):
     from fednorm.training.figures import seed_errors
-    from fednorm.training.scores import datasets_of, per_seed_scores
+    from fednorm.training.scores import datasets_of, method_means, per_seed_scores
 
     path = tmp_path / "results.csv"
     results_with_known_answer(path)
@@ -505,3 +505,7 @@ def test_figure_bars_carry_the_range_of_their_seed_values_and_name_their_dataset
     assert below == pytest.approx([0.01, 0.0]) and above == pytest.approx([0.01, 0.0])
     assert datasets_of(mean_scores(rows), "test_f1")["federated_yeojohnson"] == {"cls"}
     assert datasets_of(mean_scores(rows), "test_r2")["local_zscore"] == {"reg"}
+    # A panel of one dataset averages that dataset alone.
+    assert method_means(mean_scores(rows), "test_f1", {"elsewhere"}) == {}
+    assert method_means(mean_scores(rows), "test_f1", {"cls"}) == method_means(
+        mean_scores(rows), "test_f1")

@@ -57,37 +57,50 @@ def seed_errors(bars: Bars, scores: Scores, per_seed: list[Scores]) -> list[list
 
 
 def _plot_means(scores: Scores, out_dir: Path, per_seed: list[Scores]) -> list[Path]:
-    """Fig. 2: the mean score of each normalization over everything with that metric,
-    with the range of its per-seed means; a bar that averages fewer datasets than the
-    others (instance norm: images only) names its datasets under it."""
+    """Fig. 2: the mean score of each normalization, with the range of its per-seed
+    means; F1 over every classification dataset together (as the paper), R² one panel
+    per regression dataset (Parkinson's by patient and by row measure different
+    things). A bar that averages fewer datasets than the others (instance norm: images
+    only) names its datasets under it."""
     written = []
     for metric in ("test_f1", "test_r2"):
-        means = method_means(scores, metric)
-        if not means:
+        found = sorted(d for d in scores.tasks if scores.metric(d) == metric)
+        panels = [set(found)] if metric == "test_f1" else [{d} for d in found]
+        if not found:
             continue
         plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(means)
-        def bars(some: Scores, metric: str = metric, names: list[str] = names) -> list[float]:
-            found = method_means(some, metric)
-            return [found.get(n, {}).get("all", math.nan) for n in names]
-
-        heights = bars(scores)
-        ax.bar(names, heights, color=[_color(n) for n in names], capsize=2,
-               yerr=seed_errors(bars, scores, per_seed))
-        floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
-        ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
-        sets = datasets_of(scores, metric)
-        everything = set().union(*sets.values())
-        ax.set_title(f"{METRIC_LABEL[metric]} averaged over clients and skews of "
-                     f"{', '.join(sorted(everything))}; whiskers: range of the seed means")
-        _finish(ax, [n if sets.get(n) == everything else f"{n} ({', '.join(sorted(sets[n]))})"
-                     for n in names], heights)
+        fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4.8 * len(panels)),
+                                 squeeze=False)
+        for ax, datasets in zip(axes[:, 0], panels, strict=True):
+            _draw_means(ax, scores, per_seed, metric, datasets)
         path = out_dir / f"fig2_mean_{metric.removeprefix('test_')}.png"
+        fig.tight_layout()
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _draw_means(ax: Any, scores: Scores, per_seed: list[Scores], metric: str,
+                datasets: set[str]) -> None:
+    """One Fig. 2 panel: the normalizations' means over ``datasets``."""
+    names = list(method_means(scores, metric, datasets))
+
+    def bars(some: Scores) -> list[float]:
+        found = method_means(some, metric, datasets)
+        return [found.get(n, {}).get("all", math.nan) for n in names]
+
+    heights = bars(scores)
+    ax.bar(names, heights, color=[_color(n) for n in names], capsize=2,
+           yerr=seed_errors(bars, scores, per_seed))
+    floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
+    ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
+    sets = datasets_of(scores, metric, datasets)
+    everything = set().union(*sets.values())
+    ax.set_title(f"{METRIC_LABEL[metric]} averaged over clients and skews of "
+                 f"{', '.join(sorted(everything))}; whiskers: range of the seed means")
+    _finish(ax, [n if sets.get(n) == everything else f"{n} ({', '.join(sorted(sets[n]))})"
+                 for n in names], heights)
 
 
 def _plot_high_skew(scores: Scores, out_dir: Path, per_seed: list[Scores]) -> list[Path]:

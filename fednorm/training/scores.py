@@ -141,13 +141,16 @@ def count_pairs(scores: Scores, reading: str = "paper") -> list[PairCounts]:
     return list(table.values())
 
 
-def method_means(scores: Scores, metric: str) -> dict[str, dict[str, float]]:
+def method_means(scores: Scores, metric: str, datasets: set[str] | None = None
+                 ) -> dict[str, dict[str, float]]:
     """Mean score per normalization and imbalance type (plus ``all``) over datasets scored
-    by ``metric``, every cell counting once (an R² below 0 as 0)."""
+    by ``metric`` (only ``datasets``, if given), every cell counting once (an R² below 0
+    as 0)."""
     floor = 0.0 if metric == "test_r2" else -math.inf
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for cell, by_norm in scores.means.items():
-        if scores.metric(cell[0]) != metric:
+        if scores.metric(cell[0]) != metric or (datasets is not None
+                                                and cell[0] not in datasets):
             continue
         kind = SplitSpec.parse(cell[2]).kind
         for normalization, value in by_norm.items():
@@ -167,11 +170,13 @@ def per_seed_scores(rows: Sequence[dict[str, str]], metric_of: dict[str, str] = 
     return [mean_scores([r for r in rows if r["seed"] == seed], metric_of) for seed in seeds]
 
 
-def datasets_of(scores: Scores, metric: str) -> dict[str, set[str]]:
-    """Per normalization, the datasets scored by ``metric`` that have runs of it."""
+def datasets_of(scores: Scores, metric: str, datasets: set[str] | None = None
+                ) -> dict[str, set[str]]:
+    """Per normalization, the datasets scored by ``metric`` (among ``datasets``, if
+    given) that have runs of it."""
     found: dict[str, set[str]] = defaultdict(set)
     for cell, by_norm in scores.means.items():
-        if scores.metric(cell[0]) == metric:
+        if scores.metric(cell[0]) == metric and (datasets is None or cell[0] in datasets):
             for normalization in by_norm:
                 found[normalization].add(cell[0])
     return dict(found)

@@ -44,12 +44,16 @@ def keys(rows: list[dict[str, str]]) -> list[tuple[str, ...]]:
 
 def test_presets_are_the_papers_grid():
     tabular = build_grid(GridRequest(preset="tabular"))
-    # datasets × skews × clients × (12 normalizations + 2 references) × seeds
-    assert len(tabular) == 3 * 7 * 3 * 14 * 3
+    # datasets × skews × clients × (12 normalizations + 3 references) × seeds, and the
+    # lookup reference on both Parkinson's readings
+    assert len(tabular) == (4 * 15 + 2) * 7 * 3 * 5
     assert "instance_norm" not in {c.normalization for c in tabular}  # = layer norm on MLPs
-    assert {"central_model", "central_linear"} <= {c.normalization for c in tabular}
+    references = {"central_model", "central_linear", "central_majority"}
+    assert references <= {c.normalization for c in tabular if c.dataset == "hcv"}
+    assert {c.dataset for c in tabular if c.normalization == "central_lookup"} == {
+        "parkinsons", "parkinsons_patients"}
     digits = build_grid(GridRequest(preset="digits"))
-    assert len(digits) == 7 * 3 * 13 * 3  # no Yeo-Johnson on images, instance norm kept
+    assert len(digits) == 7 * 3 * 14 * 5  # no Yeo-Johnson on images, instance norm kept
     assert "instance_norm" in {c.normalization for c in digits}
     mnist = build_grid(GridRequest(preset="mnist"))
     assert {c.dataset for c in mnist} == {"mnist"} and {c.clients for c in mnist} == {10, 20, 50}
@@ -124,6 +128,10 @@ def test_store_refuses_a_foreign_file_and_a_second_writer(tmp_path):
     foreign.write_text("a,b\n1,2\n", encoding="utf-8")
     with pytest.raises(InputError, match="not a fednorm results file"):
         ResultStore(foreign)
+    older = tmp_path / "older.csv"
+    older.write_text(",".join(c for c in COLUMNS if c != "test_macro_f1") + "\n")
+    with pytest.raises(InputError, match=r"another fednorm version \(missing: test_macro_f1\)"):
+        ResultStore(older)
     with ResultStore(tmp_path / "r.csv"), pytest.raises(InputError, match="in use"):
         ResultStore(tmp_path / "r.csv")
 
@@ -242,7 +250,7 @@ def test_a_missing_data_file_fails_before_training(tmp_path, capsys):
 def test_dry_run_counts_without_running(tmp_path, capsys):
     out = tmp_path / "results.csv"
     assert main(["experiment", "--preset", "tabular", "--dry-run", "--out", str(out)]) == 0
-    assert "2646 runs in the grid" in capsys.readouterr().out and not out.exists()
+    assert "6510 runs in the grid" in capsys.readouterr().out and not out.exists()
 
 
 def test_simulate_report_and_dry_run_work_without_torch(tmp_path):
@@ -351,6 +359,16 @@ def test_report_writes_tables_and_figures(tmp_path, capsys):
                    "fig4_per_skew.png", "fig5_per_clients.png", "fig_feature_skew_r2.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
     assert "| Total |" in (out / "table3.md").read_text(encoding="utf-8")
+    cells = {(r["reading"], r["dataset"], r["skew"], r["method"]): r
+             for r in read_rows(out / "table3_intervals.csv")}
+    # zscore on cls: seeds 0 and 1 differ by 0.00 and 0.02, so the interval [0, 0.02]
+    # does not exclude 0, and one non-zero difference gives p = 1.
+    zscore = cells["paper", "cls", "iid", "zscore"]
+    assert (zscore["seeds"], zscore["low"], zscore["high"]) == ("0 1", "0.0000", "0.0200")
+    assert (zscore["verdict"], zscore["p_value"]) == ("undecided", "1.0000")
+    assert ("main", "cls", "iid", "zscore") not in cells  # the file has no macro-F1
+    intervals = (out / "table3_intervals.md").read_text(encoding="utf-8")
+    assert "| cls | test_f1 | 2 | 0 | 0 | 3 | 0 | 1 / 1 / 1 |" in intervals
 
 
 def test_report_on_a_missing_or_foreign_file_is_an_input_error(tmp_path, capsys):
@@ -424,3 +442,70 @@ def test_bad_training_flags_exit_2(tmp_path, capsys, flags):
     except SystemExit as exit_:  # argparse refuses a value outside its choices
         code = exit_.code
     assert code == 2 and not out.exists()
+
+
+# --- one generator for what the results README quotes ------------------------------------
+
+
+def test_a_changed_number_in_a_generated_block_is_stale_and_refilled(tmp_path):
+    from fednorm.training.readme import block_names, fill_blocks, stale_blocks
+
+    (tmp_path / "t.md").write_text("| a | 0.91 |\n", encoding="utf-8")
+    readme = ("prose 1.0\n<!-- generated: t.md -->\n| a | 0.91 |\n"
+              "<!-- end generated: t.md -->\nmore prose\n")
+    assert block_names(readme) == ["t.md"] and stale_blocks(readme, tmp_path) == []
+    edited = readme.replace("0.91", "0.92")
+    assert stale_blocks(edited, tmp_path) == ["t.md"]
+    assert fill_blocks(edited, tmp_path) == readme
+    with pytest.raises(InputError, match="did not write"):
+        fill_blocks(readme.replace("t.md", "u.md"), tmp_path)
+
+
+def test_the_results_readme_quotes_what_its_report_command_generates(tmp_path):
+    """Every generated block of results/README.md and README.md, and every table file
+    in results/, equals what ``fednorm report`` makes from the results files
+    results/README.md names."""
+    import re
+
+    from fednorm.training.readme import block_names, stale_blocks
+    from fednorm.training.report import write_report
+
+    readme = (REPO / "results" / "README.md").read_text(encoding="utf-8")
+    project_readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (inputs,) = set(re.findall(r"fednorm report ((?:results/\S+\.csv ?)+) --out results",
+                               readme))
+    written = write_report([REPO / p for p in inputs.split()], tmp_path, figures=False)
+    assert {"table3.md", "table3_intervals.md", "training_health.md"} <= set(
+        block_names(readme))
+    assert stale_blocks(readme, tmp_path) == []
+    assert "training_health.md" in block_names(project_readme)
+    assert stale_blocks(project_readme, tmp_path) == []
+    for path in written:
+        assert (REPO / "results" / path.name).read_text(encoding="utf-8") == path.read_text(
+            encoding="utf-8"), f"results/{path.name} is not what the report generates"
+
+
+def test_figure_bars_carry_the_range_of_their_seed_values_and_name_their_datasets(tmp_path):
+    from fednorm.training.figures import seed_errors
+    from fednorm.training.scores import datasets_of, method_means, per_seed_scores
+
+    path = tmp_path / "results.csv"
+    results_with_known_answer(path)
+    rows = read_results([path])
+    seeds = per_seed_scores(rows)
+    assert len(seeds) == 2  # seeds 0 and 1
+
+    def bars(scores):  # cls, iid, 10 clients: federated z-score, local robust (absent)
+        by_norm = scores.means.get(("cls", "10", "iid", "plain"), {})
+        return [by_norm.get("federated_zscore", float("nan")),
+                by_norm.get("local_robust", float("nan"))]
+
+    # federated z-score: 0.91 over seeds 0.90 and 0.92; no local_robust bar in iid.
+    below, above = seed_errors(bars, mean_scores(rows), seeds)
+    assert below == pytest.approx([0.01, 0.0]) and above == pytest.approx([0.01, 0.0])
+    assert datasets_of(mean_scores(rows), "test_f1")["federated_yeojohnson"] == {"cls"}
+    assert datasets_of(mean_scores(rows), "test_r2")["local_zscore"] == {"reg"}
+    # A panel of one dataset averages that dataset alone.
+    assert method_means(mean_scores(rows), "test_f1", {"elsewhere"}) == {}
+    assert method_means(mean_scores(rows), "test_f1", {"cls"}) == method_means(
+        mean_scores(rows), "test_f1")

@@ -18,7 +18,8 @@ from fednorm.sim.partition import Partition  # noqa: E402
 from fednorm.training import mlp_step  # noqa: E402
 from fednorm.training.data import (  # noqa: E402
     make_clients,
-    merge_eval,
+    merge_test,
+    merge_val,
     min_client_rows,
     split_client,
     split_sizes,
@@ -73,8 +74,9 @@ def test_clients_split_their_own_rows_20_percent_test_then_20_percent_validation
         n = len(client.y_train) + len(client.y_val) + len(client.y_test)
         assert len(client.y_test) == round(0.2 * n)
         assert len(client.y_val) == round(0.2 * (n - len(client.y_test)))
-    val, test = merge_eval(clients)
+    val, test = merge_val(clients), merge_test(clients)
     assert len(val.y) == sum(len(c.y_val) for c in clients) and test.X.shape[1] == 30
+    assert len(test.y) == sum(len(c.y_test) for c in clients)
     again = make_clients(bcw, 4, "iid", seed=3)
     np.testing.assert_array_equal(again[2].X_test, clients[2].X_test)  # a seed names a split
 
@@ -94,9 +96,10 @@ def test_every_split_part_holds_each_class_in_the_clients_proportions(sizes, see
                                                                              n_train)
     rows = np.concatenate([client.X_train, client.X_val, client.X_test])[:, 0]
     assert sorted(rows.tolist()) == list(range(len(y)))  # every row exactly once
+    y_test = client.y_test.read()
     for label, count in enumerate(sizes):
-        assert abs(np.sum(client.y_test == label) - count * n_test / len(y)) < 1 + 1e-9
-        rest = count - np.sum(client.y_test == label)
+        assert abs(np.sum(y_test == label) - count * n_test / len(y)) < 1 + 1e-9
+        rest = count - np.sum(y_test == label)
         assert abs(np.sum(client.y_val == label) - rest * n_val / (len(y) - n_test)) < 2
 
 
@@ -566,6 +569,10 @@ def test_validation_f1_is_sklearns_and_only_computed_when_selecting_by_it():
                                            labels=[0, 1, 2], zero_division=0))
     assert validate(model, state, (X, y), "classification", TrainConfig())[1] is None
     assert validate(model, state, (X, y), "classification", TrainConfig())[0] == loss
+    _, macro = validate(model, state, (X, y), "classification", TrainConfig(select="macro_f1"))
+    assert macro == pytest.approx(f1_score(y.numpy(), predicted, average="macro",
+                                           zero_division=0))
+    assert macro != pytest.approx(score)  # the two criteria differ on these rows
 
 
 def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):
@@ -578,7 +585,9 @@ def test_regression_targets_are_standardized_by_the_federated_z_score(bcw):
     pooled = np.concatenate([c.y_train for c in clients])
     assert scale.mean == pytest.approx(pooled.mean()) and scale.sd == pytest.approx(pooled.std())
     for before, after in zip(clients, scaled, strict=True):
-        np.testing.assert_allclose(after.y_test, (before.y_test - pooled.mean()) / pooled.std())
+        np.testing.assert_allclose(after.y_train, (before.y_train - pooled.mean())
+                                   / pooled.std())
+        assert after.y_test is before.y_test  # unread until scoring, in the target's units
         np.testing.assert_allclose(scale.invert(after.y_val), before.y_val)
         np.testing.assert_array_equal(after.X_train, before.X_train)
 
@@ -595,7 +604,7 @@ def test_a_regression_run_reports_its_scores_in_the_targets_own_units(bcw, monke
     original = runner.score_on_test
 
     def spy(model, outcome, test, task, config, scale=None):
-        seen["y"], seen["prediction"] = scale.invert(test.y), scale.invert(
+        seen["y"], seen["prediction"] = test.y, scale.invert(
             tensors.predict(model, outcome.state, tensors.eval_tensors(test, task)[0]
                            ).numpy().reshape(-1).astype(float))
         return original(model, outcome, test, task, config, scale)
@@ -625,7 +634,7 @@ def test_central_references_train_and_fit_on_the_pooled_rows_of_the_same_split(b
     clients = make_clients(bcw, 5, "label:0.5", seed=0)
     X_train = np.concatenate([c.X_train for c in clients])
     y_train = np.concatenate([c.y_train for c in clients])
-    _, test = merge_eval(clients)
+    test = merge_test(clients)
     scaler = StandardScaler().fit(X_train)
     oracle = LogisticRegression(max_iter=2000).fit(scaler.transform(X_train), y_train)
     expected = f1_score(test.y, oracle.predict(scaler.transform(test.X)))

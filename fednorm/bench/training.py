@@ -32,7 +32,7 @@ import time
 import torch
 
 from fednorm.sim.datasets import load_dataset
-from fednorm.training.data import make_clients, merge_eval
+from fednorm.training.data import make_clients, merge_val
 from fednorm.training.fedavg import ClientTensors, TrainConfig, train_federated
 from fednorm.training.grid import Cell
 from fednorm.training.models import build_model, model_spec
@@ -50,7 +50,7 @@ def setup(clients: int) -> tuple[ClientTensors, tuple]:
     """The federated-z-score-normalized BCW clients and the server's validation rows."""
     parts = make_clients(load_dataset("bcw"), clients, "iid", seed=0)
     normalized = normalize_clients(parts, NormalizationSpec.parse("federated_zscore")).clients
-    val, _ = merge_eval(normalized)
+    val = merge_val(normalized)
     return client_tensors(normalized, "classification"), eval_tensors(val, "classification")
 
 

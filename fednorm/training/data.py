@@ -21,12 +21,25 @@ image pixels, already in [0, 1], take the noise in pixel units.
 Every client keeps at least :data:`MIN_TRAIN_ROWS` training rows (NIID-Bench's rule);
 a request that cannot give that (too many clients for the rows) is an ``InputError``.
 
+**Split by subject.** A dataset whose rows come in groups (``Dataset.groups``: the
+Parkinson's recordings of one patient) is split by group, so that every recording of a
+subject is on one side: the seed deals whole subjects to the test (20 %), validation
+(20 % of the rest) and training sides, the training subjects' rows are partitioned over
+the clients with the skew, and the held-out subjects' rows likewise (a second draw, so a
+client's test rows under label or quantity skew follow their own proportions; feature
+noise is the client's own, as its index sets it). A row-random split lets a model score
+by recognizing the patient, whose recordings sit on both sides.
+
+**Test labels are held out** (:class:`HeldOutLabels`): nothing but scoring, once per
+run after training, reads them; every choice (weights, stopping round, step size...)
+sees the training and validation rows only.
+
 Torch-free: the normalization modes and the report use this without the train extra.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,6 +53,36 @@ VAL_SHARE = 0.2  # of what is left after the test rows
 MIN_TRAIN_ROWS = 10
 
 
+@dataclass(frozen=True, eq=False)
+class HeldOutLabels:
+    """Test labels that only :meth:`read` gives out (see the module doc).
+
+    ``on_read`` hooks run on every read: how a test sees when labels are read, without
+    patching the code that reads them.
+    """
+
+    parts: tuple[np.ndarray, ...]
+    on_read: tuple[Callable[[], None], ...] = ()
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def read(self) -> np.ndarray:
+        for hook in self.on_read:
+            hook()
+        return np.concatenate(self.parts)
+
+    def traced(self, hook: Callable[[], None]) -> HeldOutLabels:
+        """The same labels, with ``hook`` run on every read."""
+        return replace(self, on_read=(*self.on_read, hook))
+
+    @classmethod
+    def pool(cls, labels: Sequence[HeldOutLabels]) -> HeldOutLabels:
+        """Several clients' labels as one, unread."""
+        return cls(tuple(p for lab in labels for p in lab.parts),
+                   tuple(h for lab in labels for h in lab.on_read))
+
+
 @dataclass
 class ClientData:
     """One client's rows, split for training, server-side validation and testing."""
@@ -49,7 +92,8 @@ class ClientData:
     X_val: np.ndarray
     y_val: np.ndarray
     X_test: np.ndarray
-    y_test: np.ndarray
+    y_test: HeldOutLabels
+    train_groups: np.ndarray | None = None  # the training rows' groups (split by group)
 
     def with_features(self, transform: Callable[[np.ndarray], np.ndarray]) -> ClientData:
         """The same client with ``transform`` applied to all three feature matrices."""
@@ -102,10 +146,43 @@ def make_clients(
             f"{len(dataset.y)} rows; use at most {len(dataset.y) // needed} clients")
     noise_scale = (None if dataset.image_shape is not None
                    else feature_spread(dataset.X, dataset.categorical))
+    if dataset.groups is not None:
+        return _split_by_group(dataset, clients, skew, seed, noise_scale)
     parts = partition(dataset.X, dataset.y, clients, skew, seed=seed, min_samples=needed,
                       noise_scale=noise_scale)
     rng = np.random.default_rng([seed, clients, 0x5EED])
     return [split_client(part, rng) for part in parts]
+
+
+def group_sides(groups: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The groups (subjects) dealt to the test and validation sides by ``seed``: 20 %
+    of them, then 20 % of the rest, as :func:`split_sizes` counts rows."""
+    names = np.random.default_rng([seed, 0x6E0]).permutation(np.unique(groups))
+    n_test, n_val, _ = split_sizes(len(names))
+    return names[:n_test], names[n_test : n_test + n_val]
+
+
+def _split_by_group(dataset: Dataset, clients: int, skew: SplitSpec | str, seed: int,
+                    noise_scale: np.ndarray | None) -> list[ClientData]:
+    """:func:`make_clients` with every subject's rows on one side (see the module doc)."""
+    assert dataset.groups is not None and dataset.y is not None
+    test_groups, val_groups = group_sides(dataset.groups, seed)
+    held = np.isin(dataset.groups, np.concatenate([test_groups, val_groups]))
+    train_rows, held_rows = np.flatnonzero(~held), np.flatnonzero(held)
+    trained = partition(dataset.X[train_rows], dataset.y[train_rows], clients, skew,
+                        seed=seed, min_samples=MIN_TRAIN_ROWS, noise_scale=noise_scale)
+    held_out = partition(dataset.X[held_rows], dataset.y[held_rows], clients, skew,
+                         seed=seed + 1, min_samples=1, noise_scale=noise_scale)
+    result = []
+    for train, rest in zip(trained, held_out, strict=True):
+        is_test = np.isin(dataset.groups[held_rows[rest.indices]], test_groups)
+        assert train.y is not None and rest.y is not None
+        result.append(ClientData(
+            np.asarray(train.X, dtype=np.float64), train.y,
+            np.asarray(rest.X[~is_test], dtype=np.float64), rest.y[~is_test],
+            np.asarray(rest.X[is_test], dtype=np.float64), HeldOutLabels((rest.y[is_test],)),
+            dataset.groups[train_rows[train.indices]]))
+    return result
 
 
 def split_client(part: Partition, rng: np.random.Generator) -> ClientData:
@@ -114,14 +191,15 @@ def split_client(part: Partition, rng: np.random.Generator) -> ClientData:
     assert part.y is not None
     n_test, n_val, _ = split_sizes(len(part.y))
     by_target = np.lexsort((rng.random(len(part.y)), part.y))
-    test, rest = _evenly_spaced(by_target, n_test, rng)
-    val, train = _evenly_spaced(rest, n_val, rng)
+    test, rest = evenly_spaced(by_target, n_test, rng)
+    val, train = evenly_spaced(rest, n_val, rng)
     train = rng.permutation(train)
     X = np.asarray(part.X, dtype=np.float64)
-    return ClientData(X[train], part.y[train], X[val], part.y[val], X[test], part.y[test])
+    return ClientData(X[train], part.y[train], X[val], part.y[val], X[test],
+                      HeldOutLabels((part.y[test],)))
 
 
-def _evenly_spaced(order: np.ndarray, count: int, rng: np.random.Generator
+def evenly_spaced(order: np.ndarray, count: int, rng: np.random.Generator
                    ) -> tuple[np.ndarray, np.ndarray]:
     """``count`` entries of ``order`` at evenly spaced positions from a random start
     (systematic sampling), and the others in their order."""
@@ -134,10 +212,13 @@ def _evenly_spaced(order: np.ndarray, count: int, rng: np.random.Generator
     return order[chosen], order[~chosen]
 
 
-def merge_eval(clients: list[ClientData]) -> tuple[EvalSet, EvalSet]:
-    """The validation and test rows of all clients, moved to the server after normalizing."""
-    val = EvalSet(np.concatenate([c.X_val for c in clients]),
-                  np.concatenate([c.y_val for c in clients]))
-    test = EvalSet(np.concatenate([c.X_test for c in clients]),
-                   np.concatenate([c.y_test for c in clients]))
-    return val, test
+def merge_val(clients: list[ClientData]) -> EvalSet:
+    """The validation rows of all clients, moved to the server after normalizing."""
+    return EvalSet(np.concatenate([c.X_val for c in clients]),
+                   np.concatenate([c.y_val for c in clients]))
+
+
+def merge_test(clients: list[ClientData]) -> EvalSet:
+    """The test rows of all clients, labels read: for scoring a trained run, only."""
+    return EvalSet(np.concatenate([c.X_test for c in clients]),
+                   HeldOutLabels.pool([c.y_test for c in clients]).read())

@@ -141,7 +141,8 @@ class EarlyStopping:
     validation-loss improvement of at least ``min_delta`` (the paper's rule), but not
     before round ``config.min_rounds``, and keeps
     the weights of the round with the lowest validation loss or, with
-    ``config.select == "f1"``, the highest validation F1 (ties: the earlier round).
+    ``config.select`` ``"f1"`` or ``"macro_f1"``, the highest validation F1 or macro-F1
+    (ties: the earlier round).
 
     Why F1 selection exists: on HCV (87% one class) the validation loss reaches its
     minimum while the network still predicts the majority class for every row (it
@@ -181,12 +182,13 @@ class EarlyStopping:
 
 def validation_score(output: Tensor, target: Tensor, task: Task, config: TrainConfig
                      ) -> float | None:
-    """The validation F1 that selects the kept weights (None unless ``select="f1"``)."""
-    if config.select != "f1" or task != "classification":
+    """The validation F1 (``select="f1"``) or macro-F1 (``"macro_f1"``) that selects the
+    kept weights; None when selecting by loss."""
+    if config.select == "loss" or task != "classification":
         return None
     from fednorm.training.metrics import f1
 
-    return f1(target.numpy(), output.numpy())
+    return f1(target.numpy(), output.numpy(), macro=config.select == "macro_f1")
 
 
 def validate(model: FedNet, state: State, val: tuple[Tensor, Tensor], task: Task,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,61 +22,113 @@ from fednorm.training.scores import (
     METRIC_LABEL,
     CellKey,
     Scores,
+    datasets_of,
     method_means,
     norm_order,
 )
 
-
-def plot_all(scores: Scores, out_dir: Path) -> list[Path]:
-    """Every figure of the report; returns the files written."""
-    return [*_plot_means(scores, out_dir), *_plot_high_skew(scores, out_dir),
-            *_plot_families(scores, out_dir, "skew"),
-            *_plot_families(scores, out_dir, "clients"), *_plot_sorted_r2(scores, out_dir)]
+Bars = Callable[[Scores], list[float]]  # a figure's bar heights from some scores
 
 
-def _plot_means(scores: Scores, out_dir: Path) -> list[Path]:
-    """Fig. 2: the mean score of each normalization over everything with that metric."""
+def plot_all(scores: Scores, out_dir: Path, per_seed: list[Scores] | None = None
+             ) -> list[Path]:
+    """Every figure of the report; returns the files written. ``per_seed``: the scores
+    of each seed alone (:func:`fednorm.training.scores.per_seed_scores`); every bar
+    then carries the range of its per-seed values."""
+    seeds = per_seed or []
+    return [*_plot_means(scores, out_dir, seeds), *_plot_high_skew(scores, out_dir, seeds),
+            *_plot_families(scores, out_dir, "skew", seeds),
+            *_plot_families(scores, out_dir, "clients", seeds),
+            *_plot_sorted_r2(scores, out_dir, seeds)]
+
+
+def seed_errors(bars: Bars, scores: Scores, per_seed: list[Scores]) -> list[list[float]]:
+    """matplotlib's ``yerr`` for the bars ``bars(scores)``: how far each lies above its
+    lowest and below its highest per-seed value (0 where no seed has one)."""
+    heights = bars(scores)
+    by_seed = [bars(seed) for seed in per_seed]
+    low, high = [], []
+    for i, height in enumerate(heights):
+        values = [b[i] for b in by_seed if math.isfinite(b[i])]
+        finite = bool(values) and math.isfinite(height)
+        low.append(max(height - min(values), 0.0) if finite else 0.0)
+        high.append(max(max(values) - height, 0.0) if finite else 0.0)
+    return [low, high]
+
+
+def _plot_means(scores: Scores, out_dir: Path, per_seed: list[Scores]) -> list[Path]:
+    """Fig. 2: the mean score of each normalization, with the range of its per-seed
+    means; F1 over every classification dataset together (as the paper), R² one panel
+    per regression dataset (Parkinson's by patient and by row measure different
+    things). A bar that averages fewer datasets than the others (instance norm: images
+    only) names its datasets under it."""
     written = []
     for metric in ("test_f1", "test_r2"):
-        means = method_means(scores, metric)
-        if not means:
+        found = sorted(d for d in scores.tasks if scores.metric(d) == metric)
+        panels = [set(found)] if metric == "test_f1" else [{d} for d in found]
+        if not found:
             continue
         plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(means)
-        ax.bar(names, [means[n]["all"] for n in names], color=[_color(n) for n in names])
-        floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
-        ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
-        ax.set_title(f"{METRIC_LABEL[metric]} averaged over datasets, clients and skews")
-        _finish(ax, names, [means[n]["all"] for n in names])
+        fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4.8 * len(panels)),
+                                 squeeze=False)
+        for ax, datasets in zip(axes[:, 0], panels, strict=True):
+            _draw_means(ax, scores, per_seed, metric, datasets)
         path = out_dir / f"fig2_mean_{metric.removeprefix('test_')}.png"
+        fig.tight_layout()
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written
 
 
-def _plot_high_skew(scores: Scores, out_dir: Path) -> list[Path]:
+def _draw_means(ax: Any, scores: Scores, per_seed: list[Scores], metric: str,
+                datasets: set[str]) -> None:
+    """One Fig. 2 panel: the normalizations' means over ``datasets``."""
+    names = list(method_means(scores, metric, datasets))
+
+    def bars(some: Scores) -> list[float]:
+        found = method_means(some, metric, datasets)
+        return [found.get(n, {}).get("all", math.nan) for n in names]
+
+    heights = bars(scores)
+    ax.bar(names, heights, color=[_color(n) for n in names], capsize=2,
+           yerr=seed_errors(bars, scores, per_seed))
+    floored = " (R² < 0 counted as 0)" if metric == "test_r2" else ""
+    ax.set_ylabel(f"mean {METRIC_LABEL[metric]}{floored}")
+    sets = datasets_of(scores, metric, datasets)
+    everything = set().union(*sets.values())
+    ax.set_title(f"{METRIC_LABEL[metric]} averaged over clients and skews of "
+                 f"{', '.join(sorted(everything))}; whiskers: range of the seed means")
+    _finish(ax, [n if sets.get(n) == everything else f"{n} ({', '.join(sorted(sets[n]))})"
+                 for n in names], heights)
+
+
+def _plot_high_skew(scores: Scores, out_dir: Path, per_seed: list[Scores]) -> list[Path]:
     """Fig. 3: F1 per dataset under IID and the strongest skew of each type, at each
     dataset's largest client count."""
     datasets = sorted(d for d in scores.tasks if scores.metric(d) == "test_f1")
-    panels = {kind: {} for kind in IMBALANCE_TYPES}
+    panels: dict[str, dict[str, CellKey]] = {kind: {} for kind in IMBALANCE_TYPES}
     for dataset in datasets:
         for kind, cell in _strongest_cells(scores, dataset).items():
-            panels[kind][dataset] = scores.means[cell]
+            panels[kind][dataset] = cell
     if not any(panels.values()):
         return []
     plt = _pyplot()
-    names = sorted({n for panel in panels.values() for by in panel.values() for n in by},
-                   key=norm_order)
+    names = sorted({n for panel in panels.values() for cell in panel.values()
+                    for n in scores.means[cell]}, key=norm_order)
     fig, axes = plt.subplots(len(IMBALANCE_TYPES), 1, figsize=(12, 3 * len(IMBALANCE_TYPES)),
                              sharey=True)
     width = 0.8 / max(len(names), 1)
     for ax, kind in zip(axes, IMBALANCE_TYPES, strict=True):
         for i, name in enumerate(names):
+            def bars(some: Scores, name: str = name, cells: dict = panels[kind]
+                     ) -> list[float]:
+                return [some.means.get(cells[d], {}).get(name, math.nan) if d in cells
+                        else math.nan for d in datasets]
+
             xs = [j + i * width for j in range(len(datasets))]
-            ys = [panels[kind].get(d, {}).get(name, math.nan) for d in datasets]
-            ax.bar(xs, ys, width, color=_color(name), label=name)
+            ax.bar(xs, bars(scores), width, color=_color(name), label=name,
+                   yerr=seed_errors(bars, scores, per_seed), error_kw={"elinewidth": 0.5})
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))], datasets)
         ax.set_title("IID" if kind == "iid" else f"strongest {kind} skew")
         ax.set_ylabel("test F1")
@@ -115,7 +168,8 @@ def family_means(scores: Scores, dataset: str, axis: str) -> dict[str, dict[str,
             for family, by_position in values.items()}
 
 
-def _plot_families(scores: Scores, out_dir: Path, axis: str) -> list[Path]:
+def _plot_families(scores: Scores, out_dir: Path, axis: str, per_seed: list[Scores]
+                   ) -> list[Path]:
     """Fig. 4 (per skew, averaged over client counts) and Fig. 5 (per client count,
     averaged over skews): one panel per dataset, bars per normalization family."""
     datasets = sorted(scores.tasks)
@@ -130,47 +184,71 @@ def _plot_families(scores: Scores, out_dir: Path, axis: str) -> list[Path]:
         positions = sorted({p for by in means.values() for p in by},
                            key=_skew_order if axis == "skew" else int)
         for i, family in enumerate(FAMILIES):
+            def bars(some: Scores, family: str = family, dataset: str = dataset,
+                     positions: list[str] = positions) -> list[float]:
+                found = family_means(some, dataset, axis) if dataset in some.tasks else {}
+                return [found.get(family, {}).get(p, math.nan) for p in positions]
+
             xs = [j + i * width for j in range(len(positions))]
-            ys = [means.get(family, {}).get(p, math.nan) for p in positions]
-            ax.bar(xs, ys, width, color=_color(family if family != "activation"
-                                                else "batch_norm"), label=family)
+            ax.bar(xs, bars(scores), width, yerr=seed_errors(bars, scores, per_seed),
+                   color=_color(family if family != "activation" else "batch_norm"),
+                   label=family, error_kw={"elinewidth": 0.6})
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(positions))], positions)
         ax.set_ylabel(METRIC_LABEL[scores.metric(dataset)])
         ax.set_title(dataset)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, ncol=len(FAMILIES), fontsize=8, loc="lower center")
     over = "skew (over client counts)" if axis == "skew" else "client count (over skews)"
-    fig.suptitle(f"mean score per {over}; families averaged over their methods; "
-                 "R² < 0 counted as 0")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    fig.suptitle(f"mean score per {over}, families over their methods, R² < 0 as 0;\n"
+                 "whiskers: range of the seed means")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.96))
     path = out_dir / ("fig4_per_skew.png" if axis == "skew" else "fig5_per_clients.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
 
 
-def _plot_sorted_r2(scores: Scores, out_dir: Path) -> list[Path]:
+def _plot_sorted_r2(scores: Scores, out_dir: Path, per_seed: list[Scores]) -> list[Path]:
     """The paper's Parkinson's figure: R² per normalization under feature skew, averaged
-    over client counts and σ, sorted."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for cell, by_norm in scores.means.items():
-        if scores.metric(cell[0]) == "test_r2" and SplitSpec.parse(cell[2]).kind == "feature":
-            for normalization, value in by_norm.items():
-                values[normalization].append(max(value, 0.0))
-    if not values:
+    over client counts and σ, sorted; one panel per regression dataset (Parkinson's by
+    patient and by row measure different things, so they are not averaged together)."""
+    datasets = sorted(d for d in scores.tasks if scores.metric(d) == "test_r2")
+    if not datasets:
         return []
-    means = sorted(((sum(v) / len(v), n) for n, v in values.items()), reverse=True)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 4))
-    names = [n for _, n in means]
-    ax.bar(names, [m for m, _ in means], color=[_color(n) for n in names])
-    ax.set_ylabel("mean test R² (R² < 0 counted as 0)")
-    ax.set_title("regression under feature skew, sorted")
-    _finish(ax, names, [m for m, _ in means])
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(10, 4.6 * len(datasets)),
+                             squeeze=False)
+    for ax, dataset in zip(axes[:, 0], datasets, strict=True):
+        means = feature_skew_r2(scores, dataset)
+        names = sorted(means, key=lambda n, means=means: -means[n])
+
+        def bars(some: Scores, dataset: str = dataset, names: list[str] = names
+                 ) -> list[float]:
+            found = feature_skew_r2(some, dataset)
+            return [found.get(n, math.nan) for n in names]
+
+        ax.bar(names, bars(scores), color=[_color(n) for n in names], capsize=2,
+               yerr=seed_errors(bars, scores, per_seed))
+        ax.set_ylabel("mean test R² (R² < 0 counted as 0)")
+        ax.set_title(f"{dataset} under feature skew, sorted; whiskers: range of the seed "
+                     "means")
+        _finish(ax, names, bars(scores))
     path = out_dir / "fig_feature_skew_r2.png"
+    fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return [path]
+
+
+def feature_skew_r2(scores: Scores, dataset: str) -> dict[str, float]:
+    """Per normalization, the mean R² (floored at 0) over ``dataset``'s feature-skew
+    cells."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for cell, by_norm in scores.means.items():
+        if cell[0] == dataset and SplitSpec.parse(cell[2]).kind == "feature":
+            for normalization, value in by_norm.items():
+                values[normalization].append(max(value, 0.0))
+    return {n: sum(v) / len(v) for n, v in values.items()}
 
 
 def _skew_order(skew: str) -> tuple[int, float]:

@@ -85,6 +85,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
                        groups=(8, 8, 8), dense=(256,)),
 }
 MODEL_SPECS["mnist_idx"] = MODEL_SPECS["mnist"]
+MODEL_SPECS["parkinsons_patients"] = MODEL_SPECS["parkinsons"]  # the same table, split by patient
 DEFAULT_TABULAR = MLPSpec(hidden=(32, 16))
 DEFAULT_IMAGE = MODEL_SPECS["mnist"]
 

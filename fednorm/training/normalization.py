@@ -10,12 +10,14 @@
   (what federated must equal; used to test it, not part of the paper grid);
 * ``batch_norm``, ``layer_norm``, ``group_norm``, ``instance_norm``: no data
   normalization, the model gets that activation normalization layer instead;
-* ``central_model``, ``central_linear``: **references, not federated results**: the
-  clients' rows pooled into one training set (z-scored with the pooled fit), on which
-  the same network is trained (one client, one epoch per round, the same early
-  stopping) or a logistic / ridge regression is fitted. They are scored on the same
-  validation and test rows as the federated runs of the partition, so they show what
-  "learning" means on that split.
+* ``central_model``, ``central_linear``, ``central_majority``, ``central_lookup``:
+  **references, not federated results**: the clients' rows pooled into one training
+  set (z-scored with the pooled fit), on which the same network is trained (one
+  client, one epoch per round, the same early stopping) or a baseline is fitted
+  (:mod:`fednorm.training.baselines`: logistic / ridge regression, the majority
+  class, the per-(age, sex) mean). They are scored on the same validation and test
+  rows as the federated runs of the partition, so they show what "learning" means on
+  that split.
 
 ``m`` is one of zscore, minmax, robust, yeojohnson. Torch-free.
 
@@ -40,13 +42,15 @@ import fednorm.protocols.plain.yeojohnson  # noqa: F401 - registers the Yeo-John
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS, FitOptions, Normalizer, fit_local
 from fednorm.sim.federation import simulate
-from fednorm.training.data import ClientData
+from fednorm.training.data import ClientData, HeldOutLabels
 
 Kind = Literal["none", "local", "federated", "pooled", "activation", "central"]
 DATA_KINDS: tuple[Kind, ...] = ("local", "federated", "pooled")
 ACTIVATION_NORMS = ("batch", "layer", "group", "instance")
-CENTRAL_REFERENCES = ("model", "linear")
-REFERENCE_NORMALIZATIONS = tuple(f"central_{r}" for r in CENTRAL_REFERENCES)
+CENTRAL_REFERENCES = ("model", "linear", "majority", "lookup")
+# Every dataset gets these; central_lookup only a dataset with lookup columns.
+REFERENCE_NORMALIZATIONS = ("central_model", "central_linear", "central_majority")
+LOOKUP_REFERENCE = "central_lookup"
 PRIVACY_MODES = ("plain", "mhe")
 
 # The paper's 13 (Fig. 2): no normalization, local and federated versions of the four
@@ -88,7 +92,7 @@ class NormalizationSpec:
         raise InputError(
             f"unknown normalization {text!r}; use none, local_<m>, federated_<m>, pooled_<m> "
             f"(m: {', '.join(METHODS)}), {', '.join(a + '_norm' for a in ACTIVATION_NORMS)} "
-            f"or a reference ({', '.join(REFERENCE_NORMALIZATIONS)})"
+            f"or a reference ({', '.join(f'central_{r}' for r in CENTRAL_REFERENCES)})"
         )
 
     def __str__(self) -> str:
@@ -158,10 +162,11 @@ def normalize_clients(
 
 
 def pool_clients(clients: list[ClientData]) -> ClientData:
-    """All clients' rows as one client's (the centralized references' data)."""
-    parts = ("X_train", "y_train", "X_val", "y_val", "X_test", "y_test")
+    """All clients' rows as one client's (the centralized references' data); the test
+    labels stay unread."""
+    parts = ("X_train", "y_train", "X_val", "y_val", "X_test")
     return ClientData(*(np.concatenate([getattr(c, part) for c in clients])
-                        for part in parts))
+                        for part in parts), HeldOutLabels.pool([c.y_test for c in clients]))
 
 
 def with_study_bound(options: FitOptions | None, clients: list[ClientData]) -> FitOptions:

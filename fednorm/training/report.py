@@ -22,6 +22,7 @@ from pathlib import Path
 from fednorm.engine.errors import InputError
 from fednorm.training.figures import plot_all
 from fednorm.training.normalization import (
+    LOOKUP_REFERENCE,
     REFERENCE_NORMALIZATIONS,
     NormalizationSpec,
 )
@@ -36,20 +37,26 @@ from fednorm.training.scores import (
     count_pairs,
     mean_scores,
     method_means,
+    per_seed_scores,
     read_results,
 )
+from fednorm.training.tables import write_interval_tables
 
 
-def write_report(paths: Sequence[Path], out_dir: Path) -> list[Path]:
-    """Write Table III, the per-method means and the figures; returns the files written."""
+def write_report(paths: Sequence[Path], out_dir: Path, figures: bool = True) -> list[Path]:
+    """Write Table III (by margin and by intervals), the per-method means, the training
+    health and (unless ``figures`` is off) the figures; returns the files written."""
     rows = read_results(paths)
     scores = mean_scores(rows)
     if not scores.means:
         raise InputError("the results hold no finished runs to report on")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [*_write_table3({r: count_pairs(scores, r) for r in READINGS}, out_dir),
-               *_write_means(scores, out_dir), _write_health(training_health(rows), out_dir)]
-    return written + plot_all(scores, out_dir)
+               *write_interval_tables(rows, out_dir),
+               *_write_means(scores, out_dir), *_write_health(training_health(rows), out_dir)]
+    if not figures:
+        return written
+    return written + plot_all(scores, out_dir, per_seed_scores(rows))
 
 
 READING_NOTE = {
@@ -93,7 +100,7 @@ class Health:
         return part / whole if whole else math.nan
 
 
-HEALTH_GROUPS = ("federated", "local", *REFERENCE_NORMALIZATIONS)
+HEALTH_GROUPS = ("federated", "local", *REFERENCE_NORMALIZATIONS, LOOKUP_REFERENCE)
 
 
 def training_health(rows: Iterable[dict[str, str]]) -> list[Health]:
@@ -121,16 +128,29 @@ def training_health(rows: Iterable[dict[str, str]]) -> list[Health]:
     return [table[name] for name in sorted(table)]
 
 
-def _write_health(table: list[Health], out_dir: Path) -> Path:
+def _write_health(table: list[Health], out_dir: Path) -> list[Path]:
+    """``training_health.csv`` and the same table as ``training_health.md`` (shares in
+    %, scores to 3 places), which the results README quotes."""
     header = ["dataset", "runs", "share_at_round_cap", "share_single_class",
               *(f"mean_{g}" for g in HEALTH_GROUPS)]
-    rows = [[h.dataset, h.trained_runs, _fmt(h.share(h.at_cap, h.trained_runs)),
-             _fmt(h.share(h.one_class, h.classified_runs)),
-             *(_fmt(sum(v) / len(v)) if (v := h.scores.get(g)) else "" for g in HEALTH_GROUPS)]
+    rows = [[h.dataset, h.trained_runs, h.share(h.at_cap, h.trained_runs),
+             h.share(h.one_class, h.classified_runs),
+             *(sum(v) / len(v) if (v := h.scores.get(g)) else math.nan for g in HEALTH_GROUPS)]
             for h in table]
     path = out_dir / "training_health.csv"
-    _write_csv(path, header, rows)
-    return path
+    _write_csv(path, header, [[*row[:2], *map(_fmt, row[2:])] for row in rows])
+    names = ["dataset", "runs", "at the round cap", "predicting one class",
+             *(g.removeprefix("central_") for g in HEALTH_GROUPS)]
+    lines = ["| " + " | ".join(names) + " |", "|---|" + "---:|" * (len(names) - 1)]
+    lines += [f"| {row[0]} | {row[1]} | {_percent(row[2])} | {_percent(row[3])} | "
+              + " | ".join(_fmt(v, 3) for v in row[4:]) + " |" for row in rows]
+    markdown = out_dir / "training_health.md"
+    markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return [path, markdown]
+
+
+def _percent(share: float) -> str:
+    return "—" if not math.isfinite(share) else f"{100 * share:.1f} %"
 
 
 def _write_means(scores: Scores, out_dir: Path) -> list[Path]:
@@ -144,8 +164,8 @@ def _write_means(scores: Scores, out_dir: Path) -> list[Path]:
     return [out_dir / "method_means.csv"]
 
 
-def _fmt(value: float) -> str:
-    return "" if not math.isfinite(value) else f"{value:.4f}"
+def _fmt(value: float, places: int = 4) -> str:
+    return "" if not math.isfinite(value) else f"{value:.{places}f}"
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:

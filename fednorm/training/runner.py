@@ -27,18 +27,19 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing import get_context
-from typing import Literal, TextIO
+from typing import TextIO
 
 import torch
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.sim.datasets import Dataset, load_dataset
-from fednorm.training.data import ClientData, make_clients, merge_eval
+from fednorm.training.baselines import FITTED
+from fednorm.training.data import ClientData, make_clients, merge_test, merge_val
 from fednorm.training.fedavg import (
     ClientTensors,
     TrainConfig,
@@ -48,11 +49,8 @@ from fednorm.training.fedavg import (
 )
 from fednorm.training.grid import (
     COLUMNS,
-    DATASETS,
     Cell,
-    RegressionLoss,
     ResultStore,
-    Selection,
 )
 from fednorm.training.models import (
     FedNet,
@@ -69,68 +67,20 @@ from fednorm.training.normalization import (
 )
 from fednorm.training.progress import Progress
 from fednorm.training.rounds import BatchedRound, SequentialRound, StackedRound
+from fednorm.training.settings import RunSettings, Trainer
 from fednorm.training.tensors import (
     TargetScale,
-    class_weights,
     client_tensors,
     eval_tensors,
-    linear_reference_scores,
     n_outputs,
     score_on_test,
     standardize_targets,
 )
+from fednorm.training.tuning import tuning_clients
 
-Trainer = Literal["batched", "sequential"]
-
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How to run cells (not what to run): overrides of the per-dataset training defaults."""
-
-    data_dir: str | None = None
-    max_rounds: int | None = None
-    patience: int | None = None
-    min_rounds: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    trainer: Trainer = "batched"
-    persist_optimizer: bool | None = None  # None: the dataset's default
-    threads: int = 1
-    stack: bool = True  # train a partition's same-architecture runs together
-    fit_options: FitOptions | None = None  # protocol options of federated_<m> (ε, CKKS preset…)
-    class_weighted: bool | None = None  # None: the dataset's default
-    regression_loss: RegressionLoss | None = None
-    select: Selection | None = None
-
-    def train_config(self, dataset: Dataset, seed: int,
-                     clients: list[ClientData] | None = None) -> TrainConfig:
-        """The dataset's training settings with this run's overrides; class weights
-        (when on) from ``clients``' training rows."""
-        defaults = DATASETS.get(dataset.name)
-        base = TrainConfig() if defaults is None else TrainConfig(
-            batch_size=defaults.batch_size, max_rounds=defaults.max_rounds,
-            patience=defaults.patience, min_rounds=defaults.min_rounds, lr=defaults.lr,
-            select=defaults.select, regression_loss=defaults.regression_loss,
-            persist_optimizer=defaults.persist_optimizer)
-        overrides = {"batch_size": self.batch_size, "max_rounds": self.max_rounds,
-                     "patience": self.patience, "min_rounds": self.min_rounds,
-                     "lr": self.lr, "select": self.select,
-                     "regression_loss": self.regression_loss,
-                     "persist_optimizer": self.persist_optimizer}
-        config = replace(base, seed=seed, **{k: v for k, v in overrides.items() if v is not None})
-        weighted = self.class_weighted
-        if weighted is None:
-            weighted = defaults is not None and defaults.class_weighted
-        if weighted and clients is not None and dataset.task == "classification":
-            config = replace(config, class_weights=class_weights(clients, n_outputs(dataset)))
-        return config
-
-
-
-
-
-
+# Called with a training group's cells once their training has ended, before any of
+# them is scored: the one point after which test labels may be read.
+TrainedHook = Callable[[list[Cell]], None]
 
 
 @dataclass
@@ -153,7 +103,7 @@ class PreparedRun:
     row: dict[str, object]
     normalized: NormalizedFederation | None
     activation: str = "none"
-    linear: bool = False  # the central_linear reference: fitted, not trained
+    fitted: str | None = None  # a fitted reference (baselines.FITTED), not trained
 
 
 def run_cell(cell: Cell, settings: RunSettings) -> dict[str, object]:
@@ -177,9 +127,20 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     started = time.perf_counter()
     try:
         clients = make_clients(dataset, first.clients, first.skew, first.seed)
+        if settings.tuning:
+            clients = tuning_clients(clients, first.seed)
     except InputError as exc:  # e.g. more clients than the rows allow
         seconds = time.perf_counter() - started
         return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]
+    return run_partition(dataset, clients, cells, settings)
+
+
+def run_partition(dataset: Dataset, clients: list[ClientData], cells: list[Cell],
+                  settings: RunSettings, on_trained: TrainedHook | None = None
+                  ) -> list[tuple[Cell, dict[str, object]]]:
+    """:func:`run_cells` on clients already made; ``on_trained`` is told when each
+    training group has finished, before it is scored (see :data:`TrainedHook`)."""
+    first = cells[0]
     scale = None
     if dataset.task == "regression":
         clients, scale = standardize_targets(clients)
@@ -188,16 +149,16 @@ def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict
     spec = model_spec(dataset.name, dataset.image_shape)
     groups: dict[object, list[PreparedRun]] = {}
     for run in prepared:
-        if run.normalized is None:
-            continue
-        if run.linear:
-            _fit_linear(dataset, run, scale)
+        if run.normalized is None or run.fitted is not None:
             continue
         stackable = _stacking(settings) and len(run.normalized.clients) == len(clients)
         key = _stack_key(spec, run.activation) if stackable else id(run)
         groups.setdefault(key, []).append(run)
     for group in groups.values():
-        _train_group(dataset, group, settings, config, scale)
+        _train_group(dataset, group, settings, config, scale, on_trained)
+    for run in prepared:
+        if run.normalized is not None and run.fitted is not None:
+            _fit_reference(dataset, run, scale, on_trained)
     return [(run.cell, run.row) for run in prepared]
 
 
@@ -223,7 +184,8 @@ def _prepare(cell: Cell, dataset: Dataset, clients: list[ClientData],
     row = _base_row(cell, dataset)
     row.update(norm_seconds=round(normalized.seconds, 3), norm_bytes=normalized.bytes)
     return PreparedRun(cell, row, normalized, spec.activation,
-                       linear=spec.is_reference and spec.method == "linear")
+                       fitted=spec.method if spec.is_reference and spec.method in FITTED
+                       else None)
 
 
 def _base_row(cell: Cell, dataset: Dataset) -> dict[str, object]:
@@ -242,16 +204,20 @@ def _error_row(cell: Cell, dataset: Dataset, exc: InputError, seconds: float
 
 
 def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettings,
-                 config: TrainConfig, scale: TargetScale | None) -> None:
+                 config: TrainConfig, scale: TargetScale | None,
+                 on_trained: TrainedHook | None) -> None:
     """Train one stack of identical networks (or a single run) and fill in the rows."""
     started = time.perf_counter()
     federations = [run.normalized.clients for run in group if run.normalized is not None]
+    trained = (None if on_trained is None
+               else lambda: on_trained([run.cell for run in group]))
     if len(group) == 1:
         results = [train_and_test(dataset, federations[0], group[0].activation, config,
-                                  settings.trainer, scale)]
+                                  settings.trainer, scale, trained)]
     else:
         results = train_and_test_stacked(dataset, federations,
-                                         [run.activation for run in group], config, scale)
+                                         [run.activation for run in group], config, scale,
+                                         trained)
     share = (time.perf_counter() - started) / len(group)
     for run, (outcome, metrics) in zip(group, results, strict=True):
         run.row.update(metrics)
@@ -262,12 +228,21 @@ def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettin
         )
 
 
-def _fit_linear(dataset: Dataset, run: PreparedRun, scale: TargetScale | None) -> None:
-    """The ``central_linear`` reference on the run's one pooled client, timed."""
+def _fit_reference(dataset: Dataset, run: PreparedRun, scale: TargetScale | None,
+                   on_trained: TrainedHook | None) -> None:
+    """A fitted reference (:mod:`fednorm.training.baselines`) on the run's one pooled
+    client, timed; one the dataset cannot have is a failed row. It has no training to
+    end: it runs after every trained group of the partition."""
     started = time.perf_counter()
-    assert run.normalized is not None
+    assert run.normalized is not None and run.fitted is not None
     (pooled,) = run.normalized.clients
-    run.row.update(linear_reference_scores(dataset, pooled, scale))
+    if on_trained is not None:
+        on_trained([run.cell])
+    try:
+        run.row.update(FITTED[run.fitted](dataset, pooled, scale))
+    except InputError as exc:
+        run.row.update(_error_row(run.cell, dataset, exc, time.perf_counter() - started))
+        return
     run.row.update(status="ok", seconds=round(float(run.row["norm_seconds"])
                                              + time.perf_counter() - started, 3))
 
@@ -279,17 +254,20 @@ def train_and_test(
     config: TrainConfig,
     trainer: Trainer = "batched",
     scale: TargetScale | None = None,
+    trained: Callable[[], None] | None = None,
 ) -> tuple[TrainOutcome, dict[str, float]]:
-    """Train the dataset's model with FedAvg and score the best-validation weights."""
+    """Train the dataset's model with FedAvg, then (after calling ``trained``) score the
+    best-validation weights on the test rows, once."""
     assert dataset.task is not None and dataset.y is not None
     task = dataset.task
-    val, test = merge_eval(clients)
     data = client_tensors(clients, task)
     model = seeded_model(dataset, data, activation, config.seed)
     round_type = BatchedRound if trainer == "batched" else SequentialRound
     outcome = train_federated(model, round_type(model, data, task, config),
-                              eval_tensors(val, task), task, config)
-    return outcome, score_on_test(model, outcome, test, task, config, scale)
+                              eval_tensors(merge_val(clients), task), task, config)
+    if trained is not None:
+        trained()
+    return outcome, score_on_test(model, outcome, merge_test(clients), task, config, scale)
 
 
 def train_and_test_stacked(
@@ -298,6 +276,7 @@ def train_and_test_stacked(
     activations: list[str],
     config: TrainConfig,
     scale: TargetScale | None = None,
+    trained: Callable[[], None] | None = None,
 ) -> list[tuple[TrainOutcome, dict[str, float]]]:
     """:func:`train_and_test` for several federations of one partition (same rows and
     targets, different features), each with its activation norm, trained stacked; each
@@ -305,7 +284,6 @@ def train_and_test_stacked(
     MLPs (see :class:`StackedRound`)."""
     assert dataset.task is not None
     task = dataset.task
-    evals = [merge_eval(clients) for clients in federations]
     data = [client_tensors(clients, task) for clients in federations]
     # Each run's model as it would be built alone; this also leaves torch's generator
     # where a lone run's training would find it (the dropout draws are shared).
@@ -314,9 +292,11 @@ def train_and_test_stacked(
     outcomes = train_stacked(
         models, StackedRound(models, data, task, config),
         [model.state_dict() for model in models],
-        [eval_tensors(val, task) for val, _ in evals], task, config)
-    return [(outcome, score_on_test(model, outcome, test, task, config, scale))
-            for model, outcome, (_, test) in zip(models, outcomes, evals, strict=True)]
+        [eval_tensors(merge_val(clients), task) for clients in federations], task, config)
+    if trained is not None:
+        trained()
+    return [(outcome, score_on_test(model, outcome, merge_test(clients), task, config, scale))
+            for model, outcome, clients in zip(models, outcomes, federations, strict=True)]
 
 
 def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: int) -> FedNet:
@@ -324,22 +304,6 @@ def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: i
     torch.manual_seed(seed)
     return build_model(model_spec(dataset.name, dataset.image_shape), data.X.shape[1],
                        n_outputs(dataset), activation, dataset.image_shape)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def run_grid(

@@ -1,6 +1,6 @@
 """What a study run feeds torch and reads back: client and evaluation tensors, targets
 standardized with federated statistics (why: :mod:`fednorm.training.runner`), class
-weights, test scores, and the linear reference.
+weights and test scores.
 """
 
 from __future__ import annotations
@@ -48,21 +48,23 @@ class TargetScale:
 
 
 def standardize_targets(clients: list[ClientData]) -> tuple[list[ClientData], TargetScale]:
-    """Scale every client's targets by the federated z-score of the training targets
-    (the plain protocol over each client's ``y_train``; nothing is pooled)."""
+    """Scale every client's training and validation targets by the federated z-score of
+    the training targets (the plain protocol over each client's ``y_train``; nothing is
+    pooled). Test targets stay in their units, unread, until scoring."""
     fitted = simulate([c.y_train.reshape(-1, 1) for c in clients], "zscore").normalizer
     mean, var = float(fitted.mean[0]), float(fitted.var[0])
     scale = TargetScale(mean, math.sqrt(var) if var > 0 else 1.0)
-    scaled = [replace(c, y_train=scale.apply(c.y_train), y_val=scale.apply(c.y_val),
-                      y_test=scale.apply(c.y_test)) for c in clients]
+    scaled = [replace(c, y_train=scale.apply(c.y_train), y_val=scale.apply(c.y_val))
+              for c in clients]
     return scaled, scale
 
 
 def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str,
                   config: TrainConfig, scale: TargetScale | None = None) -> dict[str, float]:
     """Test loss and scores of the best-validation weights (regression scores in the
-    target's own units when its targets were standardized by ``scale``)."""
-    test_X, test_y = eval_tensors(test, task)
+    target's own units; the loss in the standardized units training used)."""
+    test_X, test_y = eval_tensors(test if scale is None else
+                                  EvalSet(test.X, scale.apply(test.y)), task)
     test_output = predict(model, outcome.state, test_X)
     metrics = {"test_loss": mean_loss(test_output, test_y, task, config)}
     scores = test_output.numpy().astype(np.float64)
@@ -75,9 +77,11 @@ def score_on_test(model: FedNet, outcome: TrainOutcome, test: EvalSet, task: str
 
 def regression_scores(y: np.ndarray, predictions: np.ndarray, scale: TargetScale | None
                        ) -> dict[str, float]:
+    """MAE and R² of ``predictions`` (standardized by ``scale``, if given) against ``y``
+    in the target's own units."""
     if scale is None:
         return regression_metrics(y, predictions)
-    return regression_metrics(scale.invert(y), scale.invert(predictions))
+    return regression_metrics(y, scale.invert(predictions))
 
 
 def n_outputs(dataset: Dataset) -> int:
@@ -111,22 +115,3 @@ def finite_inputs(X: np.ndarray) -> np.ndarray:
 
 def _targets(y: np.ndarray, task: str) -> torch.Tensor:
     return torch.from_numpy(y.astype(np.int64 if task == "classification" else np.float32))
-
-
-def linear_reference_scores(dataset: Dataset, pooled: ClientData, scale: TargetScale | None
-                            ) -> dict[str, float]:
-    """The ``central_linear`` reference: logistic regression (classification) or ridge
-    regression on the pooled, z-scored training rows, scored like a trained model."""
-    from sklearn.linear_model import LogisticRegression, Ridge
-
-    X_train = finite_inputs(pooled.X_train)
-    if dataset.task == "classification":
-        model = LogisticRegression(max_iter=2000).fit(X_train, pooled.y_train)
-        scores = np.full((len(pooled.y_test), n_outputs(dataset)), -1.0)  # absent classes
-        scores[:, model.classes_] = model.predict_proba(finite_inputs(pooled.X_test))
-        metrics = classification_metrics(pooled.y_test, scores)
-    else:
-        model = Ridge(alpha=1.0).fit(X_train, pooled.y_train)
-        metrics = regression_scores(pooled.y_test, model.predict(finite_inputs(pooled.X_test)),
-                                     scale)
-    return metrics

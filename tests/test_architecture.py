@@ -27,7 +27,8 @@ ALLOWED = {
     "cli": {"engine", "transport", "protocols", "session", "sim", "multihost", "flower",
             "training", "bench"},
     "__main__": {"cli"},
-    "__init__": set(),
+    # The public API: names imported lazily (and for type checkers), never at import.
+    "__init__": {"engine", "protocols", "sim", "multihost"},
 }
 # Third-party packages a layer may not import (the core runs without torch; a transport
 # knows bytes, not crypto).

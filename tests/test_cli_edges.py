@@ -131,10 +131,11 @@ def test_complex_data_is_refused_not_truncated_to_its_real_part() -> None:
 def test_a_minmax_scaler_reports_the_rows_it_saw() -> None:
     fitted = MinMaxNormalizer(np.array([0.0, 1.0]), np.array([2.0, 5.0]), rows=37)
     assert fitted.to_sklearn().n_samples_seen_ == 37
-    # Unknown is not claimed to be zero: a partial_fit fails instead of miscounting.
+    # Unknown is not claimed to be zero: a partial_fit is refused, saying why, instead
+    # of miscounting (tests/test_library_tables.py plays it through real fits).
     unknown = MinMaxNormalizer(np.array([0.0]), np.array([2.0])).to_sklearn()
     assert unknown.n_samples_seen_ is None
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="without revealing the pooled row count"):
         unknown.partial_fit(np.array([[1.0]]))
 
 

@@ -1,5 +1,3 @@
-import sys
+from fednorm.cli import run
 
-from fednorm.cli import main
-
-sys.exit(main())
+run()

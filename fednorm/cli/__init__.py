@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
@@ -59,6 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FednormError as exc:
         print(f"fednorm: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def run() -> None:
+    """The ``fednorm`` command's entry point: :func:`main`, then exit with its status.
+
+    After an interrupt a crypto call may still be running in an abandoned worker thread
+    (the role did not wait for it, to tell its peers at once); finalizing the interpreter
+    underneath native code would abort the process (SIGABRT) instead of exiting 130, so
+    then the process ends at once, its output flushed (nothing is half-written: outputs
+    are written only after a whole run succeeded)."""
+    status = main()
+    if status == INTERRUPTED and threading.active_count() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 @contextmanager

@@ -26,7 +26,7 @@ The public API (everything in ``__all__``, importable from ``fednorm``):
 - **Errors**: every failure is a :class:`FednormError`: :class:`InputError` (bad input,
   nothing started), :class:`ProtocolError` (a peer broke the protocol),
   :class:`PartyDropped` (a peer went away or stalled), :class:`RunAborted` (a peer stopped
-  the run and said why), :class:`Interrupted`.
+  the run and said why); an interrupted command exits 130.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ _HOMES = {
     "fednorm.multihost.server": ("Server", "SessionOutcome"),
     "fednorm.multihost.config": ("PartyConfig", "ServerConfig", "Timeouts"),
     "fednorm.engine.errors": ("FednormError", "InputError", "ProtocolError", "PartyDropped",
-                              "RunAborted", "Interrupted"),
+                              "RunAborted"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
@@ -65,7 +65,6 @@ __all__ = [
     "FednormError",
     "FitOptions",
     "InputError",
-    "Interrupted",
     "MinMaxNormalizer",
     "Normalizer",
     "Party",
@@ -108,7 +107,6 @@ if TYPE_CHECKING:
     from fednorm.engine.errors import (
         FednormError,
         InputError,
-        Interrupted,
         PartyDropped,
         ProtocolError,
         RunAborted,

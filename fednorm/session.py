@@ -24,7 +24,7 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, InputError, Interrupted, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
@@ -213,7 +213,7 @@ def abort_reason(me: int, exc: BaseException) -> str:
     """
     if isinstance(exc, BaseExceptionGroup):
         exc = root_cause(exc)
-    if isinstance(exc, BaseExceptionGroup | trio.Cancelled | KeyboardInterrupt | Interrupted):
+    if isinstance(exc, BaseExceptionGroup | trio.Cancelled | KeyboardInterrupt):
         return f"{role_name(me)} was interrupted"  # nothing but cancellations: a signal
     if isinstance(exc, InputError) and me != SERVER:
         return input_rejected(me)

@@ -14,7 +14,7 @@ from importlib import metadata
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli import bench, demo, net, simulate, study
-from fednorm.engine.errors import FednormError, InputError, Interrupted
+from fednorm.engine.errors import FednormError, InputError
 from fednorm.session import root_cause
 
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return args.handler(args)
             except BaseExceptionGroup as group:  # a trio nursery's: its first cause
                 raise root_cause(group) from None
-    except (KeyboardInterrupt, Interrupted):
+    except KeyboardInterrupt:
         print("fednorm: interrupted", file=sys.stderr)
         return INTERRUPTED
     except InputError as exc:

@@ -82,7 +82,3 @@ class RunAborted(PartyDropped):
                               else f"{peer} stopped the run: {reason}")
         self.peer = peer
         self.reason = reason
-
-
-class Interrupted(FednormError):
-    """This process was asked to stop (SIGINT or SIGTERM)."""

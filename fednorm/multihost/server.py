@@ -47,8 +47,6 @@ from fednorm.session import (
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import server_context
 
-_DRAIN_SECONDS = 2.0  # how long a failing server lets each party read the cause
-
 
 @dataclass
 class SessionOutcome:
@@ -296,7 +294,7 @@ class Server:
 
 
 async def close_links(links: Iterable[TcpLink], *, drain: bool,
-                      patience: float = _DRAIN_SECONDS) -> None:
+                      patience: float) -> None:
     """Close every link; after a failure, first let each peer read the cause.
 
     Closing a socket with frames still unread (those of the parties the server had

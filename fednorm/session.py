@@ -215,7 +215,7 @@ def abort_reason(me: int, exc: BaseException) -> str:
         exc = root_cause(exc)
     if isinstance(exc, BaseExceptionGroup | trio.Cancelled | KeyboardInterrupt):
         return f"{role_name(me)} was interrupted"  # nothing but cancellations: a signal
-    if isinstance(exc, InputError) and me != SERVER:
+    if isinstance(exc, InputError) and exc.about_data and me != SERVER:
         return input_rejected(me)
     if isinstance(exc, FednormError):
         return str(exc)

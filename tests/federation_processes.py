@@ -59,10 +59,13 @@ def start_server(spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, met
 
 def start_party(spawn: Callable[..., subprocess.Popen[bytes]], port: int, party: int,
                 data: Path, certs: Path, out: Path, *extra: object, timeout: float = 10,
-                **kwargs: object) -> subprocess.Popen[bytes]:
+                trusting: bool = True, **kwargs: object) -> subprocess.Popen[bytes]:
+    """``fednorm party``; ``trusting``: it joins sessions of the paper's algorithms
+    (``--allow-paper-algorithms``), which tests of other matters run."""
+    trust = ["--allow-paper-algorithms"] if trusting else []
     return spawn("party", "--connect", f"127.0.0.1:{port}", "--id", party, "--data", data,
                  "--target", "label", "--certs", certs, "--out", out, "--timeout", timeout,
-                 "--join-timeout", 20, *extra, **kwargs)
+                 "--join-timeout", 20, *trust, *extra, **kwargs)
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:

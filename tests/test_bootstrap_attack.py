@@ -9,87 +9,29 @@ defence (a party recomputes the ciphertext it is asked to refresh from a signed
 transcript, docs/LEAKAGE.md) is not built yet: that test says what must happen — every
 party refuses, the server receives no share — and is expected to fail with
 :class:`KeyShareRead`, raised only when the server really reads a ternary secret, until
-the defence lands.
+the defence lands.  Until then a multi-host party joins a session of the paper's
+algorithms only if its operator allows it (``--allow-paper-algorithms``): by default it
+refuses in the handshake, before it makes any key share, and the attack gets nothing
+(played over TCP below).
 """
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import numpy as np
-import openfhe
 import pytest
 import trio
 from deviating import deviating, zscore_server_start
+from key_share_attack import KeyShareRead, attack
+from tcp_federation import tcp_run
 
-from fednorm.engine import ckks
-from fednorm.engine.ckks import ring
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
-from fednorm.protocols.collective import BootRequest, BootShare
-from fednorm.protocols.collective.rounds import request_shares
 from fednorm.sim.federation import run_federation
 
-K = 2**40
-
-
-class KeyShareRead(AssertionError):
-    """The server read a party's secret-key share from its bootstrap share."""
-
-
-def _towers(ctx: ckks.CkksContext, ct: openfhe.Ciphertext, count: int
-            ) -> tuple[ring.Towers, bytes]:
-    data = openfhe.Serialize(ct, openfhe.BINARY)
-    return ring.locate_towers(data, ctx.preset.ring_dim, count, ctx.moduli[:count]), data
-
-
-def crafted_c1(ctx: ckks.CkksContext, honest_c1: openfhe.Ciphertext,
-               a: openfhe.Ciphertext) -> openfhe.Ciphertext:
-    """``a + K`` in the towers (and the shape) of an honest request's ``c1``: a constant
-    is the same residue in every evaluation slot."""
-    count = ctx.towers(honest_c1)
-    layout, data = _towers(ctx, honest_c1, count)
-    a_layout, a_data = _towers(ctx, a, ctx.preset.towers)
-    out = bytearray(data)
-    for i, q in enumerate(ctx.moduli[:count]):
-        shifted = ring.add_mod(a_layout.read(a_data, i), np.full(ctx.preset.ring_dim,
-                                                                 K % q, dtype=np.uint64), q)
-        layout.write(out, i, shifted)
-    return ckks.serial.deserialize(openfhe.DeserializeCiphertextString, bytes(out))
-
-
-def read_secret(ctx: ckks.CkksContext, share: BootShare, towers: int) -> np.ndarray | None:
-    """round((h0 + h1) / K) in every tower c1 has, if it is one ternary polynomial with a
-    residual far below K (what the attack gives); None otherwise."""
-    h0, h0_data = _towers(ctx, share.h0, towers)
-    h1_all = openfhe.Serialize(share.h1, openfhe.BINARY)
-    h1 = ring.locate_towers(h1_all, ctx.preset.ring_dim, ctx.preset.towers, ctx.moduli)
-    found = None
-    for i, q in enumerate(ctx.moduli[:towers]):
-        both = ring.add_mod(h0.read(h0_data, i), h1.read(h1_all, i), q)
-        values = ring.centered(ring.ntt(q, ctx.preset.ring_dim).inverse(both), q)
-        secret = np.rint(values / K).astype(np.int64)
-        residual = values - secret * K
-        if np.abs(secret).max() > 1 or np.abs(residual).max() > K // 2**8:
-            return None
-        if found is not None and not np.array_equal(found, secret):
-            return None
-        found = secret
-    return found
-
-
-async def _attack(read: dict[int, np.ndarray], crypto, rc, base: openfhe.Ciphertext) -> None:
-    """Send the crafted request built on ``base``'s shape; record what the shares give."""
-    operation = ckks.Bootstrap(crypto.ckks)
-    honest = await rc.run_sync(operation.prepare, crypto.joint, base, 0)
-    c1 = crafted_c1(crypto.ckks, honest.c1, honest.a)
-    shares = await request_shares(rc, "bootstrap", BootRequest(c1=c1, index=0), BootShare)
-    for party, share in zip(rc.parties, shares, strict=True):
-        secret = read_secret(crypto.ckks, share, crypto.ckks.towers(c1))
-        if secret is not None:
-            read[party] = secret
-    raise ProtocolError("the attacking server stops here")
-
+PAPER_ZSCORE = FitOptions(algorithm="paper", preset="test")
 
 def _run_attack(method: str, server, options: FitOptions) -> ProtocolError:
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
@@ -120,7 +62,7 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
         with rc.subprotocol("extremes") if first is extremes.EncryptedBits \
                 else nullcontext():
             await rc.gather(first)
-            await _attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
+            await attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
 
     refusal = _run_attack(method, server, FitOptions(preset="test"))
     assert not read, f"the server read the key shares of parties {sorted(read)}"
@@ -134,10 +76,34 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
 
     async def server(rc, options):
         crypto, count = await zscore_server_start(rc, options)
-        await _attack(read, crypto, rc, count)
+        await attack(read, crypto, rc, count)
 
-    refusal = _run_attack("zscore", server, FitOptions(algorithm="paper", preset="test"))
+    refusal = _run_attack("zscore", server, PAPER_ZSCORE)
     if read:
         raise KeyShareRead(f"the server read the secret-key shares of parties {sorted(read)} "
                            f"(ternary, {len(next(iter(read.values())))} coefficients each)")
     assert "bootstrap" in str(refusal)
+
+
+def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
+    certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attacking server above, as a multi-host server announcing the paper's z-score:
+    parties 1 and 2 were started with ``--allow-paper-algorithms``, party 3 without.
+    Party 3 withdraws in the handshake, every role reports its reason, and no party
+    made a key share or anything the attack could read."""
+    read: dict[int, np.ndarray] = {}
+
+    async def server(rc, options):
+        crypto, count = await zscore_server_start(rc, options)
+        await attack(read, crypto, rc, count)
+
+    errors, watch, outcome = tcp_run(certs, server, monkeypatch, options=PAPER_ZSCORE,
+                                     allowing={1, 2})
+    cause = ("party 3 refused the session: zscore-mhe with --algorithm paper answers "
+             "bootstrap or decryption requests a party cannot check")
+    assert isinstance(errors[3], InputError), errors
+    for error in (*errors.values(), outcome.error):
+        assert cause in str(error), error
+    assert not read
+    assert not watch.encrypted and not any(watch.sent.values()), watch.sent

@@ -30,7 +30,7 @@ from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
 from fednorm.engine.errors import InputError, PartyDropped
 from fednorm.flower import fitted_normalizer, normalize, register_party
-from fednorm.flower.client import CERTS_KEY
+from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
 from fednorm.sim.federation import simulate
@@ -245,6 +245,7 @@ def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
     grid = loopback(partition_of)
     for context in grid.contexts.values():  # each party signs its key shares
         context.node_config[CERTS_KEY] = str(certs)
+        context.node_config[ALLOW_UNCHECKED_KEY] = True
     fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
     assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
     kinds = session_kinds(recorder, "paper")  # every frame within its step's ledger
@@ -258,6 +259,23 @@ def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
     for context in grid.contexts.values():
         assert fitted_normalizer(context, "minmax").params() == \
             fitted.normalizers["minmax"].params()
+    wait_until_gone(pipe_dir)
+
+
+def test_a_node_joins_the_paper_algorithms_only_when_its_config_allows(
+    pipe_dir: Path, certs: Path,
+) -> None:
+    """Their bootstrap and decryption requests cannot be checked against a deviating
+    server: a node whose config does not set ``fednorm-allow-paper-algorithms`` refuses
+    the session before it makes a key share, and the ServerApp reports its reason."""
+    grid = loopback(partition_of)
+    for node, context in grid.contexts.items():
+        context.node_config[CERTS_KEY] = str(certs)
+        context.node_config[ALLOW_UNCHECKED_KEY] = "true" if node != NODE_IDS[1] else "no"
+    options = FitOptions(algorithm="paper", preset="test")
+    with pytest.raises(PartyDropped, match="party 2 refused the session: zscore-mhe with "
+                       "--algorithm paper answers bootstrap or decryption requests"):
+        normalize(grid, NODE_IDS, "zscore", "mhe", options)
     wait_until_gone(pipe_dir)
 
 

@@ -17,24 +17,17 @@ import numpy as np
 import pytest
 import trio
 from deviating import deviating
+from tcp_federation import TEST, UPLOAD, PartyWatch, parts, tcp_run
 
 from fednorm.engine.errors import FednormError, ProtocolError
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import RoleContext
-from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import JointRound1, KeyShares, shared_context
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.sim.federation import run_federation
 
-TEST = FitOptions(preset="test")
-UPLOAD = "ppf_zscore.encrypted_sums"  # the first thing a party encrypts
 Edit = Callable[[int, Message], Message]
-
-
-def parts(parties: int = 3) -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
-    return [rng.normal(2, 3, size=(6 + p, 2)) for p in range(parties)]
 
 
 def tamper(rc: RoleContext, *, received: Edit | None = None, sent: Edit | None = None
@@ -55,27 +48,6 @@ def tamper(rc: RoleContext, *, received: Edit | None = None, sent: Edit | None =
         return await send(peer, edited)
 
     rc.receive, rc.send = receiving, sending  # this role object only
-
-
-class PartyWatch(Tracer):
-    """What the parties send and encrypt, by party."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, list[str]] = {}
-        self.encrypted: list[str] = []
-        self.received: dict[str, list[str]] = {}
-
-    def frame(self, event: FrameEvent) -> None:
-        kinds = self.sent if event.direction == "sent" else self.received
-        kinds.setdefault(event.role, []).append(event.kind)
-
-    def crypto_call(self, event: CryptoEvent) -> None:
-        if "encrypt" in event.call:
-            self.encrypted.append(event.role)
-
-    def assert_nothing_encrypted(self) -> None:
-        assert not self.encrypted
-        assert not any(UPLOAD in kinds for kinds in self.sent.values()), self.sent
 
 
 async def run(server, watch: PartyWatch, refusing: set[int]) -> dict[int, BaseException]:
@@ -220,42 +192,6 @@ async def test_an_honest_run_passes_and_every_party_checked_every_share() -> Non
 
 
 # -- over TCP, with the federation's certificates -----------------------------------------
-def tcp_run(certs: Path, server, monkeypatch: pytest.MonkeyPatch
-            ) -> tuple[dict[int, BaseException], PartyWatch, object]:
-    """PPF z-score between a multi-host server playing ``server`` and three real
-    :class:`Party` runs over TCP + TLS: each party's error, what they sent, the outcome."""
-    import fednorm.session
-    from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
-    from fednorm.multihost.party import Party
-    from fednorm.multihost.server import Server
-
-    real = fednorm.session.get_protocol
-    monkeypatch.setattr(fednorm.session, "get_protocol", lambda method, privacy: (
-        deviating(method, privacy, server=server) if privacy == "mhe" else
-        real(method, privacy)))
-    slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
-    config = ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore",), certs=certs,
-                          privacy="mhe", options=TEST, timeouts=slow)
-    watch, errors = PartyWatch(), {}
-    tcp_server = Server(config)
-
-    async def party(p: int, port: int) -> None:
-        try:
-            await Party(PartyConfig("127.0.0.1", port, p, certs, slow), tracer=watch).run(
-                parts()[p - 1], ["a", "b"])
-        except FednormError as exc:
-            errors[p] = exc
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            _, port = await nursery.start(tcp_server.serve)
-            for p in (1, 2, 3):
-                nursery.start_soon(party, p, port)
-
-    trio.run(main)
-    return errors, watch, tcp_server.outcomes[0]
-
-
 def test_over_tcp_a_joint_key_of_the_server_s_own_is_refused(
     certs: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

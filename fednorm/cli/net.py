@@ -35,6 +35,7 @@ from fednorm.multihost.files import (
 from fednorm.multihost.party import UNUSABLE_DATA, Party
 from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
+from fednorm.protocols.base import ALLOW_UNCHECKED
 from fednorm.session import root_cause
 from fednorm.transport.tcp import parse_address
 from fednorm.transport.tls import init_certs
@@ -119,7 +120,8 @@ def party_command(args: argparse.Namespace) -> int:
     check_out_dir(args.out, force=args.force)
     check_data_path(args.data)
     progress = progress_for(args, f"fednorm party {args.id}")
-    party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args)),
+    party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args),
+                              allow_unchecked=args.allow_paper_algorithms),
                   log=_logger(f"party {args.id}", progress), tracer=progress)
     try:
         data = load_party_data(args.data, args.target)
@@ -198,6 +200,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--data", type=Path, required=True, metavar="FILE.csv")
     party.add_argument("--target", help="target column (kept, not normalized)")
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
+    party.add_argument(ALLOW_UNCHECKED, action="store_true",
+                       help="join a session running the paper's PPF algorithms "
+                            "(--algorithm paper), whose bootstrap and decryption requests "
+                            "this party cannot check: safe against an honest-but-curious "
+                            "server only (docs/LEAKAGE.md); refused by default")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="write normalized.csv and params.json here (a session of "
                             "several methods: <method>/normalized.csv, ...); must be empty")

@@ -30,7 +30,20 @@ def _rebuild(cls: type[FednormError], args: tuple[object, ...],
 
 
 class InputError(FednormError, ValueError):
-    """Bad input, detected before any protocol work starts."""
+    """Bad input, detected before any protocol work starts.
+
+    ``about_data``: its message may describe a party's data (which feature, how large a
+    value), so a party tells its peers only the category."""
+
+    about_data = True
+
+
+class SessionRefused(InputError):
+    """A party will not take part in what the server announced (e.g. protocols whose
+    requests it cannot check).  Its reason is about the session, not the party's data,
+    so every role reports it as it is."""
+
+    about_data = False
 
 
 class ProtocolError(FednormError):

@@ -53,6 +53,9 @@ STATE_KEY = "fednorm-normalizer"
 # Node config: a certs directory ('fednorm certs init') holding ca.pem and the certificate
 # and key of the party this node plays, which sign its key shares in a PPF key setup.
 CERTS_KEY = "fednorm-certs"
+# Node config: true to let this node's party join sessions of the paper's PPF algorithms,
+# whose bootstrap and decryption requests it cannot check (refused by default).
+ALLOW_UNCHECKED_KEY = "fednorm-allow-paper-algorithms"
 WORKER_START_SECONDS = 120.0
 # The worker answers once the party waits again; allow for the party's own work on top.
 _RELAY_MARGIN_SECONDS = 30.0
@@ -66,7 +69,10 @@ def register_party(app: ClientApp, load_data: DataLoader) -> None:
     leaves the node.  For PPF (``mhe``) sessions the node config's ``fednorm-certs``
     names the directory with the federation's ``ca.pem`` and the certificate and key of
     the party the node plays (party i+1 is the i-th node the ServerApp names): they sign
-    its key shares, and check the other parties'.
+    its key shares, and check the other parties'.  The node's party refuses a session of
+    the paper's PPF algorithms (``--algorithm paper``) unless the node config sets
+    ``fednorm-allow-paper-algorithms`` to true: its requests cannot be checked against
+    a deviating server (docs/LEAKAGE.md).
     """
 
     @app.query(ACTION)
@@ -125,7 +131,13 @@ def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, objec
     return {"party": request.party, "session": request.session,
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
-            "X": array_to_wire(X), "certs": None if certs is None else str(certs)}
+            "X": array_to_wire(X), "certs": None if certs is None else str(certs),
+            "allow_unchecked": _true(context.node_config.get(ALLOW_UNCHECKED_KEY, False))}
+
+
+def _true(value: object) -> bool:
+    """A node config flag: Flower's TOML gives a bool, a command line a string."""
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
 
 
 def _answer(request: Request, reply: dict[str, object], context: Context) -> Answer:

@@ -31,7 +31,7 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError, SessionRefused
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
@@ -43,7 +43,7 @@ from fednorm.flower.localpipe import (
     unpack,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data
+from fednorm.protocols.base import check_party_data, unchecked_refusal
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -124,7 +124,8 @@ class RelayLink:
 @dataclass(frozen=True)
 class Setup:
     """What the first ClientApp run tells the worker: the session, the role, the data,
-    and where the node keeps the certificates a PPF key setup signs with (or None)."""
+    where the node keeps the certificates a PPF key setup signs with (or None), and
+    whether its operator lets it join the paper's PPF algorithms."""
 
     party: int
     session: str
@@ -134,6 +135,7 @@ class Setup:
     timeout: float
     X: np.ndarray
     certs: str | None
+    allow_unchecked: bool = False
 
     @classmethod
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
@@ -142,7 +144,8 @@ class Setup:
             return cls(int(setup["party"]), str(setup["session"]),
                        tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
-                       array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]))
+                       array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]),
+                       setup.get("allow_unchecked") is True)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed setup on the party pipe: {exc}") from None
 
@@ -263,6 +266,10 @@ class PartyWorker:
     async def _party_role(self, setup: Setup) -> list[Normalizer]:
         plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
+        refusal = unchecked_refusal(setup.party, plan.protocols, options,
+                                    setup.allow_unchecked)
+        if refusal is not None:
+            raise SessionRefused(refusal)
         keyring = party_keyring(Path(setup.certs), setup.party) if setup.certs else None
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)

@@ -71,7 +71,11 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class PartyConfig:
-    """What ``fednorm party`` runs: which server, as whom."""
+    """What ``fednorm party`` runs: which server, as whom.
+
+    ``allow_unchecked``: join sessions whose protocols answer requests this party cannot
+    check (the paper's PPF algorithms), i.e. trust the server to be honest-but-curious;
+    by default such a session is refused before any key is made."""
 
     host: str
     port: int
@@ -79,3 +83,4 @@ class PartyConfig:
     certs: Path
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_frame: int = DEFAULT_MAX_FRAME
+    allow_unchecked: bool = False

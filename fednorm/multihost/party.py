@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import trio
 
 from fednorm.engine.codec import WIRE_VERSION
-from fednorm.engine.errors import FednormError, InputError, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, ProtocolError, SessionRefused
 from fednorm.engine.runtime import SERVER
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, PartyConfig, quiet
@@ -27,7 +28,7 @@ from fednorm.multihost.handshake import (
     wait_start,
 )
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import check_party_data
+from fednorm.protocols.base import check_party_data, unchecked_refusal
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -82,6 +83,10 @@ class Party:
         )
         try:
             plan, options = _agreed_plan(welcome)
+            refusal = unchecked_refusal(config.party, plan.protocols, options,
+                                        config.allow_unchecked)
+            if refusal is not None:
+                await _withdraw(link, refusal, SessionRefused(refusal))
             await _check_or_withdraw(link, welcome.session, config.party, X, features,
                                      plan, options)
             self._log(f"admitted to session {welcome.session} ({plan.name}, "
@@ -128,10 +133,17 @@ async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndar
                 check(X, protocol, options, features)
         except InputError as exc:
             cause = input_rejected(party, category)
-            with trio.move_on_after(1.0), suppress(FednormError):
-                await send_handshake(link, Withdraw(cause))
-            raise InputError(f"{cause}: {exc}") from None
+            await _withdraw(link, cause, InputError(f"{cause}: {exc}"))
     await send_handshake(link, Ready(session))
+
+
+async def _withdraw(link: TcpLink, cause: str, error: InputError) -> NoReturn:
+    """Tell the server this party will not take part (``cause``, what every role
+    reports), best effort, then stop with ``error`` (this console's, which may name
+    data)."""
+    with trio.move_on_after(1.0), suppress(FednormError):
+        await send_handshake(link, Withdraw(cause))
+    raise error from None
 
 
 def _agreed_plan(welcome: Welcome) -> tuple[SessionPlan, FitOptions]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -24,7 +24,7 @@ from fednorm.engine.ckks.flooding import (
 )
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import as_float_vector
-from fednorm.engine.runtime import RoleContext
+from fednorm.engine.runtime import RoleContext, role_name
 from fednorm.protocols.normalizers import Normalizer
 
 METHODS = ("zscore", "minmax", "robust", "yeojohnson")
@@ -132,15 +132,33 @@ def no_keys(options: FitOptions) -> dict[str, object]:
     return {}
 
 
+Unchecked = Callable[[FitOptions], bool]
+
+
+def every_request_checked(options: FitOptions) -> bool:
+    """False: every request this kind's parties answer is one they recompute."""
+    return False
+
+
+def some_requests_unchecked(options: FitOptions) -> bool:
+    """True: this kind's parties answer bootstrap or plain decryption requests whose
+    ciphertext they cannot recompute (docs/LEAKAGE.md)."""
+    return True
+
+
 @dataclass(frozen=True)
 class Kind:
     """One algorithm of a protocol, declared in one place: its two roles, the joint keys
-    it needs (for a PPF session's one key setup) and whether it needs an agreed V_abs."""
+    it needs (for a PPF session's one key setup), whether it needs an agreed V_abs, and
+    whether, with given options, its parties answer requests they cannot check
+    (``unchecked``: safe against an honest-but-curious server only, so a multi-host
+    party joins such a session only if its operator allows it)."""
 
     server: ServerRole
     party: PartyRole
     key_needs: KeyNeeds = no_keys
     needs_vabs: bool = False
+    unchecked: Unchecked = every_request_checked
 
 
 @dataclass(frozen=True)
@@ -172,12 +190,38 @@ class Protocol:
     def kind(self, options: FitOptions) -> Kind:
         return self.kinds[options.algorithm if self.privacy == "mhe" else "default"]
 
+    def unchecked(self, options: FitOptions) -> bool:
+        """Whether, with ``options``, a party answers requests it cannot recompute."""
+        return self.kind(options).unchecked(options)
+
     async def server(self, ctx: RoleContext, options: FitOptions) -> Normalizer:
         return await self.kind(options).server(ctx, options)
 
     async def party(self, ctx: RoleContext, X: np.ndarray, options: FitOptions
                     ) -> Normalizer:
         return await self.kind(options).party(ctx, X, options)
+
+
+ALLOW_UNCHECKED = "--allow-paper-algorithms"
+"""How a party's operator accepts protocols whose requests it cannot check."""
+
+
+def unchecked_refusal(party: int, protocols: Sequence[Protocol], options: FitOptions,
+                      allowed: bool) -> str | None:
+    """Why ``party`` refuses to join a run of ``protocols`` (None: it joins).
+
+    A party decides this, not the server: with the paper's algorithms a party answers
+    bootstrap and decryption requests whose ciphertext it cannot recompute, and a
+    deviating server reads its secret-key share from one such bootstrap
+    (tests/test_bootstrap_attack.py).  The reason names no data, so every role may
+    report it."""
+    names = [p.name for p in protocols if p.unchecked(options)]
+    if allowed or not names:
+        return None
+    return (f"{role_name(party)} refused the session: {', '.join(names)} with "
+            f"--algorithm {options.algorithm} answers bootstrap or decryption requests a "
+            "party cannot check against a deviating server (docs/LEAKAGE.md); a party "
+            f"joins it only when started with {ALLOW_UNCHECKED}")
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}

@@ -10,7 +10,7 @@ roles.
 import numpy as np
 
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import FitOptions, Kind, register
+from fednorm.protocols.base import FitOptions, Kind, register, some_requests_unchecked
 from fednorm.protocols.normalizers import Normalizer
 from fednorm.protocols.ppf import (
     extremes,
@@ -33,15 +33,17 @@ async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> 
 
 register("zscore", "mhe",
          Kind(_zscore_server, _zscore_party, zscore.setup_arguments),
-         Kind(zscore.server, zscore.party, zscore.setup_arguments))
+         Kind(zscore.server, zscore.party, zscore.setup_arguments,
+              unchecked=zscore.requests_unchecked))
 register("minmax", "mhe",
          Kind(extremes.server, extremes.party, extremes.setup_arguments),
-         Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True))
+         Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True,
+              unchecked=some_requests_unchecked))
 register("robust", "mhe",
          Kind(robust.server, robust.party, robust.setup_arguments),
          Kind(robust.paper_server, robust.paper_party, minmax_layout.setup_arguments,
-              needs_vabs=True))
+              needs_vabs=True, unchecked=some_requests_unchecked))
 register("yeojohnson", "mhe",
          Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
          Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,
-              needs_vabs=True))
+              needs_vabs=True, unchecked=some_requests_unchecked))

@@ -139,6 +139,12 @@ def counts_revealed(options: FitOptions) -> bool:
     return options.reveal_counts or options.algorithm == "default"
 
 
+def requests_unchecked(options: FitOptions) -> bool:
+    """The encrypted inverse's bootstraps and its plain decryptions are requests a party
+    cannot recompute; with revealed counts every decryption is a checked sum."""
+    return not counts_revealed(options)
+
+
 def setup_arguments(options: FitOptions) -> dict[str, object]:
     """Relinearization for the encrypted inverse; none when the counts are revealed."""
     return {"relinearize": not counts_revealed(options)}

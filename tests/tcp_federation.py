@@ -1,0 +1,85 @@
+"""A PPF federation over TCP + TLS with a deviating server: a real multi-host
+:class:`~fednorm.multihost.server.Server` whose mhe protocol plays a test's server role,
+and three real :class:`~fednorm.multihost.party.Party` runs, each watched."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from deviating import deviating
+
+from fednorm.engine.errors import FednormError
+from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
+from fednorm.protocols import FitOptions
+
+TEST = FitOptions(preset="test")
+UPLOAD = "ppf_zscore.encrypted_sums"  # the first thing a z-score party encrypts
+
+
+def parts(parties: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.normal(2, 3, size=(6 + p, 2)) for p in range(parties)]
+
+
+class PartyWatch(Tracer):
+    """What the parties send and encrypt, by party."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[str]] = {}
+        self.encrypted: list[str] = []
+        self.received: dict[str, list[str]] = {}
+
+    def frame(self, event: FrameEvent) -> None:
+        kinds = self.sent if event.direction == "sent" else self.received
+        kinds.setdefault(event.role, []).append(event.kind)
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if "encrypt" in event.call:
+            self.encrypted.append(event.role)
+
+    def assert_nothing_encrypted(self) -> None:
+        assert not self.encrypted
+        assert not any(UPLOAD in kinds for kinds in self.sent.values()), self.sent
+
+
+def tcp_run(certs: Path, server, monkeypatch: pytest.MonkeyPatch, *,
+            options: FitOptions = TEST, allowing: Collection[int] = ()
+            ) -> tuple[dict[int, BaseException], PartyWatch, object]:
+    """PPF z-score between a multi-host server playing ``server`` and three real
+    :class:`Party` runs (those in ``allowing`` join the paper's algorithms): each party's
+    error, what they sent, the server's outcome."""
+    import fednorm.session
+    from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
+    from fednorm.multihost.party import Party
+    from fednorm.multihost.server import Server
+
+    real = fednorm.session.get_protocol
+    monkeypatch.setattr(fednorm.session, "get_protocol", lambda method, privacy: (
+        deviating(method, privacy, server=server) if privacy == "mhe" else
+        real(method, privacy)))
+    slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
+    config = ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore",), certs=certs,
+                          privacy="mhe", options=options, timeouts=slow)
+    watch, errors = PartyWatch(), {}
+    tcp_server = Server(config)
+
+    async def party(p: int, port: int) -> None:
+        config = PartyConfig("127.0.0.1", port, p, certs, slow,
+                             allow_unchecked=p in allowing)
+        try:
+            await Party(config, tracer=watch).run(parts()[p - 1], ["a", "b"])
+        except FednormError as exc:
+            errors[p] = exc
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            _, port = await nursery.start(tcp_server.serve)
+            for p in (1, 2, 3):
+                nursery.start_soon(party, p, port)
+
+    trio.run(main)
+    return errors, watch, tcp_server.outcomes[0]

@@ -96,6 +96,17 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(params=["memory", "tcp"])
+def links(request: pytest.FixtureRequest, certs: Path):
+    """What carries an in-process run's frames (``run_federation(..., links=links)``):
+    memory channels, or TCP + TLS on the loopback with the federation's certificates."""
+    from tcp_federation import tcp_star
+
+    from fednorm.transport.memory import memory_star
+
+    return memory_star if request.param == "memory" else tcp_star(certs)
+
+
 @pytest.fixture
 def child_processes() -> Iterator[ChildProcesses]:
     processes = ChildProcesses()

@@ -1,10 +1,13 @@
-"""A PPF federation over TCP + TLS with a deviating server: a real multi-host
+"""Federations over TCP + TLS on the loopback, authenticated as in a multi-host run:
+links between a server and each party (for any in-process run, :func:`tcp_star`), and a
+PPF federation with a deviating server — a real multi-host
 :class:`~fednorm.multihost.server.Server` whose mhe protocol plays a test's server role,
 and three real :class:`~fednorm.multihost.party.Party` runs, each watched."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +18,56 @@ from deviating import deviating
 from fednorm.engine.errors import FednormError
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions
+from fednorm.transport.memory import Star, StarLinks
+from fednorm.transport.tcp import DEFAULT_MAX_FRAME, TcpLink, tls_handshake
+from fednorm.transport.tls import party_context, server_context
 
 TEST = FitOptions(preset="test")
 UPLOAD = "ppf_zscore.encrypted_sums"  # the first thing a z-score party encrypts
+
+
+async def connected_pair(listener: trio.SocketListener, certs: Path, party: int
+                         ) -> tuple[TcpLink, TcpLink]:
+    """A connection to ``listener`` from ``party``, TLS with the federation's
+    certificates: the server's end and the party's end."""
+    port = listener.socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    accepted = await listener.accept()
+    server_tls = trio.SSLStream(accepted, server_context(certs), server_side=True)
+    party_tls = trio.SSLStream(client, party_context(certs, party),
+                               server_hostname="localhost")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tls_handshake, server_tls, f"party {party}")
+        nursery.start_soon(tls_handshake, party_tls, "server")
+    return (TcpLink(server_tls, f"party {party}", DEFAULT_MAX_FRAME),
+            TcpLink(party_tls, "server", DEFAULT_MAX_FRAME))
+
+
+def tcp_star(certs: Path) -> StarLinks:
+    """A :data:`~fednorm.transport.memory.StarLinks` of TCP + TLS links on the loopback,
+    for ``run_federation(..., links=tcp_star(certs))``."""
+
+    @asynccontextmanager
+    async def star(parties: list[int]) -> AsyncIterator[Star]:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        server_links: dict[int, TcpLink] = {}
+        party_links: dict[int, TcpLink] = {}
+        try:
+            for party in parties:
+                server_links[party], party_links[party] = await connected_pair(
+                    listeners[0], certs, party)
+            yield server_links, party_links
+        finally:
+            for link in (*server_links.values(), *party_links.values()):
+                await trio.aclose_forcefully(link.stream)
+            for listener in listeners:
+                await listener.aclose()
+
+    return star
+
+
+Transport = Callable[[Path], StarLinks | None]
+"""A test parameter: the links a run uses (None: run_federation's memory default)."""
 
 
 def parts(parties: int = 3) -> list[np.ndarray]:

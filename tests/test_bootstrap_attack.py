@@ -30,19 +30,22 @@ from tcp_federation import tcp_run
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.sim.federation import run_federation
+from fednorm.transport.memory import StarLinks, memory_star
 
 PAPER_ZSCORE = FitOptions(algorithm="paper", preset="test")
 
-def _run_attack(method: str, server, options: FitOptions) -> ProtocolError:
+def _run_attack(method: str, server, options: FitOptions,
+                links: StarLinks = memory_star) -> ProtocolError:
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
     with pytest.raises(ProtocolError) as refusal:
         trio.run(partial(run_federation, deviating(method, server=server), parts, options,
-                         timeout=60))
+                         timeout=60, links=links))
     return refusal.value
 
 
 @pytest.mark.parametrize("method", ["zscore", "robust", "minmax", "yeojohnson"])
-def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
+def test_a_default_protocol_refuses_the_bootstrap_attack(method: str, links: StarLinks
+                                                         ) -> None:
     """After the parties' first upload, the server asks for a bootstrap share of
     ``c1 = a + K``: no default protocol declares a bootstrap, so every party refuses and
     the server reads nothing (with the paper's z-score, below, it reads every key share)."""
@@ -64,7 +67,7 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str) -> None:
             await rc.gather(first)
             await attack(read, crypto, rc, crypto.encrypt(np.ones(2)))
 
-    refusal = _run_attack(method, server, FitOptions(preset="test"))
+    refusal = _run_attack(method, server, FitOptions(preset="test"), links)
     assert not read, f"the server read the key shares of parties {sorted(read)}"
     assert "bootstrap" in str(refusal)
 

@@ -1,5 +1,6 @@
 """A server that deviates, against the real party roles: each party refuses the request
-the ledger does not allow, and the wire shows that the server got no share of it.
+the ledger does not allow, and the wire shows that the server got no share of it.  Each
+attack runs over memory channels and over TCP + TLS (the ``links`` fixture).
 
 Each deviating server is the honest one with its collective calls made by a
 :class:`~fednorm.protocols.collective.ServerCrypto` subclass (:func:`deviating_crypto`)
@@ -31,6 +32,7 @@ from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
+from fednorm.transport.memory import StarLinks
 
 TEST = FitOptions(algorithm="paper", preset="test")
 ONE_CHEAP_PASS = FitOptions(algorithm="paper",
@@ -58,14 +60,15 @@ def _parts(rows: int = 6, features: int = 2) -> list[np.ndarray]:
     return [rng.normal(1, 2, size=(rows, features)) for _ in range(3)]
 
 
-async def _refused(server, method: str, options: FitOptions, match: str) -> tuple[Frames,
-                                                                                   Frames]:
-    """Run ``server`` against the real parties; the run must fail with a ProtocolError
-    matching ``match``.  The server's frames and the parties' frames."""
+async def _refused(server, method: str, options: FitOptions, match: str, links: StarLinks
+                   ) -> tuple[Frames, Frames]:
+    """Run ``server`` against the real parties over ``links``; the run must fail with a
+    ProtocolError matching ``match``.  The server's frames and the parties' frames."""
     at_server, at_parties = Frames(), Frames()
     with pytest.raises(ProtocolError, match=match):
         await run_federation(deviating(method, server=server), _parts(), options,
-                             timeout=300, tracer=at_server, party_tracer=at_parties)
+                             timeout=300, tracer=at_server, party_tracer=at_parties,
+                             links=links)
     return at_server, at_parties
 
 
@@ -92,15 +95,16 @@ class ExtraBootstrap(ServerCrypto):
         return await super().decrypt(ct, n)
 
 
-async def test_a_bootstrap_beyond_a_minmax_pass_is_refused() -> None:
+async def test_a_bootstrap_beyond_a_minmax_pass_is_refused(links: StarLinks) -> None:
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, **setup_arguments(options))
         low, high = await ppf_minmax.minmax_server(
             deviating_crypto(crypto, ExtraBootstrap), None, options)
         return MinMaxNormalizer(low, high)
 
-    at_server, at_parties = await _refused(server, "minmax", ONE_CHEAP_PASS,
-                                           "more bootstraps than the protocol step declares")
+    at_server, at_parties = await _refused(
+        server, "minmax", ONE_CHEAP_PASS, "more bootstraps than the protocol step declares",
+        links)
     assert_last_request_unanswered(at_server, at_parties, "ckks.boot_request")
     assert at_server.count("server", "sent", "ckks.decrypt_request") == 0
 
@@ -128,15 +132,17 @@ def repeating(variant: Variant) -> type[ServerCrypto]:
 
 
 @pytest.mark.parametrize("variant", [SAME, PLUS_ONE], ids=["same", "plus-a-constant"])
-async def test_a_second_decryption_of_the_same_ciphertext_is_refused(variant) -> None:
+async def test_a_second_decryption_of_the_same_ciphertext_is_refused(
+    variant, links: StarLinks,
+) -> None:
     """Within the phase's count (the presence bit and the mean's coarse pass), so only
     the repeat itself is refused; a public constant added changes c0 only, and a
     non-lead party's share depends on c1 alone."""
     async def server(rc, options):
         return await zscore_server_with(rc, options, repeating(variant))
 
-    at_server, at_parties = await _refused(server, "zscore", TEST,
-                                           "decryption request refused: this party already")
+    at_server, at_parties = await _refused(
+        server, "zscore", TEST, "decryption request refused: this party already", links)
     assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
     assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 2
 
@@ -155,12 +161,12 @@ class RepeatFirstBootstrap(ServerCrypto):
         return await super().bootstrap(ct)
 
 
-async def test_a_second_bootstrap_of_the_same_ciphertext_is_refused() -> None:
+async def test_a_second_bootstrap_of_the_same_ciphertext_is_refused(links: StarLinks) -> None:
     async def server(rc, options):
         return await zscore_server_with(rc, options, RepeatFirstBootstrap)
 
-    at_server, at_parties = await _refused(server, "zscore", TEST,
-                                           "bootstrap request refused: this party already")
+    at_server, at_parties = await _refused(
+        server, "zscore", TEST, "bootstrap request refused: this party already", links)
     assert_last_request_unanswered(at_server, at_parties, "ckks.boot_request")
     assert at_server.count("server", "sent", "ckks.boot_request", "party 1") == 2
 
@@ -179,11 +185,12 @@ class CountOnRetry(ServerCrypto):
         return values
 
 
-async def test_the_coarse_retry_spent_on_the_pooled_count_is_refused() -> None:
+async def test_the_coarse_retry_spent_on_the_pooled_count_is_refused(links: StarLinks) -> None:
     async def server(rc, options):
         return await zscore_server_with(rc, options, CountOnRetry)
 
-    at_server, at_parties = await _refused(server, "zscore", TEST, "decryption retry refused")
+    at_server, at_parties = await _refused(server, "zscore", TEST,
+                                           "decryption retry refused", links)
     assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
     assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 3
 

@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+from tcp_federation import connected_pair
 
 from fednorm.engine.errors import PartyDropped
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, Link, RoleContext
 from fednorm.transport.memory import link_pair
-from fednorm.transport.tcp import DEFAULT_MAX_FRAME, TcpLink, tls_handshake
-from fednorm.transport.tls import party_context, server_context
+from fednorm.transport.tcp import TcpLink
 
 LARGE = 3 * 2**20 + 17  # several MB, and not a round number
 RNG = np.random.default_rng(15)
@@ -80,16 +80,7 @@ def tcp_pair_maker(certs: Path) -> PairMaker:
     @asynccontextmanager
     async def tcp_pair() -> AsyncIterator[Ends]:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        client = await trio.open_tcp_stream("127.0.0.1", port)
-        accepted = await listeners[0].accept()
-        server_tls = trio.SSLStream(accepted, server_context(certs), server_side=True)
-        party_tls = trio.SSLStream(client, party_context(certs, 1), server_hostname="localhost")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(tls_handshake, server_tls, "party 1")
-            nursery.start_soon(tls_handshake, party_tls, "server")
-        server_end = TcpLink(server_tls, "party 1", DEFAULT_MAX_FRAME)
-        party_end = TcpLink(party_tls, "server", DEFAULT_MAX_FRAME)
+        server_end, party_end = await connected_pair(listeners[0], certs, 1)
 
         async def vanish(end: Link) -> None:
             """The host is gone: its socket closes at once, without a TLS close."""

@@ -27,6 +27,7 @@ from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import SumUpload, sign_upload
 from fednorm.protocols.ppf import zscore as ppf_zscore
 from fednorm.sim.federation import run_federation, simulate
+from fednorm.transport.memory import StarLinks
 
 REVEAL = FitOptions(preset="test", reveal_counts=True)
 PARTS = [np.arange(8.0).reshape(4, 2) * (k + 1) for k in range(3)]
@@ -34,10 +35,10 @@ PARTS = [np.arange(8.0).reshape(4, 2) * (k + 1) for k in range(3)]
 Forge = Callable[[object, dict[int, SumUpload]], tuple[int, list[SumUpload]]]
 
 
-def _attack(forge: Forge) -> tuple[BaseException, list[int]]:
+def _attack(forge: Forge, links: StarLinks) -> tuple[BaseException, list[int]]:
     """Run PPF z-score (revealed counts) with a server that, after the sums arrive, asks
     for the decryption ``forge`` builds from the parties' count uploads; returns the
-    refusal and the parties whose shares the server received."""
+    refusal and the parties whose shares the server received (over ``links``)."""
     received: list[int] = []
 
     async def server(rc, options):
@@ -53,7 +54,7 @@ def _attack(forge: Forge) -> tuple[BaseException, list[int]]:
 
     with pytest.raises(ProtocolError) as refusal:
         trio.run(partial(run_federation, deviating("zscore", server=server), PARTS, REVEAL,
-                         timeout=60))
+                         timeout=60, links=links))
     return refusal.value, received
 
 
@@ -62,14 +63,15 @@ def test_an_honest_run_decrypts_the_pooled_sums() -> None:
     np.testing.assert_allclose(fitted.mean, np.vstack(PARTS).mean(axis=0), rtol=1e-12)
 
 
-def test_a_partys_own_upload_in_place_of_the_sum_is_refused() -> None:
+def test_a_partys_own_upload_in_place_of_the_sum_is_refused(links: StarLinks) -> None:
     """Party 1's count thrice: the others see, as theirs, an upload they did not sign."""
-    refusal, received = _attack(lambda crypto, counts: (counts[1].index, [counts[1]] * 3))
+    refusal, received = _attack(lambda crypto, counts: (counts[1].index, [counts[1]] * 3),
+                                links)
     assert "sum decryption request" in str(refusal)
     assert received == []
 
 
-def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
+def test_an_upload_forged_in_another_partys_name_is_refused(links: StarLinks) -> None:
     """The server encrypts zeros as 'party 2's count' and signs with a key of its own:
     the sum would be party 1's and party 3's counts alone."""
     def forge(crypto, counts):
@@ -79,7 +81,7 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
         forged, _ = sign_upload(own_key, crypto.rc.session, counts[2].index, zeros)
         return counts[1].index, [counts[1], forged, counts[3]]
 
-    refusal, received = _attack(forge)
+    refusal, received = _attack(forge, links)
     # Parties 1 and 3 find the signature wrong, party 2 its own entry not its own: the
     # run ends with whichever refusal comes first.
     assert ("a forged upload" in str(refusal) and "signature" in str(refusal)) \
@@ -87,7 +89,7 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     assert received == []
 
 
-def test_a_set_of_uploads_is_decrypted_once() -> None:
+def test_a_set_of_uploads_is_decrypted_once(links: StarLinks) -> None:
     """The honest request answered, then the same set again: refused."""
     received: list[int] = []
 
@@ -103,22 +105,23 @@ def test_a_set_of_uploads_is_decrypted_once() -> None:
 
     with pytest.raises(ProtocolError, match="already decrypted"):
         trio.run(partial(run_federation, deviating("zscore", server=server), PARTS, REVEAL,
-                         timeout=60))
+                         timeout=60, links=links))
     assert received == []
 
 
-def test_a_relayed_upload_must_carry_its_index() -> None:
+def test_a_relayed_upload_must_carry_its_index(links: StarLinks) -> None:
     """An upload of another index under the requested one is refused, naming it."""
     def forge(crypto, counts):
         return counts[1].index, [counts[1], replace(counts[2], index=0), counts[3]]
 
-    refusal, received = _attack(forge)
+    refusal, received = _attack(forge, links)
     assert "sum decryption request" in str(refusal) and "sum upload #" in str(refusal)
     assert received == []
 
 
 @pytest.mark.parametrize("method", ["zscore", "robust", "minmax", "yeojohnson"])
-def test_a_default_protocol_refuses_any_plain_decryption(method: str) -> None:
+def test_a_default_protocol_refuses_any_plain_decryption(method: str, links: StarLinks
+                                                         ) -> None:
     """The default protocols decrypt only pooled uploads each party recomputes: a plain
     decryption request for a party's own upload (the server's substitution of a single
     upload for the aggregate) is refused by every party, and the server gets no share."""
@@ -139,7 +142,7 @@ def test_a_default_protocol_refuses_any_plain_decryption(method: str) -> None:
 
     with pytest.raises(ProtocolError, match="decrypt"):
         trio.run(partial(run_federation, deviating(method, server=server), PARTS,
-                         FitOptions(preset="test"), timeout=60))
+                         FitOptions(preset="test"), timeout=60, links=links))
     assert received == []
 
 

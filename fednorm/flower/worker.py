@@ -31,7 +31,7 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError, SessionRefused
+from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     HEADER_BYTES,
@@ -43,7 +43,7 @@ from fednorm.flower.localpipe import (
     unpack,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data, unchecked_refusal
+from fednorm.protocols.base import check_party_data, refuse_unchecked
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -124,8 +124,7 @@ class RelayLink:
 @dataclass(frozen=True)
 class Setup:
     """What the first ClientApp run tells the worker: the session, the role, the data,
-    where the node keeps the certificates a PPF key setup signs with (or None), and
-    whether its operator lets it join the paper's PPF algorithms."""
+    and the node's own settings (certificates to sign with, consent to unchecked requests)."""
 
     party: int
     session: str
@@ -266,10 +265,7 @@ class PartyWorker:
     async def _party_role(self, setup: Setup) -> list[Normalizer]:
         plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
-        refusal = unchecked_refusal(setup.party, plan.protocols, options,
-                                    setup.allow_unchecked)
-        if refusal is not None:
-            raise SessionRefused(refusal)
+        refuse_unchecked(setup.party, plan.protocols, options, setup.allow_unchecked)
         keyring = party_keyring(Path(setup.certs), setup.party) if setup.certs else None
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)
@@ -307,11 +303,10 @@ async def watch_process(pid: int) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with suppress(PermissionError):  # another user's process: alive
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -368,8 +363,7 @@ def _detach_stdout() -> None:
 
 async def _termination_signal() -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
-            return
+        await anext(signals)
 
 
 def describe(exc: BaseException, timeout: float) -> str:

@@ -28,7 +28,7 @@ from fednorm.multihost.handshake import (
     wait_start,
 )
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import check_party_data, unchecked_refusal
+from fednorm.protocols.base import check_party_data, refuse_unchecked
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -83,10 +83,10 @@ class Party:
         )
         try:
             plan, options = _agreed_plan(welcome)
-            refusal = unchecked_refusal(config.party, plan.protocols, options,
-                                        config.allow_unchecked)
-            if refusal is not None:
-                await _withdraw(link, refusal, SessionRefused(refusal))
+            try:
+                refuse_unchecked(config.party, plan.protocols, options, config.allow_unchecked)
+            except SessionRefused as exc:
+                await _withdraw(link, str(exc), exc)
             await _check_or_withdraw(link, welcome.session, config.party, X, features,
                                      plan, options)
             self._log(f"admitted to session {welcome.session} ({plan.name}, "

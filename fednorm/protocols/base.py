@@ -22,7 +22,7 @@ from fednorm.engine.ckks.flooding import (
     check_decryptions,
     check_security_bits,
 )
-from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError, SessionRefused
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import RoleContext, role_name
 from fednorm.protocols.normalizers import Normalizer
@@ -206,9 +206,9 @@ ALLOW_UNCHECKED = "--allow-paper-algorithms"
 """How a party's operator accepts protocols whose requests it cannot check."""
 
 
-def unchecked_refusal(party: int, protocols: Sequence[Protocol], options: FitOptions,
-                      allowed: bool) -> str | None:
-    """Why ``party`` refuses to join a run of ``protocols`` (None: it joins).
+def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOptions,
+                     allowed: bool) -> None:
+    """:class:`SessionRefused` if ``party`` may not join a run of ``protocols``.
 
     A party decides this, not the server: with the paper's algorithms a party answers
     bootstrap and decryption requests whose ciphertext it cannot recompute, and a
@@ -216,12 +216,12 @@ def unchecked_refusal(party: int, protocols: Sequence[Protocol], options: FitOpt
     (tests/test_bootstrap_attack.py).  The reason names no data, so every role may
     report it."""
     names = [p.name for p in protocols if p.unchecked(options)]
-    if allowed or not names:
-        return None
-    return (f"{role_name(party)} refused the session: {', '.join(names)} with "
-            f"--algorithm {options.algorithm} answers bootstrap or decryption requests a "
-            "party cannot check against a deviating server (docs/LEAKAGE.md); a party "
-            f"joins it only when started with {ALLOW_UNCHECKED}")
+    if names and not allowed:
+        raise SessionRefused(
+            f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
+            f"{options.algorithm} answers bootstrap or decryption requests a party cannot "
+            "check against a deviating server (docs/LEAKAGE.md); a party joins it only "
+            f"when started with {ALLOW_UNCHECKED}")
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}

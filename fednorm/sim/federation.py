@@ -39,7 +39,7 @@ from fednorm.session import (
     root_cause,
 )
 from fednorm.sim.tables import party_tables
-from fednorm.transport.memory import star_links
+from fednorm.transport.memory import StarLinks, memory_star
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -109,8 +109,11 @@ async def run_federation(
     tracer: Tracer | None = None,
     party_tracer: Tracer | None = None,
     keyrings: Mapping[int, Keyring] | None = None,
+    links: StarLinks = memory_star,
 ) -> SimulationResult:
-    """Run ``protocol`` with one party per array, all in this trio run.
+    """Run ``protocol`` with one party per array, all in this trio run, over ``links``
+    (memory channels by default; any transport a :data:`~fednorm.transport.memory.
+    StarLinks` opens, e.g. TCP + TLS on the loopback in tests).
 
     With ``keys`` (shared by several runs over the same party arrays) every role starts
     with what it kept from the previous run and keeps what it holds after this one.
@@ -126,7 +129,21 @@ async def run_federation(
     check_party_inputs(arrays, [protocol], options, features)
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
-    server_links, party_links = star_links(party_ids)
+    async with links(party_ids) as (server_links, party_links):
+        return await _run_roles(protocol, arrays, options, session, server_links,
+                                party_links, timeout=timeout, keys=keys, features=features,
+                                tracer=tracer, party_tracer=party_tracer, keyrings=keyrings)
+
+
+async def _run_roles(
+    protocol: Protocol, arrays: list[np.ndarray], options: FitOptions, session: str,
+    server_links: Mapping[int, Link], party_links: Mapping[int, Link], *,
+    timeout: float | None, keys: FederationKeys | None, features: Sequence[str] | None,
+    tracer: Tracer | None, party_tracer: Tracer | None,
+    keyrings: Mapping[int, Keyring] | None,
+) -> SimulationResult:
+    """:func:`run_federation` once its links are open."""
+    party_ids = sorted(party_links)
     limiter = trio.CapacityLimiter(worker_threads())
     keyrings = trusted_setup(party_ids) if keyrings is None else keyrings
 

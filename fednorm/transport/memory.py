@@ -7,11 +7,18 @@ exercises the wire format and counts the same bytes a TCP run would send.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
 from fednorm.engine.errors import PartyDropped
-from fednorm.engine.runtime import SERVER, role_name
+from fednorm.engine.runtime import SERVER, Link, role_name
+
+Star = tuple[Mapping[int, Link], Mapping[int, Link]]
+StarLinks = Callable[[list[int]], AbstractAsyncContextManager[Star]]
+"""What carries a star federation's frames: given the party ids, the server's links (by
+party) and each party's link to the server, for as long as the context is open."""
 
 
 class MemoryLink:
@@ -58,3 +65,9 @@ def star_links(parties: list[int]) -> tuple[dict[int, MemoryLink], dict[int, Mem
     for party in parties:
         server_links[party], party_links[party] = link_pair(SERVER, party)
     return server_links, party_links
+
+
+@asynccontextmanager
+async def memory_star(parties: list[int]) -> AsyncIterator[Star]:
+    """:func:`star_links` as a :data:`StarLinks` (the simulation's default transport)."""
+    yield star_links(parties)

@@ -59,3 +59,24 @@ def test_a_fit_through_the_public_api_equals_the_pooled_oracle() -> None:
     np.testing.assert_allclose(fitted.var, np.concatenate(parties).var(axis=0), rtol=1e-12)
     with pytest.raises(fednorm.InputError):
         fednorm.FitOptions(vabs=-1.0)
+
+
+@pytest.mark.parametrize("method", ["zscore", "minmax", "robust", "yeojohnson"])
+def test_to_sklearn_is_typed_as_what_each_method_returns(method: str) -> None:
+    """A type checker reads ``to_sklearn``'s return annotation (scikit-learn names imported
+    under ``TYPE_CHECKING``): it must name the very class each normalizer returns."""
+    import typing
+
+    import sklearn.base
+    import sklearn.preprocessing
+
+    from fednorm.protocols import federated_minmax, normalizers
+
+    names = {**vars(normalizers), **vars(sklearn.preprocessing), **vars(sklearn.base),
+             "FederatedMinMaxScaler": federated_minmax.FederatedMinMaxScaler}
+    rng = np.random.default_rng(3)
+    fitted = fednorm.simulate([rng.normal(size=(5, 2)) for _ in range(2)], method).normalizer
+    hint = typing.get_type_hints(type(fitted).to_sklearn, globalns=names)["return"]
+    assert type(fitted.to_sklearn()) is hint
+    assert typing.get_type_hints(fednorm.Normalizer.to_sklearn, globalns=names)["return"] \
+        is sklearn.base.TransformerMixin

@@ -5,9 +5,12 @@ and the one estimator fednorm subclasses."""
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fednorm.engine.errors import InputError
+
+if TYPE_CHECKING:
+    from fednorm.protocols.federated_minmax import FederatedMinMaxScaler
 
 
 def preprocessing() -> ModuleType:
@@ -20,7 +23,7 @@ def preprocessing() -> ModuleType:
     return sklearn.preprocessing
 
 
-def federated_minmax_scaler() -> Any:
+def federated_minmax_scaler() -> FederatedMinMaxScaler:
     """A MinMaxScaler whose ``partial_fit`` says why it cannot go on when the pooled row
     count was never revealed (scikit-learn's own would fail adding to ``None``)."""
     from fednorm.protocols.federated_minmax import FederatedMinMaxScaler

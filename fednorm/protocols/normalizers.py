@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from fednorm.engine.errors import InputError
 from fednorm.protocols.columns import column_names, is_table, table_values
 from fednorm.protocols.estimators import federated_minmax_scaler, preprocessing
+
+if TYPE_CHECKING:  # scikit-learn is optional: the annotations name what each returns
+    from sklearn.base import TransformerMixin
+    from sklearn.preprocessing import PowerTransformer, RobustScaler, StandardScaler
+
+    from fednorm.protocols.federated_minmax import FederatedMinMaxScaler
 
 
 def _safe_scale(scale: np.ndarray) -> np.ndarray:
@@ -90,7 +96,8 @@ class Normalizer:
     def _transform(self, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self) -> TransformerMixin:
+        """The equivalent fitted scikit-learn transformer (each subclass names its type)."""
         raise NotImplementedError
 
 
@@ -107,7 +114,7 @@ class ZScoreNormalizer(Normalizer):
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return (X - self.mean) / _safe_scale(np.sqrt(self.var))
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self) -> StandardScaler:
         scaler = preprocessing().StandardScaler()
         scaler.mean_ = np.asarray(self.mean, dtype=np.float64)
         scaler.var_ = np.asarray(self.var, dtype=np.float64)
@@ -131,7 +138,9 @@ class MinMaxNormalizer(Normalizer):
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return (X - self.min) / _safe_scale(self.max - self.min)
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self) -> FederatedMinMaxScaler:
+        """A MinMaxScaler (:class:`~fednorm.protocols.federated_minmax.
+        FederatedMinMaxScaler`) with the pooled min and max."""
         scaler = federated_minmax_scaler()
         data_range = np.asarray(self.max - self.min, dtype=np.float64)
         scaler.scale_ = 1.0 / _safe_scale(data_range)
@@ -158,7 +167,7 @@ class RobustNormalizer(Normalizer):
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return (X - self.median) / _safe_scale(self.q3 - self.q1)
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self) -> RobustScaler:
         scaler = preprocessing().RobustScaler()
         scaler.center_ = np.asarray(self.median, dtype=np.float64)
         scaler.scale_ = _safe_scale(self.q3 - self.q1)
@@ -209,7 +218,7 @@ class YeoJohnsonNormalizer(Normalizer):
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return (yeo_johnson(X, self.lambdas) - self.mean) / _safe_scale(np.sqrt(self.var))
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self) -> PowerTransformer:
         transformer = preprocessing().PowerTransformer(method="yeo-johnson",
                                                      standardize=True)
         transformer.lambdas_ = np.asarray(self.lambdas, dtype=np.float64)

@@ -12,7 +12,8 @@ The public API (everything in ``__all__``, importable from ``fednorm``):
   :func:`simulate_session_async` do the same from a running trio or asyncio loop, and
   :func:`fit_federation` / :func:`fit_session` inside the caller's own trio run.
 - **One party in your process** against a ``fednorm serve`` elsewhere: :class:`Party`
-  with a :class:`PartyConfig` (server address, party id, certificates directory);
+  with a :class:`PartyConfig` (server address, party id, its certificates: a directory,
+  :class:`PartyFiles` under any names, or an ``ssl.SSLContext`` of your own);
   ``await Party(config).run(X, features)``.  The server side: :class:`Server` with a
   :class:`ServerConfig`.
 - **Methods**: ``"zscore"``, ``"minmax"``, ``"robust"``, ``"yeojohnson"`` (:data:`METHODS`).
@@ -26,7 +27,8 @@ The public API (everything in ``__all__``, importable from ``fednorm``):
 - **Errors**: every failure is a :class:`FednormError`: :class:`InputError` (bad input,
   nothing started), :class:`ProtocolError` (a peer broke the protocol),
   :class:`PartyDropped` (a peer went away or stalled), :class:`RunAborted` (a peer stopped
-  the run and said why); an interrupted command exits 130.
+  the run and said why), :class:`SessionRefused` (a party would not take part in what the
+  server announced); an interrupted command exits 130.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ _HOMES = {
                                       "RobustNormalizer", "YeoJohnsonNormalizer"),
     "fednorm.multihost.party": ("Party", "PartyRun"),
     "fednorm.multihost.server": ("Server", "SessionOutcome"),
-    "fednorm.multihost.config": ("PartyConfig", "ServerConfig", "Timeouts"),
+    "fednorm.multihost.config": ("PartyConfig", "PartyFiles", "ServerConfig", "Timeouts"),
     "fednorm.engine.errors": ("FednormError", "InputError", "ProtocolError", "PartyDropped",
-                              "RunAborted"),
+                              "RunAborted", "SessionRefused"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "Party",
     "PartyConfig",
     "PartyDropped",
+    "PartyFiles",
     "PartyRun",
     "ProtocolError",
     "RobustNormalizer",
@@ -77,6 +80,7 @@ __all__ = [
     "Server",
     "ServerConfig",
     "SessionOutcome",
+    "SessionRefused",
     "SessionResult",
     "SimulationResult",
     "Timeouts",
@@ -110,8 +114,9 @@ if TYPE_CHECKING:
         PartyDropped,
         ProtocolError,
         RunAborted,
+        SessionRefused,
     )
-    from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
+    from fednorm.multihost.config import PartyConfig, PartyFiles, ServerConfig, Timeouts
     from fednorm.multihost.party import Party, PartyRun
     from fednorm.multihost.server import Server, SessionOutcome
     from fednorm.protocols import METHODS, FitOptions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.transport.tcp import DEFAULT_MAX_FRAME
+from fednorm.transport.tls import Credentials, PartyFiles
+
+__all__ = ["Credentials", "Log", "PartyConfig", "PartyFiles", "ServerConfig", "Timeouts"]
 
 Log = Callable[[str], None]
 STALL_MARGIN = 5.0  # seconds a party allows the server beyond twice the protocol timeout
@@ -73,6 +77,11 @@ class ServerConfig:
 class PartyConfig:
     """What ``fednorm party`` runs: which server, as whom.
 
+    ``certs``: the party's certificates, a certs directory (``fednorm certs init``) or
+    :class:`~fednorm.transport.tls.PartyFiles` under any names; its key signs the party's
+    key shares in a PPF session.  ``tls``: a TLS context of the caller's own (their
+    PKI's settings; it must present party ``party``'s certificate from the federation's
+    CA) in place of the one built from ``certs``; a plain session needs nothing else.
     ``allow_unchecked``: join sessions whose protocols answer requests this party cannot
     check (the paper's PPF algorithms), i.e. trust the server to be honest-but-curious;
     by default such a session is refused before any key is made."""
@@ -80,7 +89,8 @@ class PartyConfig:
     host: str
     port: int
     party: int
-    certs: Path
+    certs: Credentials | None
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_frame: int = DEFAULT_MAX_FRAME
     allow_unchecked: bool = False
+    tls: ssl.SSLContext | None = None

@@ -63,9 +63,13 @@ class Party:
                  tracer: Tracer | None = None) -> None:
         if config.party < 1:
             raise InputError(f"party ids are 1..N, got {config.party}")
+        if config.certs is None and config.tls is None:
+            raise InputError("a party needs its certificates (certs) or a TLS context (tls)")
         self.config = config
-        self.context = party_context(config.certs, config.party)
-        self.keyring = party_keyring(config.certs, config.party)
+        self.context = config.tls or party_context(config.certs, config.party)
+        # Without certificate files a PPF session stops at the key setup, saying so.
+        self.keyring = None if config.certs is None else party_keyring(config.certs,
+                                                                       config.party)
         self.tracer = tracer
         self._log = log
 

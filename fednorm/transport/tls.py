@@ -64,6 +64,40 @@ class CertPair:
                 raise InputError(f"no {what} certificate: {path} is missing")
 
 
+@dataclass(frozen=True)
+class PartyFiles:
+    """A party's PEM files under any names: the federation's CA certificate, the party's
+    certificate and its private key (what a certs directory holds as ``ca.pem``,
+    ``party-<i>.pem`` and ``party-<i>.key``)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def __post_init__(self) -> None:
+        for name in ("ca", "cert", "key"):  # str paths are welcome too
+            object.__setattr__(self, name, Path(getattr(self, name)))
+
+    @classmethod
+    def of(cls, where: Credentials, party: int) -> PartyFiles:
+        """``where`` itself, or party ``party``'s files in a certs directory."""
+        if isinstance(where, PartyFiles):
+            if not where.ca.is_file():
+                raise InputError(f"no CA certificate: {where.ca} is missing")
+            return where
+        pair = CertPair.named(Path(where), party_name(party))
+        return cls(ca_file(Path(where)), pair.cert, pair.key)
+
+    @property
+    def pair(self) -> CertPair:
+        return CertPair(self.cert, self.key)
+
+
+Credentials = Path | PartyFiles
+"""Where a party's certificates are: a certs directory (``fednorm certs init``), or the
+files themselves (:class:`PartyFiles`)."""
+
+
 def ca_file(directory: Path) -> Path:
     path = Path(directory) / f"{CA_NAME}.pem"
     if not path.is_file():
@@ -97,31 +131,30 @@ def server_context(directory: Path) -> ssl.SSLContext:
     return _context(True, ca, pair)
 
 
-def party_context(directory: Path, party: int) -> ssl.SSLContext:
+def party_context(where: Credentials, party: int) -> ssl.SSLContext:
     """Party ``party``'s side: it presents its own certificate and checks the server's name.
 
     The certificate's CN is checked here too, so a renamed file fails before connecting
     instead of being refused by the server.
     """
-    directory = Path(directory)
-    ca = ca_file(directory)
-    pair = CertPair.named(directory, party_name(party))
+    files = PartyFiles.of(where, party)
+    pair = files.pair
     pair.check(f"party {party}")
     holder = certificate_party(pair.cert)
     if holder != party:
         raise InputError(f"{pair.cert} is not party {party}'s certificate (CN names "
                          f"{'party ' + str(holder) if holder else 'no party'})")
-    return _context(False, ca, pair)
+    return _context(False, files.ca, pair)
 
 
-def party_keyring(directory: Path, party: int) -> Keyring:
+def party_keyring(where: Credentials, party: int) -> Keyring:
     """Party ``party``'s signing key for its key shares: the private key of its
     certificate, which goes along with each signature, and the federation CA, against
     which it checks the certificates that come with the other parties' signatures
     (:mod:`fednorm.engine.signing`)."""
-    directory = Path(directory)
-    ca = _load_certificate(ca_file(directory))
-    pair = CertPair.named(directory, party_name(party))
+    files = PartyFiles.of(where, party)
+    ca = _load_certificate(files.ca)
+    pair = files.pair
     pair.check(f"party {party}")
     try:
         key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)

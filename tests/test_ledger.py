@@ -87,15 +87,16 @@ CASES = [
     Case("minmax", "plain", TEST, _normal()),
     Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), _normal()),
     Case("yeojohnson", "plain", TEST, _normal()),
-    # The default: n_g, then μ and σ², each a coarse and a precise pass.
-    Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [3] * 5),
+    # The default: n_g with Σx in one exact sum (2 digits per count, 7 per sum), then
+    # Σ(x − μ)²: each precise in one pass.
+    Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [27, 21]),
     # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
     Case("robust", "mhe", TEST, _normal()),
     Case("minmax", "mhe", TEST, _normal(6, 3), widths=_extremes_widths),
     # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", PAPER, _normal(12, 3), widths=lambda pooled: [3] * 5),
     Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
-         _normal(12, 3), widths=lambda pooled: [3] * 5),
+         _normal(12, 3), widths=lambda pooled: [27, 21]),
     Case("minmax", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(20.0,),
                                      **CHEAP_MINMAX),
          _normal(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass

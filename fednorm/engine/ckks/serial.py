@@ -90,7 +90,7 @@ def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()[:_DIGEST_BYTES]
 
 
-def object_digest(obj: Any) -> bytes:
+def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     """SHA-256 of an OpenFHE object's BINARY serialization, the same for equal objects:
     what parties compare to check that they hold the same keys, and sign.
 
@@ -98,21 +98,23 @@ def object_digest(obj: Any) -> bytes:
     sharing one parameter object, a parsed one with a copy per tower, 632 bytes longer
     at the test preset: the same key, other bytes. A parsed key serializes as it was
     parsed, so a public key is digested as it parses; evaluation keys and their maps
-    serialize alike either way (``tests/test_collective.py`` checks both).
+    serialize alike either way (``tests/test_collective.py`` checks both).  ``parsed``:
+    the caller knows ``obj`` came off the wire, so its bytes are already in that form
+    (a key share a party checks: a third of the digest's cost, at 6 MB a key).
     """
     kind_of(obj)  # refuses secret keys
     data = openfhe.Serialize(obj, openfhe.BINARY)
-    if isinstance(obj, openfhe.PublicKey):
+    if isinstance(obj, openfhe.PublicKey) and not parsed:
         data = openfhe.Serialize(deserialize(openfhe.DeserializePublicKeyString, data),
                                  openfhe.BINARY)
     return hashlib.sha256(data).digest()
 
 
-def objects_digest(objs: Iterable[Any]) -> bytes:
+def objects_digest(objs: Iterable[Any], *, parsed: bool = False) -> bytes:
     """One digest of several objects in order (None: an absent one, told apart)."""
     total = hashlib.sha256()
     for obj in objs:
-        total.update(b"\0" * 32 if obj is None else object_digest(obj))
+        total.update(b"\0" * 32 if obj is None else object_digest(obj, parsed=parsed))
     return total.digest()
 
 

@@ -32,8 +32,10 @@ class Signed(Message):
     signature: bytes
     certificate: bytes
 
-    def share_digest(self) -> bytes:
-        """A digest of the share's bytes: what the signature covers with its place."""
+    def share_digest(self, parsed: bool = False) -> bytes:
+        """A digest of the share's bytes: what the signature covers with its place
+        (``parsed``: the share came off the wire, see :func:`~fednorm.engine.ckks.
+        serial.object_digest`)."""
         raise NotImplementedError
 
 
@@ -47,8 +49,9 @@ class _SetupShareFields(Signed):
     relin_share: openfhe.EvalKey | None
     rotation_share: openfhe.EvalKeyMap | None
 
-    def share_digest(self) -> bytes:
-        return ckks.objects_digest((self.public_key, self.relin_share, self.rotation_share))
+    def share_digest(self, parsed: bool = False) -> bytes:
+        return ckks.objects_digest((self.public_key, self.relin_share, self.rotation_share),
+                                   parsed=parsed)
 
     def shares(self, setup: ckks.KeySetup) -> ckks.SetupShares:
         """The typed shares; ProtocolError if one the setup needs is missing."""
@@ -109,8 +112,8 @@ class RelinRound2(Signed):
 
     share: openfhe.EvalKey
 
-    def share_digest(self) -> bytes:
-        return ckks.object_digest(self.share)
+    def share_digest(self, parsed: bool = False) -> bytes:
+        return ckks.object_digest(self.share, parsed=parsed)
 
     def as_share(self) -> ckks.RelinShare:
         return ckks.RelinShare(2, self.share)

@@ -44,7 +44,7 @@ async def verified(rc: RoleContext, party: int, msg: S) -> S:
     """``msg``, forwarded by the server, once checked to be signed by party ``party``
     (for this session, sub-protocol, round and kind): else ProtocolError naming it."""
     try:
-        digest = await rc.run_sync(msg.share_digest)
+        digest = await rc.run_sync(msg.share_digest, True)  # it came off the wire
     except InputError as exc:  # a field that is no OpenFHE object
         raise ProtocolError(f"party {party}'s {msg.KIND!r} is malformed: {exc}") from None
     signing.verify(keyring_of(rc).verifier, _statement(rc, msg, party, digest),

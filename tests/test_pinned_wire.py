@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ledger import CASES, Case
+from protocol_cases import CASES, Case
 
 from fednorm.sim.federation import simulate
 from fednorm.transport.trace import FrameEvent

@@ -15,7 +15,7 @@ from recording import KEY_SETUP_KINDS, Recorder, plaintext_fields, session_kinds
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
-from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import BootRequest, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
@@ -33,17 +33,19 @@ FLOODED_KINDS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request")
 """Decryptions whose every share is flooded."""
 
 
-def _record_widths(monkeypatch) -> list[int]:
-    """The number of values each collective decryption reveals, in order."""
-    widths: list[int] = []
-    finalize = ckks.Decryption.finalize  # SumDecryption inherits it
+class DecryptionWidths(Tracer):
+    """How many values each of the server's collective decryptions revealed, in order:
+    its worker calls of ``Decryption.finalize`` (which ``SumDecryption`` inherits) and
+    what they returned."""
 
-    def counting(self, plaintext, n):
-        widths.append(n)
-        return finalize(self, plaintext, n)
+    FINALIZE = ckks.Decryption.finalize.__qualname__
 
-    monkeypatch.setattr(ckks.Decryption, "finalize", counting)
-    return widths
+    def __init__(self) -> None:
+        self.widths: list[int] = []
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if event.call == self.FINALIZE:
+            self.widths.append(len(event.result))
 
 
 class PartyPhases(Tracer):
@@ -100,11 +102,11 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     each phase bootstraps exactly as often as it declares, and no frame carries
     secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
-    recorder, phases = Recorder(), PartyPhases()
-    widths = _record_widths(monkeypatch)
+    recorder, phases, decryptions = Recorder(), PartyPhases(), DecryptionWidths()
     trio.run(partial(run_federation, get_protocol(case.method, case.privacy),
-                     list(case.parts), case.options, timeout=900, tracer=recorder,
-                     party_tracer=phases))
+                     list(case.parts), case.options, timeout=900,
+                     tracer=[recorder, decryptions], party_tracer=phases))
+    widths = decryptions.widths
     if case.privacy == "mhe":
         assert phases.bootstrapping() == _declared_bootstraps(case)
     kinds, requests = set(), 0

@@ -5,10 +5,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from ckks_federation import CkksFederation
 
 # The suite's property tests draw the same examples on every run (a red CI run is a bug
 # in the code, not a new draw); HYPOTHESIS_PROFILE=explore searches afresh each run.
@@ -105,6 +108,15 @@ def links(request: pytest.FixtureRequest, certs: Path):
     from fednorm.transport.memory import memory_star
 
     return memory_star if request.param == "memory" else tcp_star(certs)
+
+
+@pytest.fixture(scope="module")
+def fed() -> "CkksFederation":
+    """A multiparty CKKS federation in this process, made once per module
+    (:class:`ckks_federation.CkksFederation`: three parties at the ``test`` preset)."""
+    from ckks_federation import CkksFederation
+
+    return CkksFederation()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The shape docs/ARCHITECTURE.md promises, checked on every module of the package: the
 import direction between layers, module sizes, heavy dependencies kept to their layers,
-and no attribute patching."""
+and no attribute patching; and of the tests: no test module imports another."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "fednorm"
+TESTS = Path(__file__).parent
+PACKAGE = TESTS.parent / "fednorm"
 MAX_LINES = 400
 
 # What each layer may import besides itself (docs/ARCHITECTURE.md, "Import direction").
@@ -112,3 +113,22 @@ def test_the_patching_check_can_fail(tmp_path: Path) -> None:
 
 def test_every_layer_is_known() -> None:
     assert {layer for layer, _ in MODULES} <= set(ALLOWED)
+
+
+def _test_modules_imported(path: Path) -> list[str]:
+    """The test modules (``test_*``) that ``path`` imports."""
+    return [name for name in imported(path) if name.split(".")[0].startswith("test_")]
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.glob("*.py")), ids=lambda path: path.name)
+def test_no_test_module_imports_another(path: Path) -> None:
+    """What tests share lives in a helper module (``tests/deviating.py``,
+    ``tests/protocol_cases.py``, ...): a test module is collected and run by itself."""
+    assert not _test_modules_imported(path), "move what is shared to a helper module"
+
+
+def test_the_test_import_check_can_fail(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from test_ledger import CASES\nimport test_flooding as flooding\n"
+                      "from protocol_cases import Case\n")
+    assert _test_modules_imported(sample) == ["test_ledger", "test_flooding"]

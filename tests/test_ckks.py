@@ -19,6 +19,8 @@ import numpy as np
 import openfhe
 import pytest
 import trio
+from ckks_federation import PARTIES as P
+from ckks_federation import SUM_WIDTH, CkksFederation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,41 +54,13 @@ from fednorm.engine.ckks import (
     plan_inverse,
     serial,
     setup_locally,
-    sum_rotation_indices,
 )
 from fednorm.engine.errors import InputError, ProtocolError
 
-P = 3
-SUM_WIDTH = 8
 FRESH_ABS_TOL = 1e-5     # scale 2^50 decryption: ~1e-6 smudging noise at P=3, with margin
 DOUBLED_ABS_TOL = 1e-7   # after a multiplication: the ciphertext's own noise only
 CRYPTO = settings(max_examples=3, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow])
-
-
-class Fed:
-    """One federation at the test preset: context, parties, joint keys."""
-
-    def __init__(self) -> None:
-        self.ctx = CkksContext("test")
-        self.parties, self.joint = setup_locally(self.ctx, P,
-                                                 rotations=sum_rotation_indices(SUM_WIDTH))
-
-    def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
-        return self.ctx.encrypt(self.joint.public_key, values)
-
-    def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-        return decrypt_locally(self.ctx, self.joint, self.parties, ct, n)
-
-    def consume(self, ct: openfhe.Ciphertext, levels: int) -> openfhe.Ciphertext:
-        for _ in range(levels):
-            ct = self.ctx.mul(ct, 1.0)
-        return ct
-
-
-@pytest.fixture(scope="module")
-def fed() -> Fed:
-    return Fed()
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +85,7 @@ def test_presets() -> None:
 
 
 # -- keys --------------------------------------------------------------------------------
-def test_party_keys_refuse_pickling_and_copying(fed: Fed) -> None:
+def test_party_keys_refuse_pickling_and_copying(fed: CkksFederation) -> None:
     keys = fed.parties[1]
     for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
         with pytest.raises(TypeError, match="secret key"):
@@ -123,7 +97,8 @@ def test_party_keys_refuse_pickling_and_copying(fed: Fed) -> None:
 
 @CRYPTO
 @given(parts=st.lists(vectors, min_size=P, max_size=P))
-def test_joint_encryption_aggregates_and_decrypts(fed: Fed, parts: list[np.ndarray]) -> None:
+def test_joint_encryption_aggregates_and_decrypts(fed: CkksFederation,
+                                                  parts: list[np.ndarray]) -> None:
     """Each party encrypts under the joint key; the server adds; all decrypt the sum."""
     n = max(len(p) for p in parts)
     padded = [np.pad(p, (0, n - len(p))) for p in parts]
@@ -133,7 +108,7 @@ def test_joint_encryption_aggregates_and_decrypts(fed: Fed, parts: list[np.ndarr
     np.testing.assert_allclose(fed.decrypt(total, n), sum(padded), atol=FRESH_ABS_TOL)
 
 
-def test_an_upload_at_a_reduced_level_is_smaller_and_still_multiplies(fed: Fed) -> None:
+def test_an_upload_at_a_reduced_level_is_smaller_and_still_multiplies(fed: CkksFederation) -> None:
     """A ciphertext encrypted at ``upload_level(k)`` takes k products, then decrypts."""
     ctx, rng = fed.ctx, np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, 16), rng.uniform(1, 2, 16)
@@ -153,7 +128,7 @@ def test_an_upload_at_a_reduced_level_is_smaller_and_still_multiplies(fed: Fed) 
         ctx.upload_level(ctx.depth - 1)
 
 
-def test_a_product_too_large_to_decode_is_a_decode_overflow(fed: Fed) -> None:
+def test_a_product_too_large_to_decode_is_a_decode_overflow(fed: CkksFederation) -> None:
     """OpenFHE's decoding check fails on large products: a distinct ProtocolError, so a
     protocol can decrypt again at a smaller public scale."""
     ctx = fed.ctx
@@ -166,7 +141,8 @@ def test_a_product_too_large_to_decode_is_a_decode_overflow(fed: Fed) -> None:
 
 @CRYPTO
 @given(a=vectors, b=vectors, s=st.floats(-100, 100))
-def test_relinearized_multiplication(fed: Fed, a: np.ndarray, b: np.ndarray, s: float) -> None:
+def test_relinearized_multiplication(fed: CkksFederation, a: np.ndarray, b: np.ndarray,
+                                     s: float) -> None:
     n = min(len(a), len(b))
     a, b = a[:n] / 1e3, b[:n] / 1e3  # |x| <= 1 keeps the doubled-scale tolerance absolute
     ca, cb = fed.encrypt(a), fed.encrypt(b)
@@ -178,7 +154,7 @@ def test_relinearized_multiplication(fed: Fed, a: np.ndarray, b: np.ndarray, s: 
                                atol=DOUBLED_ABS_TOL * 100)
 
 
-def test_rotations_sum_slots(fed: Fed) -> None:
+def test_rotations_sum_slots(fed: CkksFederation) -> None:
     values = np.arange(1.0, 2 * SUM_WIDTH + 1)
     summed = fed.decrypt(fed.ctx.sum_slots(fed.encrypt(values), SUM_WIDTH), SUM_WIDTH + 1)
     assert summed[0] == pytest.approx(values[:SUM_WIDTH].sum(), abs=FRESH_ABS_TOL)
@@ -187,7 +163,7 @@ def test_rotations_sum_slots(fed: Fed) -> None:
 
 @CRYPTO
 @given(values=vectors, used=st.integers(0, 5))
-def test_bootstrap_restores_levels_and_keeps_values(fed: Fed, values: np.ndarray,
+def test_bootstrap_restores_levels_and_keeps_values(fed: CkksFederation, values: np.ndarray,
                                                     used: int) -> None:
     ct = fed.consume(fed.encrypt(values), used)
     assert fed.ctx.consumed(ct) == used
@@ -200,7 +176,7 @@ def test_bootstrap_restores_levels_and_keeps_values(fed: Fed, values: np.ndarray
                                atol=FRESH_ABS_TOL)
 
 
-def test_shares_made_in_threads(fed: Fed) -> None:
+def test_shares_made_in_threads(fed: CkksFederation) -> None:
     """Party-side calls on independent objects run concurrently (OpenFHE drops the GIL)."""
     values = np.linspace(-1, 1, 100)
     cts = [fed.encrypt(values * (i + 1)) for i in range(4)]
@@ -214,7 +190,7 @@ def test_shares_made_in_threads(fed: Fed) -> None:
 
 
 # -- levels ------------------------------------------------------------------------------
-def test_level_budget_is_tracked(fed: Fed) -> None:
+def test_level_budget_is_tracked(fed: CkksFederation) -> None:
     ctx = fed.ctx
     at_budget = fed.consume(fed.encrypt(np.ones(4)), ctx.level_budget)
     assert ctx.levels_left(at_budget) == 0
@@ -229,7 +205,7 @@ def test_level_budget_is_tracked(fed: Fed) -> None:
         ctx.mul(deepest, 1.0)  # ...but no deeper
 
 
-async def test_ensure_levels_refreshes_only_when_needed(fed: Fed) -> None:
+async def test_ensure_levels_refreshes_only_when_needed(fed: CkksFederation) -> None:
     ctx = fed.ctx
     refresh = local_refresh(ctx, fed.joint, fed.parties)
     ct = fed.consume(fed.encrypt(np.full(4, 3.0)), 3)
@@ -244,7 +220,7 @@ async def test_ensure_levels_refreshes_only_when_needed(fed: Fed) -> None:
 
 
 # -- validation of shares ----------------------------------------------------------------
-def test_decryption_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+def test_decryption_shares_are_validated(fed: CkksFederation, foreign: CkksContext) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
     decryption = Decryption(ctx)
     ct = fed.encrypt(np.ones(4))
@@ -276,12 +252,12 @@ def test_decryption_shares_are_validated(fed: Fed, foreign: CkksContext) -> None
         atol=FRESH_ABS_TOL)
 
 
-def _sk(fed: Fed, i: int) -> openfhe.PrivateKey:
+def _sk(fed: CkksFederation, i: int) -> openfhe.PrivateKey:
     """Test-only access to a secret, to forge a share the API would never make."""
     return fed.parties[i]._sk
 
 
-def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+def test_bootstrap_shares_are_validated(fed: CkksFederation, foreign: CkksContext) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
     boot = Bootstrap(ctx)
     rnd = boot.prepare(joint, fed.encrypt(np.ones(4)), 2)
@@ -307,7 +283,7 @@ def test_bootstrap_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
         parties[0].boot_share(rnd.adjusted, rnd.a)
 
 
-def test_key_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
+def test_key_shares_are_validated(fed: CkksFederation, foreign: CkksContext) -> None:
     ctx, parties = fed.ctx, fed.parties
     joint, relin = fed.joint, RelinKeyGen(ctx)
     lead_share = relin.generate_share(parties[0])
@@ -332,7 +308,7 @@ def test_key_shares_are_validated(fed: Fed, foreign: CkksContext) -> None:
                                  PublicKeyShare(foreign.raw.KeyGen().publicKey)])
 
 
-def test_rotation_key_shares_are_tag_checked(fed: Fed) -> None:
+def test_rotation_key_shares_are_tag_checked(fed: CkksFederation) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
     rotation = RotationKeyGen(ctx, [1])
     lead_share = rotation.generate_share(parties[0])
@@ -350,7 +326,7 @@ def test_rotation_key_shares_are_tag_checked(fed: Fed) -> None:
 
 
 # -- the uniform verbs ---------------------------------------------------------------------
-def test_every_operation_matches_a_single_key(fed: Fed) -> None:
+def test_every_operation_matches_a_single_key(fed: CkksFederation) -> None:
     """Each operation class, run generate_share -> aggregate_shares -> finalize for three
     parties in memory, gives what one ordinary key pair gives on the same computation
     (product, rotation, decryption, bootstrap, flooded sum) within CKKS tolerance."""
@@ -455,7 +431,7 @@ def test_key_setup_composes_the_key_operations() -> None:
 
 
 # -- bytes -------------------------------------------------------------------------------
-def test_serialization_round_trips(fed: Fed) -> None:
+def test_serialization_round_trips(fed: CkksFederation) -> None:
     ctx, parties = fed.ctx, fed.parties
     values = np.linspace(-5, 5, 10)
     lead_relin, lead_rot = parties[0].relin_share(), parties[0].rotation_share([1, 3])
@@ -525,7 +501,7 @@ def test_code_embedding_fednorm_still_loads_contexts_that_compute() -> None:
     assert json.loads(out.stdout) == pytest.approx([3.0, 6.0], abs=1e-6)
 
 
-def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> None:
+def test_malformed_bytes_are_protocol_errors(fed: CkksFederation, foreign: CkksContext) -> None:
     ctx = fed.ctx
     data = ctx.to_bytes(fed.encrypt(np.ones(3)))
     header = 29  # magic 4 + kind 1 + fingerprint 8 + digest 16
@@ -549,7 +525,7 @@ def test_malformed_bytes_are_protocol_errors(fed: Fed, foreign: CkksContext) -> 
             ctx.from_bytes(kind, blob)
 
 
-def test_a_broadcasts_readers_in_one_process_share_one_parse(fed: Fed) -> None:
+def test_a_broadcasts_readers_in_one_process_share_one_parse(fed: CkksFederation) -> None:
     """In a simulation every reader of a broadcast gets one parse of its bytes; outside
     one (a role per process) nothing is kept."""
     ctx = fed.ctx
@@ -577,7 +553,7 @@ def test_a_broadcasts_readers_in_one_process_share_one_parse(fed: Fed) -> None:
     assert ctx.kept_bytes == 0  # the last run's objects are let go
 
 
-def test_codec_registration(fed: Fed) -> None:
+def test_codec_registration(fed: CkksFederation) -> None:
     registered = {}
 
     def register(code, cls, encode, decode) -> None:
@@ -593,7 +569,7 @@ def test_codec_registration(fed: Fed) -> None:
 
 
 # -- inverse -----------------------------------------------------------------------------
-async def _inverse_errors(fed: Fed, x: np.ndarray, lo: float, hi: float,
+async def _inverse_errors(fed: CkksFederation, x: np.ndarray, lo: float, hi: float,
                           out_scale: float) -> tuple[np.ndarray, openfhe.Ciphertext]:
     """Relative errors of ``out_scale / x`` (and the result); checks the dry-run plan held."""
     ctx = fed.ctx
@@ -604,12 +580,12 @@ async def _inverse_errors(fed: Fed, x: np.ndarray, lo: float, hi: float,
     return _relative_errors(fed, out, x / out_scale), out
 
 
-def _relative_errors(fed: Fed, out: openfhe.Ciphertext, x: np.ndarray) -> np.ndarray:
+def _relative_errors(fed: CkksFederation, out: openfhe.Ciphertext, x: np.ndarray) -> np.ndarray:
     """|out * x - 1|: one magnitude in every slot, so decoding adds little noise."""
     return np.abs(fed.decrypt(fed.ctx.mul(out, x), len(x)) - 1.0)
 
 
-async def test_inverse_over_count_range(fed: Fed) -> None:
+async def test_inverse_over_count_range(fed: CkksFederation) -> None:
     x = np.geomspace(*COUNT_RANGE, 4096)
     hi = COUNT_RANGE[1]
     scaled, out = await _inverse_errors(fed, x, *COUNT_RANGE, out_scale=hi)
@@ -620,7 +596,7 @@ async def test_inverse_over_count_range(fed: Fed) -> None:
 
 @settings(max_examples=2, deadline=None)
 @given(lo_exp=st.floats(-10, 10), width=st.floats(1, 12), data=st.data())
-def test_inverse_on_random_ranges(fed: Fed, lo_exp: float, width: float,
+def test_inverse_on_random_ranges(fed: CkksFederation, lo_exp: float, width: float,
                                   data: st.DataObject) -> None:
     lo, hi = 2.0**lo_exp, 2.0 ** (lo_exp + width)
     exps = data.draw(st.lists(st.floats(lo_exp, lo_exp + width), min_size=1, max_size=32))
@@ -639,7 +615,7 @@ def test_inverse_plan() -> None:
         plan_inverse(7, 2.0, 1.0)
 
 
-async def test_inverse_without_refresh_is_refused_up_front(fed: Fed) -> None:
+async def test_inverse_without_refresh_is_refused_up_front(fed: CkksFederation) -> None:
     with pytest.raises(InputError, match="refresh"):
         await inverse(fed.ctx, fed.encrypt(np.ones(2)))
 
@@ -670,7 +646,7 @@ async def test_paper_preset_whole_chain() -> None:
     assert refresh.calls == plan_inverse(7).bootstraps
 
 
-def test_malformed_shares_are_protocol_errors(fed: Fed) -> None:
+def test_malformed_shares_are_protocol_errors(fed: CkksFederation) -> None:
     ctx, joint, parties = fed.ctx, fed.joint, fed.parties
     one_element = fed.encrypt(np.ones(4))
     one_element.RemoveElement(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trio
+from ckks_federation import BLOCK, CkksFederation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,26 +13,7 @@ from fednorm.engine import ckks
 from fednorm.engine.ckks import compare
 from fednorm.engine.errors import InputError
 
-BLOCK = ckks.TEST.slots // 16
 NOISE = 1e-7  # CKKS noise allowance relative to the bound (bootstraps cost ~6e-9 each)
-
-
-@pytest.fixture(scope="module")
-def fed():
-    """A two-party federation at the test preset with a rotation key by one block."""
-    ctx = ckks.CkksContext("test")
-    parties, joint = ckks.setup_locally(ctx, 2, rotations=(BLOCK,))
-    return ctx, parties, joint
-
-
-def _encrypt(fed, values: np.ndarray):
-    ctx, _, joint = fed
-    return ctx.encrypt(joint.public_key, values)
-
-
-def _decrypt(fed, ct, n: int) -> np.ndarray:
-    ctx, parties, joint = fed
-    return ckks.decrypt_locally(ctx, joint, parties, ct, n)
 
 
 # -- plans, in plaintext ---------------------------------------------------------------------
@@ -97,12 +79,13 @@ def _pairs(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 @given(st.integers(0, 2**31), st.sampled_from([4, 6]), st.sampled_from([1.0, 128.0]))
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                 HealthCheck.function_scoped_fixture])
-def test_maximum_and_minimum_are_within_the_bound(fed, seed, bits, bound) -> None:
-    ctx, parties, joint = fed
+def test_maximum_and_minimum_are_within_the_bound(fed: CkksFederation, seed, bits,
+                                                  bound) -> None:
+    ctx = fed.ctx
     plan = ckks.plan_compare(bits)
     a, b = _pairs(seed, 600)
-    ca, cb = _encrypt(fed, a * bound), _encrypt(fed, b * bound)
-    refresh = ckks.local_refresh(ctx, joint, parties)
+    ca, cb = fed.encrypt(a * bound), fed.encrypt(b * bound)
+    refresh = ckks.local_refresh(ctx, fed.joint, fed.parties)
 
     async def both():
         return await ckks.max_and_min(ctx, ca, cb, refresh, plan, bound=bound)
@@ -110,7 +93,7 @@ def test_maximum_and_minimum_are_within_the_bound(fed, seed, bits, bound) -> Non
     high, low = trio.run(both)
     assert max(ctx.consumed(high), ctx.consumed(low)) <= ctx.level_budget
     tolerance = (plan.error_bound + NOISE) * bound
-    got_high, got_low = _decrypt(fed, high, a.size), _decrypt(fed, low, a.size)
+    got_high, got_low = fed.decrypt(high, a.size), fed.decrypt(low, a.size)
     true_high, true_low = np.maximum(a, b) * bound, np.minimum(a, b) * bound
     assert np.all(np.abs(got_high - true_high) <= tolerance)
     assert np.all(np.abs(got_low - true_low) <= tolerance)
@@ -119,29 +102,27 @@ def test_maximum_and_minimum_are_within_the_bound(fed, seed, bits, bound) -> Non
     assert np.all(got_low >= true_low - NOISE * bound)
 
 
-def test_fold_and_tree_take_the_maximum_of_blocks_and_ciphertexts(fed) -> None:
-    ctx, parties, joint = fed
+def test_fold_and_tree_take_the_maximum_of_blocks_and_ciphertexts(fed: CkksFederation) -> None:
+    ctx = fed.ctx
     plan = ckks.plan_compare(4)
     rng = np.random.default_rng(3)
     rows = rng.uniform(-1, 1, (2, 4 * BLOCK))
-    refresh = ckks.local_refresh(ctx, joint, parties)
+    refresh = ckks.local_refresh(ctx, fed.joint, fed.parties)
 
     async def run():
-        top = await ckks.tree_maximum(ctx, [_encrypt(fed, row) for row in rows], refresh, plan)
+        top = await ckks.tree_maximum(ctx, [fed.encrypt(row) for row in rows], refresh, plan)
         return await ckks.fold_maximum(ctx, top, BLOCK, 2, refresh, plan, keys=(BLOCK,))
 
-    folded = _decrypt(fed, trio.run(run), BLOCK)
+    folded = fed.decrypt(trio.run(run), BLOCK)
     want = rows.reshape(8, BLOCK).max(axis=0)
     rounds = 1 + 2  # one across the ciphertexts, two inside one (rotations by 1, 2 blocks)
     assert np.all(np.abs(folded - want) <= rounds * (plan.error_bound + NOISE))
     assert np.all(folded <= want + NOISE)
 
 
-def test_a_ciphertext_past_the_budget_is_refused(fed) -> None:
-    ctx, parties, joint = fed
-    ct = _encrypt(fed, np.ones(4) * 0.5)
-    for _ in range(ctx.level_budget + 1):
-        ct = ctx.mul(ct, 1.0)
-    refresh = ckks.local_refresh(ctx, joint, parties)
+def test_a_ciphertext_past_the_budget_is_refused(fed: CkksFederation) -> None:
+    ctx = fed.ctx
+    ct = fed.consume(fed.encrypt(np.ones(4) * 0.5), ctx.level_budget + 1)
+    refresh = ckks.local_refresh(ctx, fed.joint, fed.parties)
     with pytest.raises(ckks.LevelBudgetError):
         trio.run(lambda: ckks.maximum(ctx, ct, ct, refresh, ckks.plan_compare(4)))

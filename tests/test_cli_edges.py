@@ -305,18 +305,6 @@ def test_a_local_minmax_fit_reports_its_rows_to_sklearn() -> None:
     assert fit_local("minmax", X).to_sklearn().n_samples_seen_ == 6
 
 
-@pytest.mark.parametrize(("protocol", "kind", "phase"), [
-    ("zscore-mhe/decrypt", "ckks.decrypt_request", "decryption"),
-    ("zscore-mhe/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
-    ("robust-mhe/kth/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
-    ("zscore-mhe/bootstrap", "ckks.boot_request", "ciphertext refresh"),
-])
-def test_every_decryption_kind_shows_as_a_decryption(protocol, kind, phase) -> None:
-    from fednorm.transport.trace import phase_of
-
-    assert phase_of(protocol, kind) == phase
-
-
 # -- several methods on one key setup -------------------------------------------------
 def test_simulate_runs_several_methods_on_one_key_setup(
     capsys: pytest.CaptureFixture[str],

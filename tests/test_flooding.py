@@ -17,6 +17,9 @@ from functools import reduce
 import numpy as np
 import openfhe
 import pytest
+from ckks_federation import PARTIES as P
+from ckks_federation import CkksFederation
+from ring_reading import coefficients, towers_of
 
 from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setup_locally
 from fednorm.engine.ckks.collective import DecryptionShare
@@ -24,52 +27,6 @@ from fednorm.engine.ckks.flooding import flood_share
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.sim.federation import simulate
-
-P = 3
-
-
-class Fed:
-    def __init__(self, preset: str = "test") -> None:
-        self.ctx = CkksContext(preset)
-        self.parties, self.joint = setup_locally(self.ctx, P)
-        self.n = self.ctx.preset.ring_dim
-
-    def sum_of_uploads(self, values: np.ndarray) -> openfhe.Ciphertext:
-        cts = [self.ctx.encrypt_sum(self.joint.public_key, values) for _ in self.parties]
-        return reduce(self.ctx.add, cts)
-
-    def raw_shares(self, ct: openfhe.Ciphertext) -> list[openfhe.Ciphertext]:
-        """Every party's share of ``ct`` as OpenFHE makes it, before fednorm floods it."""
-        raw = self.ctx.raw
-        return [(raw.MultipartyDecryptLead if i == 0 else raw.MultipartyDecryptMain)(
-            [ct], party._sk)[0] for i, party in enumerate(self.parties)]
-
-
-@pytest.fixture(scope="module")
-def fed() -> Fed:
-    return Fed()
-
-
-def towers_of(ctx: CkksContext, share: openfhe.Ciphertext) -> list[np.ndarray]:
-    """The share's residues per tower, in OpenFHE's evaluation domain."""
-    data = openfhe.Serialize(share, openfhe.BINARY)
-    moduli = ctx.moduli[:ctx.towers(share)]
-    layout = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)
-    return [layout.read(data, i) for i in range(len(moduli))]
-
-
-def coefficients(ctx: CkksContext, towers: list[np.ndarray]) -> list[int]:
-    """The integer polynomial (centered mod Q = Π q_i) whose residues are ``towers``."""
-    moduli = ctx.moduli[:len(towers)]
-    n = ctx.preset.ring_dim
-    per_tower = [ring.ntt(q, n).inverse(t).tolist() for q, t in zip(moduli, towers, strict=True)]
-    big_q = math.prod(moduli)
-    weights = [(big_q // q) * pow(big_q // q, -1, q) for q in moduli]
-    out = []
-    for column in zip(*per_tower, strict=True):
-        value = sum(w * int(r) for w, r in zip(weights, column, strict=True)) % big_q
-        out.append(value - big_q if value > big_q // 2 else value)
-    return out
 
 
 def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,
@@ -82,7 +39,7 @@ def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,
                                   strict=True)])
 
 
-def test_the_ntt_is_openfhes(fed: Fed) -> None:
+def test_the_ntt_is_openfhes(fed: CkksFederation) -> None:
     """Forward and inverse agree, and a secret key reads back ternary in every tower."""
     q, n = fed.ctx.moduli[1], fed.n
     values = np.random.default_rng(0).integers(0, q, n, dtype=np.uint64)
@@ -105,7 +62,7 @@ def test_the_ntt_is_openfhes_at_the_paper_preset() -> None:
                           ctx.preset.ring_dim)
 
 
-def test_flooding_fills_every_coefficient_with_independent_noise(fed: Fed) -> None:
+def test_flooding_fills_every_coefficient_with_independent_noise(fed: CkksFederation) -> None:
     """Read from the ring: the added noise has gcd 1 (no sublattice), coefficients i and
     N−i independent, and σ within 5 % of the documented √(12τ)·2^(s/2)·t."""
     total = fed.sum_of_uploads(np.linspace(-1.0, 1.0, 64))
@@ -126,7 +83,7 @@ def test_flooding_fills_every_coefficient_with_independent_noise(fed: Fed) -> No
     assert abs(correlation) < 5 / math.sqrt(fed.n)
 
 
-def test_the_fused_residue_is_not_the_unflooded_one(fed: Fed) -> None:
+def test_the_fused_residue_is_not_the_unflooded_one(fed: CkksFederation) -> None:
     """A server that reduces the fused polynomial modulo the scaling factor (or anything
     else) does not recover the unflooded residue, and the decryption keeps its
     precision."""
@@ -152,7 +109,7 @@ def test_the_fused_residue_is_not_the_unflooded_one(fed: Fed) -> None:
     np.testing.assert_allclose(out, P * values, rtol=0, atol=1e-11)
 
 
-def test_flooded_decryptions_keep_their_precision(fed: Fed) -> None:
+def test_flooded_decryptions_keep_their_precision(fed: CkksFederation) -> None:
     """Through the engine's verbs: two flooded decryptions of one sum agree to the
     decoder's precision at the default s = 30 (the flooding, ~1e-18 per slot here, is
     far below it), and both equal the pooled sum."""
@@ -166,7 +123,8 @@ def test_flooded_decryptions_keep_their_precision(fed: Fed) -> None:
         np.testing.assert_allclose(out, P * values, rtol=0, atol=1e-9)
 
 
-def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(fed: Fed) -> None:
+def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(
+        fed: CkksFederation) -> None:
     with pytest.raises(InputError, match=">= 20 bits"):
         Flooding(fed.n, P, P, security_bits=19)
     with pytest.raises(InputError, match="positive integer"):

@@ -3,26 +3,24 @@ for every protocol, and deviating servers refused by every party."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import pytest
 import trio
 from deviating import deviating, zscore_server_start
+from protocol_cases import CASES, CHEAP_MINMAX, PAPER, YJ_VABS, Case, normal_parts, yeojohnson_plan
 from recording import KEY_SETUP_KINDS, Recorder, plaintext_fields, session_kinds, spy_secret_keys
-from test_ppf_yeojohnson import plan_for
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
-from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import BootRequest, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
-from fednorm.protocols.ppf import extremes, quotient
 from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.minmax_layout import MinMaxSettings
 from fednorm.protocols.ppf.yeojohnson_cores import planned_refreshes
@@ -33,92 +31,21 @@ DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request",
                  "ckks.decrypt_product_request")
 FLOODED_KINDS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request")
 """Decryptions whose every share is flooded."""
-TEST = FitOptions(preset="test")
-PAPER = FitOptions(preset="test", algorithm="paper")
-CHEAP_MINMAX = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
 
 
-@dataclass(frozen=True)
-class Case:
-    """One protocol run over the recording transport, and what its decryptions reveal:
-    the widths (values) of each decryption in order, or only how many (``None`` widths)."""
+class DecryptionWidths(Tracer):
+    """How many values each of the server's collective decryptions revealed, in order:
+    its worker calls of ``Decryption.finalize`` (which ``SumDecryption`` inherits) and
+    what they returned."""
 
-    method: str
-    privacy: str
-    options: FitOptions
-    parts: tuple[np.ndarray, ...]
-    widths: Callable[[np.ndarray], list[int]] | None = None
-    decryptions: int | None = None
+    FINALIZE = ckks.Decryption.finalize.__qualname__
 
-    def __str__(self) -> str:
-        reveal = "-reveal" if self.options.reveal_counts else ""
-        paper = "-paper" if self.privacy == "mhe" and self.options.algorithm == "paper" else ""
-        return f"{self.method}-{self.privacy}{reveal}{paper}"
+    def __init__(self) -> None:
+        self.widths: list[int] = []
 
-    @property
-    def algorithm(self) -> str:
-        """The ledger entry's algorithm (plain protocols have one kind: "default")."""
-        return self.options.algorithm if self.privacy == "mhe" else "default"
-
-
-def _normal(rows: int = 7, features: int = 2) -> tuple[np.ndarray, ...]:
-    rng = np.random.default_rng(3)
-    return tuple(rng.normal(1, 2, size=(n, features)) for n in (rows, rows - 2, rows + 2))
-
-
-def _yeojohnson_widths(pooled: np.ndarray) -> list[int]:
-    # The sign flags (3 per feature); one sign vector per search round; the z-score's four
-    # passes of the transformed data.
-    plan = plan_for(pooled, YJ_VABS)
-    width = pooled.shape[1]
-    return [3 * width] + [plan.layout.used] * plan.rounds + [width] * 4
-
-
-def _extremes_widths(pooled: np.ndarray) -> list[int]:
-    # Every bracket's thresholds of a round in one product, until each holds one float.
-    layout = extremes.Layout(pooled.shape[1], shared_context("test").slots)
-    rounds = extremes.Brackets.start(layout.brackets).rounds_left(layout.count)
-    return [layout.brackets * layout.count] * rounds
-
-
-YJ_VABS = (32.0,)
-CASES = [
-    Case("zscore", "plain", TEST, _normal()),
-    Case("minmax", "plain", TEST, _normal()),
-    Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), _normal()),
-    Case("yeojohnson", "plain", TEST, _normal()),
-    # The default: n_g with Σx in one exact sum (2 digits per count, 7 per sum), then
-    # Σ(x − μ)²: each precise in one pass.
-    Case("zscore", "mhe", TEST, _normal(12, 3), widths=lambda pooled: [27, 21]),
-    # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
-    Case("robust", "mhe", TEST, _normal()),
-    Case("minmax", "mhe", TEST, _normal(6, 3), widths=_extremes_widths),
-    # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
-    Case("zscore", "mhe", PAPER, _normal(12, 3), widths=lambda pooled: [3] * 5),
-    Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
-         _normal(12, 3), widths=lambda pooled: [27, 21]),
-    Case("minmax", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(20.0,),
-                                     **CHEAP_MINMAX),
-         _normal(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass
-    Case("robust", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(16.0,),
-                                     epsilon=1e-2, **CHEAP_MINMAX), _normal()),
-    Case("yeojohnson", "mhe", FitOptions(preset="test", algorithm="paper", vabs=YJ_VABS),
-         tuple(np.random.default_rng(5).gamma(2, 3, size=(8, 2)) - 1 for _ in range(3)),
-         widths=_yeojohnson_widths),
-]
-
-
-def _record_widths(monkeypatch) -> list[int]:
-    """The number of values each collective decryption reveals, in order."""
-    widths: list[int] = []
-    finalize = ckks.Decryption.finalize  # SumDecryption inherits it
-
-    def counting(self, plaintext, n):
-        widths.append(n)
-        return finalize(self, plaintext, n)
-
-    monkeypatch.setattr(ckks.Decryption, "finalize", counting)
-    return widths
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if event.call == self.FINALIZE:
+            self.widths.append(len(event.result))
 
 
 class PartyPhases(Tracer):
@@ -159,7 +86,7 @@ def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
         boots = ppf_minmax.pass_allowance(context, width, parties, settings).bootstraps
         return [("ppf_minmax.window", boots)] * (settings.passes - 1) + [
             ("ppf_minmax.result", boots)]
-    plan = plan_for(np.vstack(case.parts), YJ_VABS)
+    plan = yeojohnson_plan(np.vstack(case.parts), YJ_VABS)
     planned = planned_refreshes(context, parties, plan.layout, sign_plan(options),
                                 options.max_count)
     probes = [planned.pooling] + [planned.round] * (plan.rounds - 1)
@@ -175,11 +102,11 @@ def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> N
     each phase bootstraps exactly as often as it declares, and no frame carries
     secret-key bytes."""
     secrets = spy_secret_keys(monkeypatch)
-    recorder, phases = Recorder(), PartyPhases()
-    widths = _record_widths(monkeypatch)
+    recorder, phases, decryptions = Recorder(), PartyPhases(), DecryptionWidths()
     trio.run(partial(run_federation, get_protocol(case.method, case.privacy),
-                     list(case.parts), case.options, timeout=900, tracer=recorder,
-                     party_tracer=phases))
+                     list(case.parts), case.options, timeout=900,
+                     tracer=[recorder, decryptions], party_tracer=phases))
+    widths = decryptions.widths
     if case.privacy == "mhe":
         assert phases.bootstrapping() == _declared_bootstraps(case)
     kinds, requests = set(), 0
@@ -305,7 +232,7 @@ def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> No
     secrets = spy_secret_keys(monkeypatch)
     recorder = Recorder()
     options = FitOptions(preset="test", algorithm="paper", vabs=(16.0,), **CHEAP_MINMAX)
-    session = simulate_session(list(_normal()), ["zscore", "minmax"], "mhe", options,
+    session = simulate_session(list(normal_parts()), ["zscore", "minmax"], "mhe", options,
                                tracer=recorder)
     assert session.setup is not None
     kinds = session_kinds(recorder, "paper")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ledger import CASES, Case
+from protocol_cases import CASES, Case
 
+from fednorm.engine.tracing import FrameEvent
 from fednorm.sim.federation import simulate
-from fednorm.transport.trace import FrameEvent
 
 PINNED = Path(__file__).parent / "data" / "pinned_wire.json"
 WRITE = os.environ.get("FEDNORM_PIN") == "write"

@@ -34,10 +34,10 @@ def _spread(X: np.ndarray) -> np.ndarray:
 
 @SETTINGS
 @given(federations())
-def test_zscore_equals_pooled_mean_and_variance(fed: Federation) -> None:
-    result = simulate(fed.parts, "zscore").normalizer
-    mean, var = _nan_stat(np.nanmean, fed.pooled), _nan_stat(np.nanvar, fed.pooled)
-    scale = _spread(fed.pooled)
+def test_zscore_equals_pooled_mean_and_variance(federation: Federation) -> None:
+    result = simulate(federation.parts, "zscore").normalizer
+    mean, var = _nan_stat(np.nanmean, federation.pooled), _nan_stat(np.nanvar, federation.pooled)
+    scale = _spread(federation.pooled)
     assert np.array_equal(np.isnan(result.mean), np.isnan(mean))
     assert np.all(np.abs(result.mean - mean)[~np.isnan(mean)] <= 1e-9 * scale[~np.isnan(mean)])
     # Variance: relative 1e-9, plus an absolute floor at float64 resolution of x².
@@ -47,25 +47,25 @@ def test_zscore_equals_pooled_mean_and_variance(fed: Federation) -> None:
 
 @SETTINGS
 @given(federations())
-def test_minmax_equals_pooled_extremes_exactly(fed: Federation) -> None:
-    result = simulate(fed.parts, "minmax").normalizer
+def test_minmax_equals_pooled_extremes_exactly(federation: Federation) -> None:
+    result = simulate(federation.parts, "minmax").normalizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        np.testing.assert_array_equal(result.min, np.nanmin(fed.pooled, axis=0))
-        np.testing.assert_array_equal(result.max, np.nanmax(fed.pooled, axis=0))
+        np.testing.assert_array_equal(result.min, np.nanmin(federation.pooled, axis=0))
+        np.testing.assert_array_equal(result.max, np.nanmax(federation.pooled, axis=0))
 
 
 @SETTINGS
 @given(federations(), st.sampled_from([None, 1e-3]), st.sampled_from([1, 2, 7]))
 def test_robust_quartiles_equal_robust_scaler_within_epsilon(
-    fed: Federation, epsilon: float | None, probes: int
+    federation: Federation, epsilon: float | None, probes: int
 ) -> None:
     options = FitOptions(epsilon=epsilon, rank_probes=probes)
-    result = simulate(fed.parts, "robust", options=options).normalizer
+    result = simulate(federation.parts, "robust", options=options).normalizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        q1, median, q3 = np.nanpercentile(fed.pooled, [25, 50, 75], axis=0)
-        low, high = np.nanmin(fed.pooled, axis=0), np.nanmax(fed.pooled, axis=0)
+        q1, median, q3 = np.nanpercentile(federation.pooled, [25, 50, 75], axis=0)
+        low, high = np.nanmin(federation.pooled, axis=0), np.nanmax(federation.pooled, axis=0)
     eps = epsilon if epsilon is not None else 1e-9 * (high - low)
     ok = ~np.isnan(median)
     for found, expected in ((result.q1, q1), (result.median, median), (result.q3, q3)):
@@ -142,13 +142,13 @@ def test_gap_rule_returns_a_value_between_the_middle_order_statistics(probes: in
 
 @given(federations(max_parties=5, nan=False, kinds=("normal",), magnitudes=(1.0, 1e3)))
 @settings(max_examples=20, deadline=None)
-def test_fitted_normalizers_transform_like_sklearn(fed: Federation) -> None:
-    pooled = fed.pooled
-    zscore = simulate(fed.parts, "zscore").normalizer
+def test_fitted_normalizers_transform_like_sklearn(federation: Federation) -> None:
+    pooled = federation.pooled
+    zscore = simulate(federation.parts, "zscore").normalizer
     np.testing.assert_allclose(zscore.transform(pooled),
                                StandardScaler().fit(pooled).transform(pooled), atol=1e-8)
     np.testing.assert_allclose(zscore.to_sklearn().transform(pooled), zscore.transform(pooled))
-    minmax = simulate(fed.parts, "minmax").normalizer
+    minmax = simulate(federation.parts, "minmax").normalizer
     np.testing.assert_allclose(minmax.transform(pooled),
                                MinMaxScaler().fit(pooled).transform(pooled), atol=1e-12)
     np.testing.assert_allclose(minmax.to_sklearn().transform(pooled), minmax.transform(pooled))

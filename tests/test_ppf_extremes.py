@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from deviating import deviating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ring_reading import coefficients, towers_of
 from strategies import federations
-from test_flooding import coefficients, towers_of
 
 from fednorm.engine import ckks, signing
 from fednorm.engine.ckks import ProductFlooding, SumDecryption, ring

@@ -4,18 +4,23 @@ guaranteed error, its ledger, bad input; the default is tests/test_ppf_extremes.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.protocols import FitOptions
+from fednorm.engine.tracing import CryptoEvent, Tracer
+from fednorm.protocols import FitOptions, MinMaxNormalizer, get_protocol
 from fednorm.protocols.ppf import minmax_layout
 from fednorm.protocols.ppf.checks import vabs_vector
-from fednorm.sim.federation import simulate
+from fednorm.sim.federation import run_federation, simulate
 
 CHEAP = {"minmax_bits": 4, "minmax_passes": 2}  # 2 stages per comparison: fast, coarse
 SLOP = 1e-12  # float64 rounding of the affine maps, relative to V_abs
@@ -49,6 +54,31 @@ def _relative_errors(parts, options) -> tuple[np.ndarray, np.ndarray]:
     pooled = np.vstack(parts)
     return (np.abs(fitted.min / np.min(pooled, axis=0) - 1),
             np.abs(fitted.max / np.max(pooled, axis=0) - 1))
+
+
+class PartyEncryptions(Tracer):
+    """What the parties encrypted: their worker calls of the context's ``encrypt*``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if event.call.startswith("CkksContext.encrypt"):
+            self.calls.append(event.call)
+
+
+def _fit_watched(parts, options, watch: PartyEncryptions) -> MinMaxNormalizer:
+    return trio.run(partial(run_federation, get_protocol("minmax", "mhe"), parts, options,
+                            party_tracer=watch)).normalizer
+
+
+@contextmanager
+def _refused_before_encryption(match: str | None = None) -> Iterator[PartyEncryptions]:
+    """An InputError inside the block, and no party encrypted before it."""
+    watch = PartyEncryptions()
+    with pytest.raises(InputError, match=match):
+        yield watch
+    assert not watch.calls, "encrypted before the input check"
 
 
 @st.composite
@@ -90,8 +120,9 @@ def test_default_precision_on_large_and_small_values() -> None:
 def test_a_feature_nobody_has_values_of_is_nan_and_one_row_parties_count() -> None:
     parts = [np.array([[np.nan, 3.0, -2.0]]), np.array([[np.nan, -5.0, np.nan]])]
     options = _options((10.0,), {"minmax_bits": 4, "minmax_passes": 1})
-    fitted = simulate(parts, "minmax", "mhe", options).normalizer
-    _assert_within_bound(parts, options, fitted)
+    watch = PartyEncryptions()
+    _assert_within_bound(parts, options, _fit_watched(parts, options, watch))
+    assert watch.calls  # what the input checks below must see none of
 
 
 def test_more_features_than_one_block_holds_go_in_chunks() -> None:
@@ -127,34 +158,23 @@ def test_a_window_maps_onto_the_headroom_and_back() -> None:
 
 
 # -- input checks, before any encryption -----------------------------------------------------
-def _no_encryption(monkeypatch) -> None:
-    def refuse(*args, **kwargs):
-        raise AssertionError("encrypted before the input check")
-
-    monkeypatch.setattr(ckks.CkksContext, "encrypt", refuse)
-
-
 @pytest.mark.parametrize(("vabs", "match"), [
     (None, "vabs"),
     ((1.0, 2.0, 3.0), "3 values for 2 features"),
     ((0.0,), "positive"),
     ((5.0, 1.0), r"features 2 \(numbered from 1\).*beyond"),
 ])
-def test_bad_or_violated_vabs_is_an_input_error_before_encryption(monkeypatch, vabs,
-                                                                    match) -> None:
-    _no_encryption(monkeypatch)
+def test_bad_or_violated_vabs_is_an_input_error_before_encryption(vabs, match) -> None:
     parts = [np.array([[1.0, 0.5], [2.0, -3.0]]), np.array([[0.0, 0.0]])]
-    with pytest.raises(InputError, match=match):
-        simulate(parts, "minmax", "mhe", FitOptions(preset="test", algorithm="paper",
-                                                   vabs=vabs))
+    with _refused_before_encryption(match) as watch:
+        _fit_watched(parts, FitOptions(preset="test", algorithm="paper", vabs=vabs), watch)
 
 
-def test_bad_precision_settings_are_input_errors(monkeypatch) -> None:
-    _no_encryption(monkeypatch)
+def test_bad_precision_settings_are_input_errors() -> None:
     parts = [np.ones((2, 1)), np.ones((2, 1))]
     for knobs in ({"minmax_bits": 80}, {"minmax_passes": 0}, {"minmax_bits": "many"}):
-        with pytest.raises(InputError):
-            simulate(parts, "minmax", "mhe", _options((2.0,), knobs))
+        with _refused_before_encryption() as watch:
+            _fit_watched(parts, _options((2.0,), knobs), watch)
 
 
 # -- the paper's setting -----------------------------------------------------------------------

@@ -63,15 +63,15 @@ def _order_statistics_quartiles(pooled: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(federations(max_parties=4, max_features=3, kinds=HOSTILE))
-def test_default_ppf_robust_finds_the_exact_order_statistics(fed: Federation) -> None:
+def test_default_ppf_robust_finds_the_exact_order_statistics(federation: Federation) -> None:
     """No V_abs, no MinMax: every quartile is built from the exact pooled order statistics
     (equal to numpy's quantiles up to the interpolation's last bit), on hostile columns."""
-    fitted = simulate(fed.parts, "robust", "mhe", FitOptions(preset="test")).normalizer
+    fitted = simulate(federation.parts, "robust", "mhe", FitOptions(preset="test")).normalizer
     got = np.vstack([fitted.q1, fitted.median, fitted.q3])
-    np.testing.assert_array_equal(got, _order_statistics_quartiles(fed.pooled))
+    np.testing.assert_array_equal(got, _order_statistics_quartiles(federation.pooled))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN (empty) features
-        numpy = np.nanpercentile(fed.pooled, [25, 50, 75], axis=0)
+        numpy = np.nanpercentile(federation.pooled, [25, 50, 75], axis=0)
     np.testing.assert_allclose(got, numpy, rtol=1e-15, atol=0)
 
 

@@ -13,10 +13,10 @@ import pytest
 from deviating import deviating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from protocol_cases import yeojohnson_plan
 from scipy import stats
 from sklearn.preprocessing import PowerTransformer
 
-from fednorm.engine import ckks
 from fednorm.engine.ckks.compare import composite_sign
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions
@@ -53,13 +53,6 @@ def assert_reaches_pooled_maximum(pooled: np.ndarray, lambdas: np.ndarray,
         delta = LLF_DELTA_PER_VALUE * n + 1e-6
         assert pooled_llf(column, lambdas[j]) >= pooled_llf(column, oracle[j]) - delta, \
             (j, lambdas[j], oracle[j])
-
-
-def plan_for(pooled: np.ndarray, vabs: tuple[float, ...], preset: str = "test"
-             ) -> yj_search.SearchPlan:
-    return yj_search.SearchPlan.build(FitOptions(algorithm="paper",
-                                                 vabs=vabs, preset=preset), pooled.shape[1],
-                                ckks.get_preset(preset).slots, yj_math.SignFlags.local(pooled))
 
 
 # -- the math, in plaintext -----------------------------------------------------------------
@@ -111,7 +104,7 @@ def test_the_bisection_reaches_the_maximum_from_noisy_signs(column_vabs, seed) -
     """The server's search on the composite sign of t plus CKKS-sized noise."""
     x, vabs = column_vabs
     pooled = x[:, None]
-    plan = plan_for(pooled, (vabs,))
+    plan = yeojohnson_plan(pooled, (vabs,))
     search = yj_search.SignBisection(plan, np.array([True]))
     sign = yj_search.sign_plan(FitOptions(algorithm="paper"))
     rng = np.random.default_rng(seed)
@@ -169,7 +162,7 @@ def test_ppf_yeojohnson_reaches_the_pooled_maximum_likelihood(federation) -> Non
     fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
                                                              preset="test", vabs=vabs),
                       timeout=900).normalizer
-    assert_reaches_pooled_maximum(pooled, fitted.lambdas, plan_for(pooled, vabs))
+    assert_reaches_pooled_maximum(pooled, fitted.lambdas, yeojohnson_plan(pooled, vabs))
     transformed = yeo_johnson(pooled, fitted.lambdas)
     np.testing.assert_allclose(fitted.mean, np.nanmean(transformed, axis=0), rtol=RTOL,
                                atol=1e-9 * np.nanmax(np.abs(transformed)))
@@ -187,7 +180,7 @@ def test_constant_and_empty_features_follow_the_plain_conventions() -> None:
     assert fitted.lambdas[0] == 1 and fitted.var[0] == 0
     assert fitted.mean[0] == pytest.approx(2.5, rel=1e-6)
     assert fitted.lambdas[2] == 1 and np.isnan(fitted.mean[2]) and np.isnan(fitted.var[2])
-    plan = plan_for(pooled[:, 1:2], (40.0,))
+    plan = yeojohnson_plan(pooled[:, 1:2], (40.0,))
     assert_reaches_pooled_maximum(pooled[:, 1:2], fitted.lambdas[1:2], plan)
     np.testing.assert_allclose(fitted.transform(pooled)[:, 0], 0.0, atol=1e-5)
 
@@ -203,7 +196,7 @@ def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
     fitted = simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
                                                              preset="paper", vabs=vabs),
                       timeout=3600).normalizer
-    assert_reaches_pooled_maximum(data.X, fitted.lambdas, plan_for(data.X, vabs, "paper"))
+    assert_reaches_pooled_maximum(data.X, fitted.lambdas, yeojohnson_plan(data.X, vabs, "paper"))
     transformed = yeo_johnson(data.X, fitted.lambdas)
     np.testing.assert_allclose(fitted.mean, transformed.mean(axis=0), rtol=RTOL)
     np.testing.assert_allclose(fitted.var, transformed.var(axis=0), rtol=RTOL)

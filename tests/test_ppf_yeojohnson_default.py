@@ -81,9 +81,9 @@ def test_it_runs_without_vabs_on_a_wine_split() -> None:
                    kinds=("normal", "constant", "ties", "offset", "zero_mean", "empty")),
        st.sampled_from([0.0, 100.0]))
 def test_default_ppf_yeojohnson_is_right_or_refused_on_hostile_data(
-        fed: Federation, shift: float) -> None:
-    parts = [part + shift for part in fed.parts]
-    assert_right_or_refused(parts, fed.pooled + shift)
+        federation: Federation, shift: float) -> None:
+    parts = [part + shift for part in federation.parts]
+    assert_right_or_refused(parts, federation.pooled + shift)
 
 
 def test_default_ppf_yeojohnson_needs_no_vabs() -> None:

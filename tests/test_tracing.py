@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 import trio
 
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, PhaseEvent, Tracer, Tracers
 from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols.progress import StateTracer, TraceState, phase_of
 from fednorm.sim.federation import run_federation, simulate
-from fednorm.transport.trace import StateTracer, TraceState
 
 
 class Everything(Tracer):
@@ -212,3 +213,13 @@ def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_rol
     for log in (server, party):
         searched = [line for line in log.lines if line.startswith("λ search")]
         assert searched and f"round {probes.sent} of ~" in searched[-1], log.lines
+
+
+@pytest.mark.parametrize(("protocol", "kind", "phase"), [
+    ("zscore-mhe/decrypt", "ckks.decrypt_request", "decryption"),
+    ("zscore-mhe/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
+    ("robust-mhe/kth/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
+    ("zscore-mhe/bootstrap", "ckks.boot_request", "ciphertext refresh"),
+])
+def test_every_decryption_kind_shows_as_a_decryption(protocol, kind, phase) -> None:
+    assert phase_of(protocol, kind) == phase

@@ -16,7 +16,7 @@ from fednorm.cli.progress import add_quiet_option
 from fednorm.cli.simulate import human_session_report, run_simulation
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS
-from fednorm.transport.trace import human_bytes
+from fednorm.protocols.progress import human_bytes
 
 
 @dataclass(frozen=True)

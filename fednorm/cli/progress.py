@@ -3,7 +3,7 @@
 A PPF run at the paper preset can be silent for a minute or more; one line, redrawn
 twice a second, tells a slow run from a hung one.  It is drawn only when stderr is a
 terminal and neither ``--json`` nor ``--quiet`` was given, so logs and pipes stay
-clean.  The figures come from a :class:`~fednorm.transport.trace.TraceState` that the
+clean.  The figures come from a :class:`~fednorm.protocols.progress.TraceState` that the
 role context's tracer hooks feed: the phases it opens (key setup, the encrypted inverse,
 a search with its planned rounds) and every frame.
 """
@@ -16,7 +16,7 @@ import threading
 from types import TracebackType
 from typing import TextIO
 
-from fednorm.transport.trace import StateTracer, TraceState
+from fednorm.protocols.progress import StateTracer, TraceState
 
 CLEAR_LINE = "\r\x1b[K"
 REDRAW_SECONDS = 0.5

@@ -33,6 +33,7 @@ from fednorm.flower.content import (
 )
 from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
+from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -42,7 +43,6 @@ from fednorm.session import (
     play_session,
     run_role,
 )
-from fednorm.transport.trace import LineTracer
 
 DEFAULT_TIMEOUT = 300.0
 POLL_SECONDS = 0.1

@@ -23,7 +23,7 @@ A round can be computed three ways that give the same result:
   clients; see ``bench/RESULTS.md``).
 * :class:`SequentialRound` is the textbook loop, one client after another with an
   ``nn.Module`` and ``torch.optim.Adam``. It is the reference the batched path is tested
-  against, and the baseline of ``bench/bench_training.py``.
+  against, and the baseline of :mod:`fednorm.bench.training`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ Cost for [1, 2^20] at the default rel_tol 1e-6 (13 doublings, 24 ct-ct products)
 paper preset (budget 7) 2 collective bootstraps, output at 5 levels used; test preset
 (budget 5) 3 bootstraps. :func:`plan_inverse` gives these numbers for any range.
 
-Measured max relative error of 1/x (``bench/bench_ppf.py --errors``, P=3 and P=10 alike, one
-decryption per octave band so decoding noise does not mix magnitudes):
+Measured max relative error of 1/x (``fednorm bench --sections noise``,
+:mod:`fednorm.bench.noise`; P=3 and P=10 alike, one decryption per octave band so decoding
+noise does not mix magnitudes):
 
     out_scale = hi (outputs hi/x in [1, 2^20]): <= 3.3e-7 over all of [1, 2^20], both presets
     out_scale = 1  (outputs 1/x):   x <= 2^10: 2.8e-7;  2^10..2^15: 2.3e-6;  2^15..2^20: 4.3e-5

@@ -1,8 +1,9 @@
 """Collective decryption, plain and flooded (a sum of uploads).
 
-Noise of a plain collective decryption (``bench/bench_ppf.py --errors``; max |error| over
-all slots of a fresh encryption of x in [-1, 1], shares compressed to 2 towers —
-compression changes nothing measurable):
+Noise of a plain collective decryption (``fednorm bench --sections noise`` with the
+table's ``--preset`` and ``--parties``, :mod:`fednorm.bench.noise`; max |error| over all
+slots of a fresh encryption of x in [-1, 1], shares compressed to 2 towers — compression
+changes nothing measurable):
 
     ======  =========================  =================  ==================
     preset  parties                    scale 2^50         doubled scale

@@ -8,6 +8,10 @@ and every frame's kind and size; it turns them into one line a terminal or a log
 show.  Between frames and outside any named phase, the phase is what the wire said
 last, with the clock still running.  (Links are not wrapped: the role context
 reports what it sends and receives, with the decoded header.)
+
+Naming a step takes knowing the protocols: their sub-protocol scopes (``setup``,
+``decrypt``, ``kth``, ...) and message kinds (``rank.probe``, ``ppf_minmax.*``), so this
+reader lives with them, not in the transport layer, which knows bytes only.
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ from dataclasses import dataclass, field
 
 from fednorm.engine.tracing import FrameEvent, PhaseEvent, Tracer
 
-__all__ = ["FrameEvent", "LineTracer", "StateTracer", "TraceState", "Tracer", "human_bytes",
-           "phase_of"]
+__all__ = ["LineTracer", "StateTracer", "TraceState", "human_bytes", "phase_of"]
 
 
 def phase_of(protocol: str, kind: str) -> str:

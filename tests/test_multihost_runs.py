@@ -1,4 +1,7 @@
-"""Multi-host runs over loopback: real processes, a fuzzed live server, and CLI input checks."""
+"""``fednorm serve`` and ``fednorm party`` over loopback TCP + TLS (fednorm.multihost):
+real processes fit what the in-memory simulation fits, one session of several methods,
+progress on a terminal, and a role that dies, or a session that cannot run, stopping
+every role with one cause and nothing written."""
 
 from __future__ import annotations
 
@@ -7,11 +10,10 @@ import json
 import os
 import pty
 import re
-import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,37 +32,14 @@ from federation_processes import (
     start_server,
     write_rows,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from recording import KEY_SETUP_KINDS, Recorder, session_kinds, spy_secret_keys
 
-from fednorm.cli import main
-from fednorm.engine.codec import WIRE_VERSION, Header, decode_frame, encode_frame
-from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
-from fednorm.multihost.files import check_out_dir, load_party_data, write_atomically
-from fednorm.multihost.handshake import (
-    HANDSHAKE_MAX_FRAME,
-    NET_VERSION,
-    Hello,
-    Ready,
-    Refusal,
-    connect_party,
-    decode_handshake,
-    encode_handshake,
-    send_handshake,
-    wait_start,
-)
+from fednorm.multihost.files import load_party_data
 from fednorm.multihost.party import Party, PartyRun
 from fednorm.multihost.server import Server
 from fednorm.protocols import FitOptions
-from fednorm.protocols.base import feature_counts
-from fednorm.protocols.plain.zscore import LocalSums
 from fednorm.sim.federation import simulate
-from fednorm.transport.tcp import HandshakeRefused
-from fednorm.transport.tls import init_certs, party_context
-
-FAST = Timeouts(join=5.0, handshake=2.0, protocol=5.0)
 
 
 def read_params(out: Path) -> dict[str, np.ndarray]:
@@ -320,6 +299,12 @@ SCHEMA_CASES = {
                                       "party 3 refused its input: its data cannot be used"),
     "unusable data, first": ([], "not numeric", True,
                              "party 3 refused its input: its data cannot be used"),
+    # Party 3 was not started with --allow-paper-algorithms: it withdraws before any key.
+    "paper algorithms not allowed": (["--privacy", "mhe", "--algorithm", "paper"],
+                                     "distrustful", False,
+                                     "party 3 refused the session: zscore-mhe with "
+                                     "--algorithm paper answers bootstrap or decryption "
+                                     "requests a party cannot check"),
 }
 
 
@@ -334,6 +319,7 @@ def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
              "beyond": lambda: write_rows(tmp_path / "p3.csv", HEADER,
                                           [[1, "yes", 5000, 3], [2, "no", 3, 4]]),
              "fits": lambda: csvs[2],
+             "distrustful": lambda: csvs[2],
              "not numeric": lambda: write_rows(tmp_path / "p3.csv", HEADER,
                                                [[1, "yes", "x", 3], [2, "no", 3, 4]])}[data]()
     outs = [tmp_path / f"out-{role}" for role in range(4)]
@@ -348,13 +334,16 @@ def test_a_session_that_cannot_run_stops_every_role_at_once_with_one_cause(
         parties[p] = start_party(spawn, port, p, csvs[p - 1], certs, outs[p])
     if not first:
         time.sleep(1.5)
-        parties[3] = start_party(spawn, port, 3, third, certs, outs[3])
+        parties[3] = start_party(spawn, port, 3, third, certs, outs[3],
+                                 trusting=data != "distrustful")
     results = [finish(proc) for proc in [server, *parties.values()]]
     if first:  # what party 3 said while the others were not there yet
         results[1] = (results[1][0], said + results[1][1])
     assert time.monotonic() - started < 30  # not the 60 s join timeout
     assert results[0][0] == 1, results[0]
     assert_one_cause(results, cause)
+    if data == "distrustful":  # its own configuration refused the session: exit 2
+        assert results[-1][0] == 2, results[-1]
     details = {"beyond": "'b' (|x| up to 5000, bound 100)", "not numeric": "'x'"}
     if data in details:  # the detail only on party 3's own console, which exits 2
         third_at = 1 if first else len(results) - 1
@@ -393,381 +382,3 @@ def test_each_session_writes_its_own_directory_and_the_exit_status_tells_which_f
     assert not (outs[0] / "session-2").exists()
     # The failed session wrote nothing: the first run's files are as they were.
     assert all((outs[p] / "params.json").read_bytes() == written[p] for p in (1, 2, 3))
-
-
-# -- a live server in this process ------------------------------------------------------
-class LiveServer:
-    """A :class:`Server` in its own thread and trio loop, as if on another host."""
-
-    def __init__(self, certs: Path, parties: int = 2) -> None:
-        config = ServerConfig("127.0.0.1", 0, parties=parties, methods=("zscore",), certs=certs,
-                              timeouts=FAST, sessions=None)
-        self.log: list[str] = []
-        self.server = Server(config, log=self.log.append)
-        self.certs = certs
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        with trio.CancelScope() as self._scope:
-            async with trio.open_nursery() as nursery:
-                _, self.port = await nursery.start(self.server.serve)
-                self._ready.set()
-
-    def __enter__(self) -> LiveServer:
-        self._thread.start()
-        assert self._ready.wait(10), "the live server did not start"
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
-        self._thread.join(10)
-
-    def wait(self, condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, f"no {what}; server log: {self.log[-5:]}"
-            time.sleep(0.01)
-
-    async def wait_log(self, text: str, since: int) -> None:
-        with trio.fail_after(10):
-            while not any(text in line for line in self.log[since:]):
-                await trio.sleep(0.01)
-
-    async def party(self, party: int, X: np.ndarray, results: dict[int, object]) -> None:
-        """An honest party; its result or error lands in ``results``."""
-        config = PartyConfig("127.0.0.1", self.port, party, self.certs, FAST)
-        try:
-            results[party] = await Party(config).run(X, FEATURES)
-        except FednormError as exc:
-            results[party] = exc
-
-    def session(self, arrays: list[np.ndarray]) -> dict[int, object]:
-        """One session of honest parties with these arrays; each party's result or error,
-        once the server has recorded the session's outcome."""
-        async def run() -> dict[int, object]:
-            results: dict[int, object] = {}
-            async with trio.open_nursery() as nursery:
-                for party, X in enumerate(arrays, start=1):
-                    nursery.start_soon(self.party, party, X, results)
-            return results
-
-        sessions = len(self.server.outcomes)
-        results = trio.run(run)
-        self.wait(lambda: len(self.server.outcomes) > sessions, "session outcome")
-        return results
-
-    def honest_session(self, arrays: list[np.ndarray]) -> dict[int, object]:
-        results = self.session(arrays)
-        assert all(isinstance(r, PartyRun) for r in results.values()), results
-        assert self.server.outcomes[-1].error is None, self.server.outcomes[-1]
-        return results
-
-
-ARRAYS = party_arrays(sizes=(12, 9))
-
-
-@pytest.fixture(scope="module")
-def live(certs: Path) -> Iterator[LiveServer]:
-    with LiveServer(certs) as server:
-        server.honest_session(ARRAYS)  # so that there is an earlier session to replay
-        yield server
-
-
-def hello_for(party: int) -> Hello:
-    return Hello(NET_VERSION, WIRE_VERSION, party, tuple(FEATURES))
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
-
-
-VALID_HELLO = encode_handshake(hello_for(1))
-GARBAGE = st.one_of(
-    st.tuples(st.just("frame"), st.binary(max_size=200)),  # random bytes in a frame
-    st.tuples(st.just("raw"), st.binary(max_size=200)),  # random bytes, no framing
-    st.tuples(st.just("oversized"), st.integers(HANDSHAKE_MAX_FRAME + 1, 2**32 - 1)),
-    st.tuples(st.just("truncated"), st.integers(0, len(VALID_HELLO) - 1)),  # cut body
-    st.tuples(st.just("cut"), st.integers(0, len(VALID_HELLO) - 1)),  # stream ends mid-frame
-    st.tuples(st.just("plaintext"), st.binary(min_size=1, max_size=200)),  # no TLS at all
-)
-
-
-async def send_garbage(port: int, certs: Path, kind: str, value: object) -> bytes:
-    """Send one kind of garbage as (TLS-authenticated) party 1; return what came back."""
-    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
-    if kind != "plaintext":
-        stream = trio.SSLStream(stream, party_context(certs, 1), server_hostname="127.0.0.1")
-        await stream.do_handshake()
-    payload = {
-        "frame": lambda: frame(value), "raw": lambda: value, "plaintext": lambda: value,
-        "oversized": lambda: struct.pack(">I", value),
-        "truncated": lambda: frame(VALID_HELLO[:value]),
-        "cut": lambda: struct.pack(">I", len(VALID_HELLO)) + VALID_HELLO[:value],
-    }[kind]()
-    received = b""
-    with trio.fail_after(5):
-        try:
-            await stream.send_all(payload)
-            if kind in ("raw", "cut", "plaintext"):  # the server waits for more: end it
-                await stream.aclose()
-            while chunk := await stream.receive_some():
-                received += chunk
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-    await stream.aclose()
-    return received
-
-
-@settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(garbage=GARBAGE)
-def test_garbage_is_refused_and_the_server_completes_the_next_session(
-    live: LiveServer, garbage: tuple[str, object]
-) -> None:
-    kind, value = garbage
-    refused = len(live.server.rejections)
-    reply = trio.run(send_garbage, live.port, live.certs, kind, value)
-    live.wait(lambda: len(live.server.rejections) > refused, "rejection")
-    error = live.server.rejections[-1].error
-    if kind in ("frame", "oversized", "truncated", "plaintext"):
-        assert isinstance(error, ProtocolError), error
-    else:
-        assert isinstance(error, ProtocolError | PartyDropped), error
-    if kind in ("frame", "oversized", "truncated"):  # the client is told why
-        refusal = decode_handshake(reply[4:], Refusal)
-        assert refusal.reason == str(error)
-    live.honest_session(ARRAYS)
-
-
-MISPLACED = st.one_of(
-    st.tuples(st.just("session"), st.text(max_size=20)),
-    st.tuples(st.just("round"), st.integers(1, 2**31)),
-    st.tuples(st.just("sender"), st.integers(-3, 50).filter(lambda s: s != 1)),
-    st.tuples(st.just("replay"), st.none()),  # party 1's first frame of an earlier session
-)
-MISPLACED_REASON = {"session": "belongs to session", "replay": "belongs to session",
-                    "round": "has round", "sender": "claims sender"}
-
-
-async def misbehave(live: LiveServer, kind: str, value: object, earlier: str) -> object:
-    """Join as party 1, then send a well-formed first frame with one header field wrong."""
-    link, welcome = await connect_party(
-        "127.0.0.1", live.port, party_context(live.certs, 1), hello_for(1),
-        connect_timeout=5, handshake_timeout=5)
-    await send_handshake(link, Ready(welcome.session))
-    await wait_start(link, welcome.session, 5)
-    session = {"session": f"{value}~", "replay": earlier}.get(kind, welcome.session)
-    header = Header("zscore-plain", session, value if kind == "round" else 0,
-                    value if kind == "sender" else 1, LocalSums.KIND)
-    X = ARRAYS[0]
-    await link.send(encode_frame(header, LocalSums(count=feature_counts(X),
-                                                   total=np.nansum(X, axis=0))))
-    _, reply = decode_frame(await link.receive())  # the server's Abort
-    await link.aclose()
-    return reply
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(misplaced=MISPLACED)
-def test_misplaced_frames_fail_the_session_and_the_server_completes_the_next(
-    live: LiveServer, misplaced: tuple[str, object]
-) -> None:
-    kind, value = misplaced
-    sessions, earlier = len(live.server.outcomes), live.server.outcomes[-1].session
-
-    async def run() -> tuple[object, dict[int, object]]:
-        results: dict[int, object] = {}
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(live.party, 2, ARRAYS[1], results)
-            reply = await misbehave(live, kind, value, earlier)
-        return reply, results
-
-    abort, results = trio.run(run)
-    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
-    error = live.server.outcomes[-1].error
-    assert isinstance(error, ProtocolError) and MISPLACED_REASON[kind] in str(error), error
-    assert getattr(abort, "reason", None) == str(error)
-    assert isinstance(results[2], PartyDropped) and str(error) in str(results[2])
-    live.honest_session(ARRAYS)
-
-
-def test_unknown_duplicate_and_foreign_parties_are_refused_while_a_session_completes(
-    live: LiveServer, tmp_path: Path
-) -> None:
-    foreign = tmp_path / "foreign"
-    init_certs(foreign, parties=2)
-    (foreign / "ca.pem").write_bytes((live.certs / "ca.pem").read_bytes())  # trusts us
-
-    async def refusal(directory: Path, party: int) -> str:
-        with pytest.raises(HandshakeRefused) as refused:
-            await connect_party("127.0.0.1", live.port, party_context(directory, party),
-                                hello_for(party), connect_timeout=5, handshake_timeout=5)
-        return str(refused.value)
-
-    async def run() -> tuple[list[str], dict[int, object]]:
-        results: dict[int, object] = {}
-        since = len(live.log)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(live.party, 1, ARRAYS[0], results)
-            await live.wait_log("party 1 joined", since)
-            reasons = [await refusal(live.certs, 1), await refusal(live.certs, 3),
-                       await refusal(foreign, 2)]
-            nursery.start_soon(live.party, 2, ARRAYS[1], results)
-        return reasons, results
-
-    sessions = len(live.server.outcomes)
-    (duplicate, unknown, other_ca), results = trio.run(run)
-    assert "party 1 is already connected" in duplicate
-    assert "party 3 is not expected: parties are 1..2" in unknown
-    assert "server refused the certificate this end presented: it was not issued by the " \
-           "CA the peer trusts" in other_ca, other_ca
-    assert all(isinstance(r, PartyRun) for r in results.values()), results
-    live.wait(lambda: len(live.server.outcomes) > sessions, "session outcome")
-    assert live.server.outcomes[-1].error is None
-
-
-@pytest.mark.filterwarnings("error::RuntimeWarning")  # the error, not numpy's warnings
-def test_a_fit_that_overflows_is_the_same_error_on_every_role_not_null_parameters(
-    live: LiveServer,
-) -> None:
-    huge = [X.copy() for X in ARRAYS]
-    huge[0][:, 0] = 1e300 * np.sign(huge[0][:, 0])  # squares overflow float64
-    results = live.session(huge)
-    cause = "the zscore fit overflows float64 for 'a'"
-    assert cause in str(live.server.outcomes[-1].error)
-    assert all(isinstance(r, InputError) and cause in str(r) for r in results.values()), results
-    live.honest_session(ARRAYS)
-
-
-def test_a_refused_party_exits_1_with_the_cause_and_writes_nothing(
-    live: LiveServer, csvs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = main(["party", "--connect", f"127.0.0.1:{live.port}", "--id", "3", "--data",
-                 str(csvs[2]), "--target", "label", "--certs", str(live.certs),
-                 "--out", str(tmp_path / "out")])
-    assert code == 1
-    assert "party 3 is not expected" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-
-
-# -- input checks -----------------------------------------------------------------------
-@pytest.fixture
-def bad_inputs(tmp_path: Path) -> dict[str, Path]:
-    text = tmp_path / "text.csv"
-    text.write_text("a,label,b\n1,yes,2\nx,no,3\n")
-    binary = tmp_path / "binary.csv"
-    binary.write_bytes(b"\xff\xfe\x00garbage\x80\n")
-    afile = tmp_path / "a-file"
-    afile.write_text("")
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "nonempty").mkdir()
-    (tmp_path / "nonempty" / "params.json").write_text("{}")
-    return {"TEXT": text, "BINARY": binary, "FILE": afile, "EMPTY": tmp_path / "empty",
-            "MISSING": tmp_path / "missing.csv", "NONEMPTY": tmp_path / "nonempty",
-            "UNWRITABLE": Path("/proc/fednorm-out")}  # even root cannot create files there
-
-
-PARTY = ["party", "--connect", "127.0.0.1:9", "--id", "1", "--data", "DATA", "--target",
-         "label", "--certs", "CERTS", "--out", "OUT", "--join-timeout", "30"]
-SERVE = ["serve", "--bind", "127.0.0.1:0", "--parties", "3", "--method", "zscore",
-         "--certs", "CERTS", "--join-timeout", "30"]
-
-
-def edit(base: list[str], **changes: str) -> list[str]:
-    args = list(base)
-    for flag, value in changes.items():
-        args[args.index("--" + flag.replace("_", "-")) + 1] = value
-    return args
-
-
-@pytest.mark.parametrize("args, message", [
-    (edit(PARTY, data="MISSING"), "is not a file"),
-    (edit(PARTY, data="BINARY"), "cannot read"),
-    (edit(PARTY, data="TEXT"), "non-numeric value 'x'"),
-    (edit(PARTY, target="outcome"), "target 'outcome' is not a column"),
-    (edit(PARTY, id="0"), r"party ids are 1\.\.N"),
-    (edit(PARTY, id="9"), "no party 9 certificate"),
-    (edit(PARTY, certs="EMPTY"), "not a certs directory"),
-    (edit(PARTY, connect="localhost"), "HOST:PORT"),
-    (edit(PARTY, out="FILE"), "not a directory"),
-    (edit(SERVE, parties="0"), "at least 1"),
-    (edit(SERVE, certs="EMPTY"), "not a certs directory"),
-    (edit(SERVE, bind="0.0.0.0"), "HOST:PORT"),
-    (edit(SERVE, join_timeout="0"), "timeout must be positive"),
-    (edit(SERVE, method="zscroe"), "got 'zscroe'"),
-    ([*SERVE, "--sessions", "0"], "at least 1"),
-    (edit(PARTY, out="UNWRITABLE"), "is not writable"),
-    ([*SERVE, "--out", "UNWRITABLE"], "is not writable"),
-    (edit(PARTY, out="NONEMPTY"), "is not empty.*--force"),
-    ([*SERVE, "--out", "NONEMPTY"], "is not empty.*--force"),
-    ([*edit(SERVE, method="minmax"), "--privacy", "mhe",
-      "--algorithm", "paper"], "minmax-mhe needs --vabs"),
-    ([*edit(SERVE, method="robust"), "--privacy", "mhe",
-      "--algorithm", "paper"], "robust-mhe needs --vabs"),
-    ([*edit(SERVE, method="minmax"), "--privacy", "mhe", "--algorithm", "paper",
-      "--features", "a,b", "--vabs", "1,2,3"], r"3 bounds for 2 features \(a, b\)"),
-    ([*SERVE, "--features", "a,,b"], "non-empty names"),
-    ([*SERVE, "--epsilon", "inf"], "epsilon must be a finite"),
-    ([*SERVE, "--vabs", "-1"], "vabs bounds must be finite positive"),
-    ([*SERVE, "--vabs", "10"], "--vabs bounds .* this run would ignore it"),
-])
-def test_bad_input_exits_2_before_connecting(
-    args: list[str], message: str, certs: Path, csvs: list[Path], tmp_path: Path,
-    bad_inputs: dict[str, Path], capsys: pytest.CaptureFixture[str],
-) -> None:
-    names = {"DATA": csvs[0], "CERTS": certs, "OUT": tmp_path / "out", **bad_inputs}
-    argv = [str(names.get(a, a)) for a in args]
-    started = time.monotonic()
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    assert code == 2
-    assert re.search(message, capsys.readouterr().err)
-    assert time.monotonic() - started < 5  # it did not try to connect
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_party_refuses_complex_data_before_connecting(certs: Path) -> None:
-    party = Party(PartyConfig("127.0.0.1", 9, 1, certs, FAST))
-    X = np.array([[1 + 1j, 2, 3], [4, 5, 6]])
-    with pytest.raises(InputError, match="complex"):
-        trio.run(party.run, X, FEATURES)
-
-
-def test_an_output_probe_leaves_no_directory_behind(tmp_path: Path) -> None:
-    check_out_dir(tmp_path / "new" / "deeper")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_outputs_are_all_or_nothing(tmp_path: Path) -> None:
-    (tmp_path / "blocker").write_text("a file where a directory should be")
-    with pytest.raises(FednormError, match="cannot write outputs"):
-        write_atomically({tmp_path / "first.json": b"{}",
-                          tmp_path / "blocker" / "second.csv": b""})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
-
-
-async def test_a_party_s_rejected_input_reaches_its_peers_as_a_category_only() -> None:
-    """The abort a party sends names the category, never the data-dependent detail (how
-    many values, which feature); its own console gets both."""
-    from fednorm.engine.errors import InputError
-    from fednorm.session import run_role
-
-    sent: list[str] = []
-
-    class Peerless:
-        me = 2
-
-        async def send_abort(self, reason: str) -> None:
-            sent.append(reason)
-
-    async def refusing() -> None:
-        raise InputError("this party holds 700 values of feature 'age'")
-
-    with pytest.raises(InputError) as refused:
-        await run_role(Peerless(), refusing())
-    assert sent == ["party 2 refused its input"]
-    assert str(refused.value) == ("party 2 refused its input: this party holds 700 values "
-                                  "of feature 'age'")

@@ -1,0 +1,33 @@
+"""A ciphertext read as ring elements: its RNS towers and the integer polynomial they
+stand for (what a server holding the bytes could compute), for the flooding tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import openfhe
+
+from fednorm.engine.ckks import CkksContext, ring
+
+
+def towers_of(ctx: CkksContext, share: openfhe.Ciphertext) -> list[np.ndarray]:
+    """The share's residues per tower, in OpenFHE's evaluation domain."""
+    data = openfhe.Serialize(share, openfhe.BINARY)
+    moduli = ctx.moduli[:ctx.towers(share)]
+    layout = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)
+    return [layout.read(data, i) for i in range(len(moduli))]
+
+
+def coefficients(ctx: CkksContext, towers: list[np.ndarray]) -> list[int]:
+    """The integer polynomial (centered mod Q = Π q_i) whose residues are ``towers``."""
+    moduli = ctx.moduli[:len(towers)]
+    n = ctx.preset.ring_dim
+    per_tower = [ring.ntt(q, n).inverse(t).tolist() for q, t in zip(moduli, towers, strict=True)]
+    big_q = math.prod(moduli)
+    weights = [(big_q // q) * pow(big_q // q, -1, q) for q in moduli]
+    out = []
+    for column in zip(*per_tower, strict=True):
+        value = sum(w * int(r) for w, r in zip(weights, column, strict=True)) % big_q
+        out.append(value - big_q if value > big_q // 2 else value)
+    return out

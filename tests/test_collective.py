@@ -140,6 +140,15 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
         ckks.object_digest(parsed.rotation_result())
     assert ckks.object_digest(shares[1].public_key.key) == \
         ckks.object_digest(_parsed(ctx, shares[1]).public_key.key)
+    # A party checks a share's signature against the digest of what it parsed: taken of
+    # the payload for evaluation keys (no serialization), it must be the maker's.
+    received = _parsed(ctx, shares[1])
+    assert ckks.object_digest(received.relin.key, parsed=True) == \
+        ckks.object_digest(shares[1].relin.key)
+    assert ckks.object_digest(received.rotation.keys, parsed=True) == \
+        ckks.object_digest(shares[1].rotation.keys)
+    assert ckks.object_digest(received.public_key.key, parsed=True) == \
+        ckks.object_digest(shares[1].public_key.key)
     assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key.key)
     assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin.key)
     with pytest.raises(InputError, match="never serialized"):

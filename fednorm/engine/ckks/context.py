@@ -314,9 +314,9 @@ class CkksContext:
         cached = self._recent.get(key)
         if cached is not None and cached[0] == data:
             return cached[1]
-        payload = serial.unframe(kind, data, self.preset.fingerprint)
+        payload, sha256 = serial.unframe_digested(kind, data, self.preset.fingerprint)
         self._templates.check(kind, payload)
-        obj = serial.load(kind, payload)
+        serial.remember_received(kind, obj := serial.load(kind, payload), sha256)
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
         if _IN_PROCESS_RUNS:  # a broadcast's other readers get this object

@@ -24,6 +24,7 @@ import hashlib
 import struct
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -90,6 +91,13 @@ def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()[:_DIGEST_BYTES]
 
 
+SERIALIZED_AS_PARSED = frozenset({"eval_key", "eval_key_map"})
+"""Kinds whose parsed object serializes to the very bytes it was parsed from (openfhe
+1.6.1, tested): the SHA-256 of the payload is :func:`object_digest` of the object."""
+_RECEIVED_DIGESTS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+_RECEIVED_LOCK = threading.Lock()
+
+
 def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     """SHA-256 of an OpenFHE object's BINARY serialization, the same for equal objects:
     what parties compare to check that they hold the same keys, and sign.
@@ -100,9 +108,16 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     parsed, so a public key is digested as it parses; evaluation keys and their maps
     serialize alike either way (``tests/test_collective.py`` checks both).  ``parsed``:
     the caller knows ``obj`` came off the wire, so its bytes are already in that form
-    (a key share a party checks: a third of the digest's cost, at 6 MB a key).
+    (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
+    evaluation key's digest is the one taken of its payload as it was parsed
+    (:func:`remember_received`), with no serialization at all.
     """
     kind_of(obj)  # refuses secret keys
+    if parsed:
+        with _RECEIVED_LOCK:
+            received = _RECEIVED_DIGESTS.get(obj)
+        if received is not None:
+            return received
     data = openfhe.Serialize(obj, openfhe.BINARY)
     if isinstance(obj, openfhe.PublicKey) and not parsed:
         data = openfhe.Serialize(deserialize(openfhe.DeserializePublicKeyString, data),
@@ -127,6 +142,11 @@ def digest_of(data: bytes) -> bytes | None:
 
 def unframe(kind_name: str, data: bytes, fingerprint: bytes) -> bytes:
     """Check header and digest of a framed object; return its OpenFHE payload."""
+    return unframe_digested(kind_name, data, fingerprint)[0]
+
+
+def unframe_digested(kind_name: str, data: bytes, fingerprint: bytes) -> tuple[bytes, bytes]:
+    """:func:`unframe`, and the payload's whole SHA-256 (the header holds its start)."""
     kind = KINDS.get(kind_name)
     if kind is None:
         raise InputError(f"unknown kind {kind_name!r}; known: {sorted(KINDS)}")
@@ -143,9 +163,19 @@ def unframe(kind_name: str, data: bytes, fingerprint: bytes) -> bytes:
     if their_print != fingerprint:
         raise ProtocolError(f"{kind_name} was made under another CKKS preset")
     payload = bytes(data[_HEADER.size:])
-    if payload_digest(payload) != digest:
+    full = hashlib.sha256(payload).digest()
+    if full[:_DIGEST_BYTES] != digest:
         raise ProtocolError(f"malformed {kind_name}: digest mismatch (corrupted or truncated)")
-    return payload
+    return payload, full
+
+
+def remember_received(kind_name: str, obj: Any, payload_sha256: bytes) -> None:
+    """Keep the digest of a key share parsed from a payload of that SHA-256 for
+    :func:`object_digest` (a party checks each share's signature against it: a 25 MB key
+    need not be serialized again to be digested)."""
+    if kind_name in SERIALIZED_AS_PARSED:
+        with _RECEIVED_LOCK:
+            _RECEIVED_DIGESTS[obj] = payload_sha256
 
 
 class Templates:

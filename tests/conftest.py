@@ -27,7 +27,10 @@ _LIVE: dict[int, tuple[subprocess.Popen[bytes], bool]] = {}  # pid -> (process, 
 
 def die_with_parent() -> None:
     """In a child before exec: the kernel kills it when the test process dies, even by
-    SIGKILL (Linux only; elsewhere the SIGTERM handler below is what remains)."""
+    SIGKILL (Linux only; elsewhere the SIGTERM handler below is what remains).  SIGINT
+    is made the default again: a test suite started in a shell's background inherits it
+    ignored, and its children would then ignore the interrupts the tests send them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 

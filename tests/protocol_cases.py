@@ -70,16 +70,15 @@ CASES = [
     Case("minmax", "plain", TEST, normal_parts()),
     Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), normal_parts()),
     Case("yeojohnson", "plain", TEST, normal_parts()),
-    # The default: n_g with Σx in one exact sum (2 digits per count, 7 per sum), then
-    # Σ(x − μ)²: each precise in one pass.
-    Case("zscore", "mhe", TEST, normal_parts(12, 3), widths=lambda pooled: [27, 21]),
+    # The default: n_g, then μ and σ², each a coarse and a precise pass.
+    Case("zscore", "mhe", TEST, normal_parts(12, 3), widths=lambda pooled: [3] * 5),
     # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
     Case("robust", "mhe", TEST, normal_parts()),
     Case("minmax", "mhe", TEST, normal_parts(6, 3), widths=_extremes_widths),
     # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", PAPER, normal_parts(12, 3), widths=lambda pooled: [3] * 5),
     Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),
-         normal_parts(12, 3), widths=lambda pooled: [27, 21]),
+         normal_parts(12, 3), widths=lambda pooled: [3] * 5),
     Case("minmax", "mhe", FitOptions(preset="test", algorithm="paper", vabs=(20.0,),
                                      **CHEAP_MINMAX),
          normal_parts(6, 3), decryptions=CHEAP_MINMAX["minmax_passes"]),  # one per pass

@@ -141,12 +141,10 @@ def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(
 
 def test_a_party_serves_at_most_tau_flooded_decryptions() -> None:
     """τ sizes the flooding, so a party refuses the decryption past it: PPF z-score with
-    revealed counts decrypts two exact sums, and keys declared for one stop at the
-    second."""
+    revealed counts decrypts five sums, and keys declared for four stop at the fifth."""
     parts = [np.arange(6.0).reshape(3, 2) + k for k in range(P)]
     options = FitOptions(preset="test", reveal_counts=True)
-    fitted = simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=2))
-    np.testing.assert_allclose(fitted.normalizer.mean, np.vstack(parts).mean(axis=0),
-                               rtol=1e-12)
-    with pytest.raises(ProtocolError, match="more than the 1 flooded decryptions"):
-        simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=1))
+    fitted = simulate(parts, "zscore", "mhe", options).normalizer
+    np.testing.assert_allclose(fitted.mean, np.vstack(parts).mean(axis=0), rtol=1e-12)
+    with pytest.raises(ProtocolError, match="more than the 4 flooded decryptions"):
+        simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=4))

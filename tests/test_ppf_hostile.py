@@ -67,10 +67,9 @@ def test_ppf_zscore_on_hostile_data_equals_the_pooled_oracle(data, reveal_counts
     largest_squares = max(float(((p - pooled.mean(axis=0)) ** 2).sum(axis=0).max())
                           for p in parts)
     # Two documented refusals: a party's sum beyond what a near-zero mean's precise pass
-    # can lift (both modes), and, with revealed counts, a sum beyond an exact sum's 2^98.
-    refusals = ["would pass 2^"] + (["the largest an exact sum upload holds"]
-                                    if reveal_counts else [])
-    if largest_sum > 2.0**24 or (reveal_counts and largest_squares > 2.0**98):
+    # can lift (both modes), and, with revealed counts, a sum beyond a sum upload's 2^50.
+    refusals = ["would pass 2^50"] + (["hold up to 2^50"] if reveal_counts else [])
+    if largest_sum > 2.0**24 or (reveal_counts and largest_squares > 2.0**50):
         try:
             fitted = simulate(parts, "zscore", "mhe", options).normalizer
         except InputError as refused:

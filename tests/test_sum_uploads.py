@@ -19,8 +19,9 @@ import trio
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from deviating import deviating
 
-from fednorm.engine import signing
+from fednorm.engine import ckks, signing
 from fednorm.engine.errors import ProtocolError
+from fednorm.engine.tracing import CryptoEvent, Tracer
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import DecryptShare, SumDecryptRequest
 from fednorm.protocols.collective.rounds import request_shares
@@ -37,16 +38,15 @@ Forge = Callable[[object, dict[int, SumUpload]], tuple[int, list[SumUpload]]]
 
 def _attack(forge: Forge, links: StarLinks) -> tuple[BaseException, list[int]]:
     """Run PPF z-score (revealed counts) with a server that, after the sums arrive, asks
-    for the decryption ``forge`` builds from the parties' first uploads (n_g and Σx in
-    one exact sum upload each); returns the refusal and the parties whose shares the
-    server received (over ``links``)."""
+    for the decryption ``forge`` builds from the parties' count uploads; returns the
+    refusal and the parties whose shares the server received (over ``links``)."""
     received: list[int] = []
 
     async def server(rc, options):
         crypto = await ppf_zscore.setup_server(rc, options.preset,
                                                **ppf_zscore.setup_arguments(options))
         sums = await rc.gather(ppf_zscore.EncryptedSums)
-        index, uploads = forge(crypto, {p: m.total for p, m in sums.items()})
+        index, uploads = forge(crypto, {p: m.count for p, m in sums.items()})
         replies = await request_shares(rc, "decrypt_sum",
                                        SumDecryptRequest(index=index, uploads=uploads),
                                        DecryptShare)
@@ -65,7 +65,7 @@ def test_an_honest_run_decrypts_the_pooled_sums() -> None:
 
 
 def test_a_partys_own_upload_in_place_of_the_sum_is_refused(links: StarLinks) -> None:
-    """Party 1's upload thrice: the others see, as theirs, an upload they did not sign."""
+    """Party 1's count thrice: the others see, as theirs, an upload they did not sign."""
     refusal, received = _attack(lambda crypto, counts: (counts[1].index, [counts[1]] * 3),
                                 links)
     assert "sum decryption request" in str(refusal)
@@ -73,8 +73,8 @@ def test_a_partys_own_upload_in_place_of_the_sum_is_refused(links: StarLinks) ->
 
 
 def test_an_upload_forged_in_another_partys_name_is_refused(links: StarLinks) -> None:
-    """The server encrypts zeros as 'party 2's upload' and signs with a key of its own:
-    the sum would be party 1's and party 3's alone."""
+    """The server encrypts zeros as 'party 2's count' and signs with a key of its own:
+    the sum would be party 1's and party 3's counts alone."""
     def forge(crypto, counts):
         zeros = crypto.ckks.encrypt_sum(crypto.joint.public_key, np.zeros(2))
         own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
@@ -91,20 +91,15 @@ def test_an_upload_forged_in_another_partys_name_is_refused(links: StarLinks) ->
 
 
 def test_a_set_of_uploads_is_decrypted_once(links: StarLinks) -> None:
-    """The honest request answered, then, in the next phase (whose one sum decryption
-    is meant for the precise pass), the same set again: refused."""
-    from fednorm.protocols.ppf import quotient
-
+    """The honest request answered, then the same set again: refused."""
     received: list[int] = []
 
     async def server(rc, options):
         crypto = await ppf_zscore.setup_server(rc, options.preset,
                                                **ppf_zscore.setup_arguments(options))
         sums = await rc.gather(ppf_zscore.EncryptedSums)
-        pooled = await crypto.add_all({p: m.total for p, m in sums.items()})
+        pooled = await crypto.add_all({p: m.count for p, m in sums.items()})
         await crypto.decrypt_sum(pooled, 2)
-        await rc.broadcast(quotient.Scales(scales=np.ones(2)))
-        await rc.gather(quotient.EncryptedVector)
         request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
         replies = await request_shares(rc, "decrypt_sum", request, DecryptShare)
         received.extend(rc.parties[:len(replies)])
@@ -118,7 +113,7 @@ def test_a_set_of_uploads_is_decrypted_once(links: StarLinks) -> None:
 def test_a_relayed_upload_must_carry_its_index(links: StarLinks) -> None:
     """An upload of another index under the requested one is refused, naming it."""
     def forge(crypto, counts):
-        return counts[1].index, [counts[1], replace(counts[2], index=1), counts[3]]
+        return counts[1].index, [counts[1], replace(counts[2], index=0), counts[3]]
 
     refusal, received = _attack(forge, links)
     assert "sum decryption request" in str(refusal) and "sum upload #" in str(refusal)
@@ -162,3 +157,34 @@ async def _first_upload(rc, method: str):
         return (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
     # MinMax and Yeo-Johnson start with the extremes' bits
     return (await rc.gather(extremes.EncryptedBits))[1].chunks[0].ciphertext
+
+
+class ServerReads(Tracer):
+    """Every value the server's collective decryptions gave it (its worker calls of
+    ``Decryption.finalize``, which ``SumDecryption`` inherits), in order."""
+
+    FINALIZE = ckks.Decryption.finalize.__qualname__
+
+    def __init__(self) -> None:
+        self.values: list[np.ndarray] = []
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if event.role == "server" and event.call == self.FINALIZE:
+            self.values.append(np.asarray(event.result))
+
+
+def test_what_the_server_decrypts_depends_on_the_pooled_data_alone() -> None:
+    """The ledger says a sum decryption reveals the pooled sum.  So one pooled data set
+    split two ways among the parties must give the server the same decrypted values, up
+    to float rounding and the flooding noise; an encoding whose decryption also shows how
+    the parties' own values added up (per-party digits whose carries show in the digit
+    sums) fails here."""
+    X = np.random.default_rng(5).normal(3, 2, size=(9, 2)) * [1.0, 1e3]
+    reads = []
+    for parts in ([X[:3], X[3:6], X[6:]], [X[:7], X[7:8], X[8:]]):
+        server = ServerReads()
+        simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=server)
+        reads.append(server.values)
+    assert len(reads[0]) == len(reads[1]) > 0
+    for first, second in zip(*reads, strict=True):
+        np.testing.assert_allclose(first, second, rtol=1e-9, atol=1e-9)

@@ -220,8 +220,9 @@ def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOpti
         raise SessionRefused(
             f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
             f"{options.algorithm} answers bootstrap or decryption requests a party cannot "
-            "check against a deviating server (docs/LEAKAGE.md); a party joins it only "
-            f"when started with {ALLOW_UNCHECKED}")
+            "check against a deviating server (docs/LEAKAGE.md); a party joins it only if "
+            f"its operator allows it (fednorm party {ALLOW_UNCHECKED}, PartyConfig("
+            "allow_unchecked=True), or a Flower node's fednorm-allow-paper-algorithms)")
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}

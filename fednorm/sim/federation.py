@@ -129,47 +129,33 @@ async def run_federation(
     check_party_inputs(arrays, [protocol], options, features)
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
-    async with links(party_ids) as (server_links, party_links):
-        return await _run_roles(protocol, arrays, options, session, server_links,
-                                party_links, timeout=timeout, keys=keys, features=features,
-                                tracer=tracer, party_tracer=party_tracer, keyrings=keyrings)
-
-
-async def _run_roles(
-    protocol: Protocol, arrays: list[np.ndarray], options: FitOptions, session: str,
-    server_links: Mapping[int, Link], party_links: Mapping[int, Link], *,
-    timeout: float | None, keys: FederationKeys | None, features: Sequence[str] | None,
-    tracer: Tracer | None, party_tracer: Tracer | None,
-    keyrings: Mapping[int, Keyring] | None,
-) -> SimulationResult:
-    """:func:`run_federation` once its links are open."""
-    party_ids = sorted(party_links)
     limiter = trio.CapacityLimiter(worker_threads())
     keyrings = trusted_setup(party_ids) if keyrings is None else keyrings
 
-    def context(me: int, links: dict[int, Link], tracer: Tracer | None) -> RoleContext:
-        return role_context(me, links, session, protocol, timeout=timeout, tracer=tracer,
+    def context(me: int, ends: dict[int, Link], tracer: Tracer | None) -> RoleContext:
+        return role_context(me, ends, session, protocol, timeout=timeout, tracer=tracer,
                             crypto=keys.by_role.get(me) if keys is not None else None,
                             worker_limiter=limiter, keyring=keyrings.get(me))
 
-    server_ctx = context(SERVER, dict(server_links), tracer)
-    party_ctxs = {p: context(p, {SERVER: party_links[p]}, party_tracer) for p in party_ids}
     results: dict[int, Normalizer] = {}
 
-    async def run_role(me: int, X: np.ndarray | None = None) -> None:
-        ctx = server_ctx if me == SERVER else party_ctxs[me]
-        results[me] = await play(ctx, protocol, options, X)
+    async def run_role(ctx: RoleContext, X: np.ndarray | None = None) -> None:
+        results[ctx.me] = await play(ctx, protocol, options, X)
 
-    started = time.perf_counter()
-    try:
-        with in_process_run():  # a broadcast's readers share one parse of its bytes
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(run_role, SERVER)
-                for party in party_ids:
-                    nursery.start_soon(run_role, party, arrays[party - 1])
-    except BaseExceptionGroup as group:
-        raise root_cause(group) from None
-    seconds = time.perf_counter() - started
+    async with links(party_ids) as (server_links, party_links):
+        server_ctx = context(SERVER, dict(server_links), tracer)
+        party_ctxs = {p: context(p, {SERVER: party_links[p]}, party_tracer)
+                      for p in party_ids}
+        started = time.perf_counter()
+        try:
+            with in_process_run():  # a broadcast's readers share one parse of its bytes
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(run_role, server_ctx)
+                    for party in party_ids:
+                        nursery.start_soon(run_role, party_ctxs[party], arrays[party - 1])
+        except BaseExceptionGroup as group:
+            raise root_cause(group) from None
+        seconds = time.perf_counter() - started
     if keys is not None:
         keys.by_role[SERVER] = server_ctx.crypto
         keys.by_role.update({p: party_ctxs[p].crypto for p in party_ids})

@@ -5,11 +5,7 @@ order 1e-4 packed beside one of order 1e12 would come out as noise.  A quotient 
 therefore decrypted twice: the coarse pass gives every feature's magnitude; the server
 sends per-feature powers of two (:class:`Scales`), the parties re-encrypt their
 numerators scaled by them (all slots now of one order), and the precise pass is exact in
-every slot.  Both passes reveal the same quantity (the first coarsely).  With revealed
-counts every numerator is an exact sum (:mod:`.exact_sums`: integer digits, which CKKS
-adds without error), so the first pass is already precise wherever a feature's pooled sum
-has 45 significant bits in fixed point; the server then says so instead of asking for a
-second (only nonzero sums below about 2^-65 need one, lifted by powers of two).  A coarse
+every slot.  Both passes reveal the same quantity (the first coarsely).  A coarse
 quotient too large to decode is decrypted once more, shifted by the public 2^-40: the
 retry each coarse pass declares (:data:`COARSE`), bound to the first request
 (:func:`_coarse_quotient`).
@@ -36,13 +32,11 @@ from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
 from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
-from fednorm.protocols.ppf import exact_sums
 from fednorm.protocols.ppf.phases import serve_phase
 
 M = TypeVar("M", bound=Message)
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
 COARSE_NOISE_FLOOR = 2.0**-10  # |coarse mean| below this counts as zero for scales
-SQUARES_FLOOR = 2.0**-80  # sums of squares do not cancel: lift even tiny variances
 MAX_SCALED_VALUE = 2.0**50  # a party refuses scales pushing its |value · scale| beyond
 
 COARSE = Allowance(decryptions=1, retries=1)
@@ -57,9 +51,8 @@ COARSE_FLOODED = Allowance(sums=1)
 PRECISE = Allowance(decryptions=1)
 """The precise pass (with revealed counts: a flooded sum instead)."""
 
-PLAINTEXT = {"ppf_zscore.scales": ("scales", "precise")}
-"""The ledger's entry: the per-feature powers of two between the passes, and whether the
-second pass runs."""
+PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
+"""The ledger's entry: the per-feature powers of two between the passes."""
 
 
 @message("ppf_zscore.encrypted_vector")
@@ -72,18 +65,13 @@ class EncryptedVector(Message):
 
 @message("ppf_zscore.scales")
 class Scales(Message):
-    """Per-feature powers of two to re-encrypt with, from the coarse pass; ``precise``
-    False: the coarse pass was precise enough, no second pass follows."""
+    """Per-feature powers of two to re-encrypt with, from the coarse pass."""
 
     scales: np.ndarray
-    precise: bool = True
 
 
 Denominator = openfhe.Ciphertext | np.ndarray
 """⟨max_count / n_g⟩ under encryption, or max_count / n_g per slot (revealed counts)."""
-
-ExactSum = tuple[np.ndarray, np.ndarray]
-"""A pooled exact sum per feature, and its significant bits (:mod:`.exact_sums`)."""
 
 
 # -- server -------------------------------------------------------------------------------
@@ -94,42 +82,27 @@ async def pooled_vector(crypto: ServerCrypto) -> openfhe.Ciphertext:
 
 
 async def pooled_quotient(crypto: ServerCrypto, scaled_inverse: Denominator, width: int,
-                          options: FitOptions, squares: bool = False) -> np.ndarray:
+                          options: FitOptions, floor: float = COARSE_NOISE_FLOOR
+                          ) -> np.ndarray:
     """The parties' next uploads, pooled, divided by n_g (:func:`precise_quotient`)."""
     numerator = await pooled_vector(crypto)
-    return await precise_quotient(crypto, numerator, scaled_inverse, width, options, squares)
+    return await precise_quotient(crypto, numerator, scaled_inverse, width, options, floor)
 
 
 async def precise_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
-    width: int, options: FitOptions, squares: bool = False, first: ExactSum | None = None,
+    width: int, options: FitOptions, floor: float = COARSE_NOISE_FLOOR,
 ) -> np.ndarray:
     """numerator / n_g per feature, in two passes (coarse, then at per-feature scales);
-    the parties' side is :func:`precise_quotient_party`.  ``squares``: the numerator is
-    a sum of non-negative terms, which cannot cancel, so even a tiny one may be lifted
-    (:func:`power_of_two_scales`' floor, :func:`.exact_sums.lifts`).  ``first``: the
-    exact sum's first pass, when it was decrypted already (with the counts)."""
-    if isinstance(scaled_inverse, np.ndarray):  # an exact sum: it always decodes
-        total, bits = first or await _pooled_exact(crypto, numerator, width)
-        coarse = total * (scaled_inverse[:width] / options.max_count)
-        scales = exact_sums.lifts(bits, nonnegative=squares)
-        if scales is None:
-            await crypto.rc.broadcast(Scales(scales=np.ones(width), precise=False))
-            return coarse
-    else:
-        coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
-        scales = power_of_two_scales(coarse, SQUARES_FLOOR if squares else COARSE_NOISE_FLOOR)
+    the parties' side is :func:`precise_quotient_party`.  ``floor``: see
+    :func:`power_of_two_scales` (a numerator of non-negative terms cannot cancel, so its
+    floor may be far lower)."""
+    coarse = await _coarse_quotient(crypto, numerator, scaled_inverse, width, options)
+    scales = power_of_two_scales(coarse, floor)
     await crypto.rc.broadcast(Scales(scales=scales))
     numerator = await pooled_vector(crypto)
     precise = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     return precise / scales
-
-
-async def _pooled_exact(crypto: ServerCrypto, numerator: openfhe.Ciphertext, width: int
-                        ) -> ExactSum:
-    """The pooled exact sum ``numerator`` holds (flooded decryption of its digits)."""
-    digits = await crypto.decrypt_sum(numerator, exact_sums.SUMS.slots(width))
-    return exact_sums.SUMS.pooled(digits, width)
 
 
 def power_of_two_scales(coarse: np.ndarray, floor: float = COARSE_NOISE_FLOOR) -> np.ndarray:
@@ -153,14 +126,15 @@ async def _coarse_quotient(
     crypto: ServerCrypto, numerator: openfhe.Ciphertext, scaled_inverse: Denominator,
     width: int, options: FitOptions,
 ) -> np.ndarray:
-    """The coarse pass over the encrypted inverse: numerator / n_g, decrypted once more at
-    2^-40 if too large to decode (quotients beyond ~2^42 after the product, e.g.
-    variances of values beyond ~1e6; :meth:`~fednorm.protocols.collective.ServerCrypto.
-    decrypt_shifted`).
+    """The coarse pass: numerator / n_g, decrypted once more at 2^-40 if too large to
+    decode (quotients beyond ~2^42 after the product, e.g. variances of values beyond
+    ~1e6; :meth:`~fednorm.protocols.collective.ServerCrypto.decrypt_shifted`).
 
     The retry is the first request times the public 2^-40, which every party checks
     before it answers: the same quotient, revealed once more at a public scale.
     """
+    if isinstance(scaled_inverse, np.ndarray):  # a flooded sum: it always decodes
+        return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
     try:
         return await crypto.decrypt(ct, width)
@@ -175,7 +149,7 @@ async def _decrypt_quotient(
     """Decrypt ⟨numerator / n_g⟩ (:func:`_encrypted_quotient`); with revealed counts, the
     numerator (a sum upload) is decrypted and divided in the clear."""
     if isinstance(scaled_inverse, np.ndarray):
-        total, _ = await _pooled_exact(crypto, numerator, width)
+        total = await crypto.decrypt_sum(numerator, width)
         return total * (scaled_inverse[:width] / options.max_count)
     ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
     return await crypto.decrypt(ct, width)
@@ -197,11 +171,10 @@ async def _encrypted_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertex
 class Passes:
     """How a party's side of the quotient passes travels.
 
-    With revealed counts every value is an exact sum upload (:mod:`.exact_sums`), whose
-    decryption the party floods (:meth:`ServerCrypto.decrypt_sum`); with the encrypted
-    inverse it is a numerator the server multiplies by ⟨max_count/n_g⟩ before a (not
-    flooded, see docs/LEAKAGE.md) decryption, which may be retried once at 2^-40 in a
-    coarse pass (:data:`COARSE`).
+    With revealed counts every value is a sum upload whose decryption the party floods
+    (:meth:`ServerCrypto.decrypt_sum`); with the encrypted inverse it is a numerator the
+    server multiplies by ⟨max_count/n_g⟩ before a (not flooded, see docs/LEAKAGE.md)
+    decryption, which may be retried once at 2^-40 in a coarse pass (:data:`COARSE`).
 
     ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
     before the first pass (the ledger's count; none at all later, none with revealed
@@ -215,19 +188,15 @@ class Passes:
     def coarse(self) -> Allowance:
         return COARSE_FLOODED if self.revealed else COARSE
 
-    async def upload(self, crypto: PartyCrypto, values: np.ndarray,
-                     counts: np.ndarray | None = None) -> openfhe.Ciphertext | SumUpload:
-        """``values`` encrypted for the server; with revealed counts an exact sum upload,
-        ``counts`` (if given) before them in the same one."""
+    async def upload(self, crypto: PartyCrypto, values: np.ndarray
+                     ) -> openfhe.Ciphertext | SumUpload:
         if self.revealed:
-            digits = exact_sums.SUMS.digits(values)
-            if counts is not None:
-                digits = np.concatenate([exact_sums.COUNTS.digits(counts), digits])
-            if len(digits) > crypto.ckks.slots:
-                raise InputError(f"with revealed counts PPF z-score's exact sums take "
-                                 f"{len(digits)} slots for {len(values)} features; one "
-                                 f"ciphertext holds {crypto.ckks.slots}")
-            return await crypto.encrypt_for_sum(digits)
+            if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
+                raise InputError(
+                    "with revealed counts this party's sums travel as sum uploads, which "
+                    f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
+                    "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
+            return await crypto.encrypt_for_sum(values)
         return await crypto.encrypt(values, numerator_level(crypto.ckks))
 
     async def send(self, crypto: PartyCrypto, values: np.ndarray) -> None:
@@ -256,17 +225,14 @@ async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: 
     re-encrypt scaled."""
     first = before != NOTHING
     scales = await passes.serve(crypto, Scales, passes.coarse + before, first=first)
-    if not scales.precise and passes.revealed:
-        return  # the coarse flooded sum was precise enough
     factors = as_float_vector(scales.scales, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
         raise ProtocolError("the server sent invalid scales")
-    limit = exact_sums.SUMS.max_value if passes.revealed else MAX_SCALED_VALUE
-    if np.nanmax(np.abs(local * factors), initial=0.0) >= limit:
+    if np.nanmax(np.abs(local * factors), initial=0.0) > MAX_SCALED_VALUE:
         raise InputError(
             "the precise pass cannot resolve a pooled mean this close to zero beside this "
-            f"party's large sums (|sum × scale| would pass 2^{int(np.log2(limit))}, what "
-            "an upload holds): refused (center or rescale the data first)")
+            "party's large sums (|sum × scale| would pass 2^50, what CKKS encodes): refused "
+            "(center or rescale the data first)")
     await passes.send(crypto, local * factors)
 
 

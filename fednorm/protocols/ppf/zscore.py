@@ -40,7 +40,7 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.ckks.cores import Core
 from fednorm.engine.ckks.inversion import inverse_core
-from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.errors import InputError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
@@ -60,14 +60,13 @@ from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
-from fednorm.protocols.ppf import exact_sums, quotient
+from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import require_counts_within
 from fednorm.protocols.ppf.driver import decrypted, run_core
 from fednorm.protocols.ppf.quotient import (
     ENCRYPTED,
     PRECISE,
     Denominator,
-    ExactSum,
     Passes,
     pooled_quotient,
     precise_quotient,
@@ -76,6 +75,7 @@ from fednorm.protocols.ppf.quotient import (
 
 MAX_ABS_VALUE = 2.0**40
 INVERSE_KEEP_LEVELS = 3  # levels the inverse leaves for the quotient products
+SQUARES_FLOOR = 2.0**-80  # sums of squares do not cancel: lift even tiny variances
 
 PRESENCE = Allowance(decryptions=1)
 """Before the mean's coarse pass: one bit per feature, whether it holds any value (or,
@@ -100,11 +100,11 @@ the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass 
 
 @message("ppf_zscore.encrypted_sums")
 class EncryptedSums(Message):
-    """Σx and the count per feature: two ciphertexts, or with revealed counts one signed
-    exact sum upload of both (the counts first, ``count`` None)."""
+    """Σx and the count per feature: ciphertexts, or signed sum uploads with revealed
+    counts."""
 
     total: openfhe.Ciphertext | SumUpload
-    count: openfhe.Ciphertext | None
+    count: openfhe.Ciphertext | SumUpload
     width: int
 
 
@@ -156,13 +156,9 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     sums = await rc.gather(EncryptedSums)
     width = agreed_width(sums)
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
-    first = None
-    if counts_revealed(options):
-        scaled_inverse, present, first = await _revealed_counts(crypto, total, width, options)
-    else:
-        count = await crypto.add_all({p: _ciphertext(p, m.count) for p, m in sums.items()})
-        scaled_inverse, present = await _count_inverse(crypto, count, width, options)
-    mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options, first)
+    count = await crypto.add_all({p: m.count for p, m in sums.items()})
+    scaled_inverse, present = await _count_inverse(crypto, count, width, options)
+    mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options)
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
@@ -170,43 +166,27 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
 
 async def pooled_moments(
     crypto: ServerCrypto, total: openfhe.Ciphertext, scaled_inverse: Denominator,
-    width: int, options: FitOptions, first: ExactSum | None = None,
+    width: int, options: FitOptions,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Lines 17–31 given ⟨S_g⟩ and ⟨max_count/n_g⟩: μ (decrypted, broadcast; ``first``:
-    S_g's exact sum when it was decrypted with the counts), then the parties'
-    ⟨Σ(x − μ)²⟩ and σ².  PPF Yeo-Johnson runs this on its transformed data."""
-    mean = await precise_quotient(crypto, total, scaled_inverse, width, options, first=first)
+    """Lines 17–31 given ⟨S_g⟩ and ⟨max_count/n_g⟩: μ (decrypted, broadcast), then the
+    parties' ⟨Σ(x − μ)²⟩ and σ².  PPF Yeo-Johnson runs this on its transformed data."""
+    mean = await precise_quotient(crypto, total, scaled_inverse, width, options)
     await crypto.rc.broadcast(PpfMean(mean=mean))
-    var = await pooled_quotient(crypto, scaled_inverse, width, options, squares=True)
+    var = await pooled_quotient(crypto, scaled_inverse, width, options, floor=SQUARES_FLOOR)
     return mean, np.maximum(var, 0.0)
-
-
-async def _revealed_counts(crypto: ServerCrypto, total: openfhe.Ciphertext, width: int,
-                           options: FitOptions) -> tuple[np.ndarray, np.ndarray, ExactSum]:
-    """n_g and S_g from the one exact sum the parties uploaded both in (one flooded
-    decryption): max_count/n_g per slot, which features hold any value (the others are
-    NaN, as in plain mode), and S_g's exact sum for the mean's first pass."""
-    counted = exact_sums.COUNTS.slots(width)
-    digits = await crypto.decrypt_sum(total, counted + exact_sums.SUMS.slots(width))
-    pooled, _ = exact_sums.COUNTS.pooled(digits[:counted], width)
-    inverse = float(options.max_count) / np.maximum(pooled, 1.0)
-    return (np.pad(inverse, (0, crypto.ckks.slots - width)), pooled > 0,
-            exact_sums.SUMS.pooled(digits[counted:], width))
 
 
 async def _count_inverse(
     crypto: ServerCrypto, count: openfhe.Ciphertext, width: int, options: FitOptions
-) -> tuple[openfhe.Ciphertext, np.ndarray]:
-    """⟨max_count / n_g⟩ under encryption, and which features hold any value at all
-    (the others are NaN, as in plain mode)."""
+) -> tuple[Denominator, np.ndarray]:
+    """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed; and
+    which features hold any value at all (the others are NaN, as in plain mode)."""
+    hi = float(options.max_count)
+    if counts_revealed(options):
+        pooled = np.rint(await crypto.decrypt_sum(count, width))
+        return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
     return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options),
                           "inverse")
-
-
-def _ciphertext(party: int, count: openfhe.Ciphertext | None) -> openfhe.Ciphertext:
-    if count is None:
-        raise ProtocolError(f"party {party} sent no encrypted count")
-    return count
 
 
 def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.InversePlan:
@@ -242,17 +222,14 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
-    if counts_revealed(options):  # one exact sum of both: n_g and Σx in one decryption
-        sums = EncryptedSums(total=await passes.upload(crypto, total, counts), count=None,
-                             width=width)
-        before = NOTHING
-    else:  # the count is inverted in depth: it needs every level
+    if not counts_revealed(options):
         crypto.require_pooled_count_within(counts, options.max_count)
-        sums = EncryptedSums(total=await passes.upload(crypto, total),
-                             count=await crypto.encrypt(counts), width=width)
-        before = PRESENCE
-    await rc.send(SERVER, sums)
-    await share_moments(crypto, X, total, passes, before=before)
+    await rc.send(SERVER, EncryptedSums(
+        total=await passes.upload(crypto, total),
+        # An encrypted-inverse count needs every level; a revealed one is only decrypted.
+        count=await (crypto.encrypt_for_sum(counts) if counts_revealed(options)
+                     else crypto.encrypt(counts)), width=width))
+    await share_moments(crypto, X, total, passes, before=PRESENCE)
     result = await passes.serve(crypto, PpfZScoreResult, PRECISE)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))

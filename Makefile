@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON310 ?= $(shell command -v python3.10 2>/dev/null \
 	|| ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10*/bin/python3.10 2>/dev/null | tail -n 1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(VENV)/.created:
 	@if [ -z "$(PYTHON310)" ]; then \
@@ -36,6 +36,16 @@ demo: $(VENV)/.installed-dev
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+
+# The API reference of the public API (fednorm and fednorm.flower), by pdoc, from the
+# docstrings, into docs/api/ (index.html); fails on any pdoc warning and on a public name
+# without a docstring (tests/test_docs.py builds it too, in CI).
+$(VENV)/.installed-docs: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,flower]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	$(PY) docs/build_api.py docs/api
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -70,4 +70,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'fednorm.flower' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(_HOMES[name]), name)
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value

@@ -74,6 +74,20 @@ class Party:
         self._log = log
 
     async def run(self, X: np.ndarray, features: Sequence[str]) -> PartyRun:
+        """Join the server's next session with this party's rows ``X`` (rows × features,
+        NaN = missing; an array or a DataFrame) whose columns are named ``features``, play
+        every protocol the server announced, and return the fitted normalizers.
+
+        Raises:
+            InputError: this party's data cannot be used, or fails the session's checks
+                (columns the federation does not share, values beyond V_abs); the server
+                learns only the category, before any protocol message.
+            SessionRefused: the session runs the paper's PPF algorithms and
+                ``allow_unchecked`` is off (refused before any key is made).
+            ProtocolError: the server broke the protocol.
+            PartyDropped: the server went away or stalled.
+            RunAborted: another role stopped the run; the message says why.
+        """
         try:
             check_real(X)
             X = check_party_data(X)

@@ -130,7 +130,12 @@ class Server:
     async def serve(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
     ) -> list[SessionOutcome]:
-        """Listen, report the bound (host, port), and serve the configured sessions."""
+        """Listen, report the bound (host, port) to ``task_status`` (``await
+        nursery.start(server.serve)`` returns it), and serve the configured sessions.
+
+        Returns every session's :class:`SessionOutcome`; a session that fails is recorded
+        there with its cause and the server goes on.  Raises :class:`~fednorm.InputError`
+        when it cannot listen on the configured address."""
         try:
             listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         except OSError as exc:

@@ -180,13 +180,36 @@ async def fit_federation(
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
 ) -> SimulationResult:
-    """Fit ``method`` federatedly over the given parties' data, one array or DataFrame per
-    party (DataFrames: columns matched by name, :mod:`fednorm.sim.tables`; ``features``
-    names the columns of arrays, or orders those of DataFrames); ``tracer`` sees every
-    frame.  The fitted normalizers carry the columns' names when there are any.
+    """Fit ``method`` over a federation whose server and parties all run in this process,
+    inside the caller's trio run (:func:`simulate` blocks until fitted,
+    :func:`simulate_async` is awaited under trio or asyncio).
 
-    This runs inside the caller's trio run; :func:`simulate` blocks until fitted and
-    :func:`simulate_async` runs under trio or asyncio."""
+    Args:
+        party_data: one per party: an array (rows × features, NaN = missing), a list of
+            rows or a pandas DataFrame (nullable dtypes' ``<NA>`` count as missing).
+            DataFrames are matched by column name, in any order; a party that lacks or
+            adds a column is refused, naming it.
+        method: ``"zscore"``, ``"minmax"``, ``"robust"`` or ``"yeojohnson"``
+            (:data:`~fednorm.METHODS`).
+        privacy: ``"plain"`` (the parties' aggregate statistics reach the server in the
+            clear) or ``"mhe"`` (multiparty CKKS; what each protocol reveals, to whom, is
+            listed in docs/LEAKAGE.md).
+        options: the fit's :class:`~fednorm.FitOptions` (algorithm, ε, V_abs, CKKS preset,
+            flooding); ``None``: the defaults.
+        timeout: seconds each role waits for its next message (``None``: no limit).
+        features: the columns' names for arrays, or their order for DataFrames.
+        tracer: sees every frame on every link (measurements, tests).
+
+    Returns:
+        A :class:`SimulationResult`: the server's fitted normalizer (carrying the columns'
+        names when there are any), each party's (the same parameters), and the cost.
+
+    Raises:
+        InputError: bad input, before any work starts (an unknown method, columns that
+            differ between parties, values beyond V_abs, an option out of range).
+        ProtocolError: a role broke the protocol.
+        PartyDropped: a role went away or stalled past ``timeout``.
+    """
     protocol = get_protocol(method, privacy)
     tables = party_tables(party_data, features)
     check_federation_data(tables.arrays)
@@ -213,12 +236,19 @@ async def fit_session(
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
 ) -> SessionResult:
-    """Fit several methods in turn over the same federation. In ``mhe`` mode the joint
-    keys are generated once, first, covering every method (:mod:`fednorm.protocols.ppf.
-    keys`); each protocol then reuses them, so its report holds its own cost only.
+    """Fit several methods in turn over one federation whose roles all run in this
+    process, inside the caller's trio run (:func:`simulate_session` blocks until fitted,
+    :func:`simulate_session_async` is awaited under trio or asyncio).
 
-    This runs inside the caller's trio run; :func:`simulate_session` blocks until fitted
-    and :func:`simulate_session_async` runs under trio or asyncio."""
+    In ``mhe`` mode the joint keys are generated once, first, covering every method; each
+    protocol then reuses them, so its report holds its own cost only.  The arguments,
+    and the errors raised, are :func:`fit_federation`'s, with ``methods`` (a sequence of
+    method names) in place of ``method``.
+
+    Returns:
+        A :class:`SessionResult`: the key setup's cost (``None`` in plain mode), then one
+        :class:`SimulationResult` per method, in the order asked.
+    """
     protocols = [get_protocol(method, privacy) for method in methods]
     tables = party_tables(party_data, features)
     party_data, features = tables.arrays, tables.features
@@ -247,7 +277,17 @@ def blocking(trio_native: Callable[P, Awaitable[R]], name: str) -> Callable[P, R
         return trio.run(partial(trio_native, *args, **kwargs))
 
     call.__name__ = call.__qualname__ = name
+    call.__doc__ = _with_first_paragraph(trio_native, "Fits in a trio run of its own and "
+                                         "blocks until done; inside a running event loop it "
+                                         f"refuses, naming `await {name}_async(...)`.")
     return call
+
+
+def _with_first_paragraph(documented: Callable[..., Any], first: str) -> str:
+    """``documented``'s docstring with its first paragraph (how the call runs) replaced:
+    the wrappers share the arguments, results and errors, not the way they run."""
+    rest = (documented.__doc__ or "").partition("\n\n")[2]
+    return f"{first}\n\n{rest}"
 
 
 def any_loop(trio_native: Callable[P, Awaitable[R]], blocking_call: Callable[P, R],
@@ -259,6 +299,9 @@ def any_loop(trio_native: Callable[P, Awaitable[R]], blocking_call: Callable[P, 
                                     partial(blocking_call, *args, **kwargs))
 
     call.__name__ = call.__qualname__ = name
+    call.__doc__ = _with_first_paragraph(trio_native, "Awaited from trio or asyncio: the "
+                                         "fit runs while the caller's event loop keeps "
+                                         "running.")
     return call
 
 

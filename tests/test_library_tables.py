@@ -156,5 +156,5 @@ def test_to_sklearn_without_scikit_learn_says_how_to_get_it(
 ) -> None:
     fitted = simulate(party_frames((10, 12)), "robust").normalizer
     monkeypatch.setitem(sys.modules, "sklearn.preprocessing", None)  # as if not installed
-    with pytest.raises(InputError, match=r"needs scikit-learn.*pip install scikit-learn"):
+    with pytest.raises(InputError, match=r"needs scikit-learn.*pip install 'fednorm\[sklearn\]'"):
         fitted.to_sklearn()

@@ -19,7 +19,7 @@ def preprocessing() -> ModuleType:
         import sklearn.preprocessing
     except ImportError:
         raise InputError("to_sklearn() needs scikit-learn, which is not installed: "
-                         "pip install scikit-learn (or fednorm[train])") from None
+                         "pip install 'fednorm[sklearn]'") from None
     return sklearn.preprocessing
 
 

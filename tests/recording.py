@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pytest
-
 from fednorm.engine.codec import Header, decode_frame
 from fednorm.engine.messages import Message
-from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 
 
 @dataclass
@@ -71,22 +69,20 @@ def session_kinds(recorder: Recorder, algorithm: str = "default") -> dict[str, s
     return kinds
 
 
-def spy_secret_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Record 64 bytes from the middle of every secret key made in this test, so a test
-    can check that no frame ever carries them (the keys themselves refuse to serialize;
-    the test reaches past that on purpose)."""
-    import openfhe
+class SecretKeySpy(Tracer):
+    """A party tracer that reads 64 bytes from the middle of every secret key a party
+    makes, as its key generation returns it (the crypto-call hook), so a test can check
+    that no frame ever carries them (the keys themselves refuse to serialize; the spy
+    reaches past that on purpose)."""
 
-    from fednorm.engine import ckks
+    def __init__(self) -> None:
+        self.secrets: list[bytes] = []
 
-    secrets: list[bytes] = []
-    generate = ckks.PartyKeys.generate.__func__
+    def crypto_call(self, event: CryptoEvent) -> None:
+        import openfhe
 
-    def spying_generate(cls, *args, **kwargs):
-        keys = generate(cls, *args, **kwargs)
-        blob = openfhe.Serialize(keys._sk, openfhe.BINARY)
-        secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])
-        return keys
+        from fednorm.engine import ckks
 
-    monkeypatch.setattr(ckks.PartyKeys, "generate", classmethod(spying_generate))
-    return secrets
+        if isinstance(event.result, ckks.PartyKeys):
+            blob = openfhe.Serialize(event.result._sk, openfhe.BINARY)
+            self.secrets.append(blob[len(blob) // 2: len(blob) // 2 + 64])

@@ -10,7 +10,7 @@ import pytest
 import trio
 from deviating import deviating, zscore_server_start
 from protocol_cases import CASES, CHEAP_MINMAX, PAPER, YJ_VABS, Case, normal_parts, yeojohnson_plan
-from recording import KEY_SETUP_KINDS, Recorder, plaintext_fields, session_kinds, spy_secret_keys
+from recording import KEY_SETUP_KINDS, Recorder, SecretKeySpy, plaintext_fields, session_kinds
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
@@ -96,16 +96,17 @@ def _declared_bootstraps(case: Case) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_only_the_declared_ledger_crosses_the_wire(monkeypatch, case: Case) -> None:
+def test_only_the_declared_ledger_crosses_the_wire(case: Case) -> None:
     """Every protocol, plain and PPF: only declared plaintext fields cross, every declared
     kind is used (the ledger is not stale), the decryptions reveal what the ledger says,
     each phase bootstraps exactly as often as it declares, and no frame carries
     secret-key bytes."""
-    secrets = spy_secret_keys(monkeypatch)
+    spy = SecretKeySpy()
     recorder, phases, decryptions = Recorder(), PartyPhases(), DecryptionWidths()
     trio.run(partial(run_federation, get_protocol(case.method, case.privacy),
                      list(case.parts), case.options, timeout=900,
-                     tracer=[recorder, decryptions], party_tracer=phases))
+                     tracer=[recorder, decryptions], party_tracer=[phases, spy]))
+    secrets = spy.secrets
     widths = decryptions.widths
     if case.privacy == "mhe":
         assert phases.bootstrapping() == _declared_bootstraps(case)
@@ -225,15 +226,15 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
                              timeout=120)
 
 
-def test_a_session_key_setup_sends_only_the_collective_ledger(monkeypatch) -> None:
+def test_a_session_key_setup_sends_only_the_collective_ledger() -> None:
     """A session's own key-setup step (``keys-mhe``) carries only what every PPF
     protocol's key setup declares, and each protocol after it stays within its own
     entry; no frame carries secret-key bytes."""
-    secrets = spy_secret_keys(monkeypatch)
-    recorder = Recorder()
+    spy, recorder = SecretKeySpy(), Recorder()
     options = FitOptions(preset="test", algorithm="paper", vabs=(16.0,), **CHEAP_MINMAX)
     session = simulate_session(list(normal_parts()), ["zscore", "minmax"], "mhe", options,
-                               tracer=recorder)
+                               tracer=recorder, party_tracer=spy)
+    secrets = spy.secrets
     assert session.setup is not None
     kinds = session_kinds(recorder, "paper")
     assert list(kinds) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]

@@ -32,7 +32,7 @@ from federation_processes import (
     start_server,
     write_rows,
 )
-from recording import KEY_SETUP_KINDS, Recorder, session_kinds, spy_secret_keys
+from recording import KEY_SETUP_KINDS, Recorder, SecretKeySpy, session_kinds
 
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import load_party_data
@@ -143,12 +143,11 @@ def test_a_session_of_several_methods_writes_each_method_s_files_apart(
 
 
 async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_once(
-    certs: Path, monkeypatch: pytest.MonkeyPatch,
+    certs: Path,
 ) -> None:
     """Over TCP as in the simulation: one key-setup step (``keys-mhe``) first, then each
     protocol on those keys, its frames within its own ledger entry, no secret key sent."""
-    secrets = spy_secret_keys(monkeypatch)
-    recorder = Recorder()
+    spy, recorder = SecretKeySpy(), Recorder()
     options = FitOptions(algorithm="paper",
                          preset="test", vabs=(100.0,), minmax_bits=4, minmax_passes=2)
     slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
@@ -160,13 +159,13 @@ async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_onc
 
     async def party(p: int, port: int) -> None:
         config = PartyConfig("127.0.0.1", port, p, certs, slow, allow_unchecked=True)
-        runs[p] = await Party(config).run(arrays[p - 1], FEATURES)
+        runs[p] = await Party(config, tracer=spy).run(arrays[p - 1], FEATURES)
 
     async with trio.open_nursery() as nursery:
         _, port = await nursery.start(server.serve)
         for p in (1, 2, 3):
             nursery.start_soon(party, p, port)
-    outcome = server.outcomes[0]
+    outcome, secrets = server.outcomes[0], spy.secrets
     assert outcome.error is None, outcome.error
     pooled = np.vstack(arrays)
     zscore, minmax = outcome.normalizers

@@ -19,6 +19,7 @@ from sklearn.preprocessing import PowerTransformer
 
 from fednorm.engine.ckks.compare import composite_sign
 from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.tracing import CryptoEvent, Tracer
 from fednorm.protocols import FitOptions
 from fednorm.protocols.normalizers import yeo_johnson
 from fednorm.protocols.ppf import yeojohnson as ppf
@@ -203,35 +204,32 @@ def test_ppf_yeojohnson_at_the_paper_preset_on_bcw_with_ten_parties() -> None:
 
 
 # -- bad input --------------------------------------------------------------------------------
-def _no_encryption(monkeypatch) -> list[int]:
-    from fednorm.protocols.collective import PartyCrypto
+class PartyCalls(Tracer):
+    """The crypto calls the parties ran (the crypto-call hook of every party's role)."""
 
-    calls: list[int] = []
-    encrypt = PartyCrypto.encrypt
+    def __init__(self) -> None:
+        self.calls: list[str] = []
 
-    async def counting(self, *args, **kwargs):
-        calls.append(1)
-        return await encrypt(self, *args, **kwargs)
-
-    monkeypatch.setattr(PartyCrypto, "encrypt", counting)
-    return calls
+    def crypto_call(self, event: CryptoEvent) -> None:
+        self.calls.append(event.call)
 
 
-def test_values_beyond_vabs_are_rejected_before_encryption(monkeypatch) -> None:
-    calls = _no_encryption(monkeypatch)
+def test_values_beyond_vabs_are_rejected_before_encryption() -> None:
+    parties = PartyCalls()
     parts = [np.array([[1.0], [2.0]]), np.array([[3.0], [-12.0]])]
     with pytest.raises(InputError, match="beyond the agreed bound"):
         simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
-                                                        preset="test", vabs=(10.0,)))
-    assert calls == []
+                                                        preset="test", vabs=(10.0,)),
+                 party_tracer=parties)
+    assert parties.calls == []  # no key, no encryption (a valid run calls CkksContext.encrypt)
 
 
-def test_ppf_yeojohnson_needs_the_agreed_bound(monkeypatch) -> None:
-    calls = _no_encryption(monkeypatch)
+def test_ppf_yeojohnson_needs_the_agreed_bound() -> None:
+    parties = PartyCalls()
     with pytest.raises(InputError, match=r"(?i)v_?abs"):
         simulate([np.ones((3, 1)), np.ones((3, 1))], "yeojohnson", "mhe",
-                 FitOptions(algorithm="paper", preset="test"))
-    assert calls == []
+                 FitOptions(algorithm="paper", preset="test"), party_tracer=parties)
+    assert parties.calls == []
 
 
 # -- a misbehaving server ------------------------------------------------------------------

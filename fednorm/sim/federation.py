@@ -179,6 +179,7 @@ async def fit_federation(
     timeout: float | None = 120.0,
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
+    party_tracer: Tracer | None = None,
 ) -> SimulationResult:
     """Fit ``method`` over a federation whose server and parties all run in this process,
     inside the caller's trio run (:func:`simulate` blocks until fitted,
@@ -198,7 +199,10 @@ async def fit_federation(
             flooding); ``None``: the defaults.
         timeout: seconds each role waits for its next message (``None``: no limit).
         features: the columns' names for arrays, or their order for DataFrames.
-        tracer: sees every frame on every link (measurements, tests).
+        tracer: a :class:`~fednorm.engine.tracing.Tracer` of the server's role: its
+            phases, crypto calls and every frame it sends or receives (every frame of
+            the run goes through it).
+        party_tracer: a tracer of every party's role (its phases and crypto calls).
 
     Returns:
         A :class:`SimulationResult`: the server's fitted normalizer (carrying the columns'
@@ -214,7 +218,8 @@ async def fit_federation(
     tables = party_tables(party_data, features)
     check_federation_data(tables.arrays)
     return await run_federation(protocol, tables.arrays, options, timeout=timeout,
-                                features=tables.features, tracer=tracer)
+                                features=tables.features, tracer=tracer,
+                                party_tracer=party_tracer)
 
 
 @dataclass
@@ -235,6 +240,7 @@ async def fit_session(
     timeout: float | None = 120.0,
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
+    party_tracer: Tracer | None = None,
 ) -> SessionResult:
     """Fit several methods in turn over one federation whose roles all run in this
     process, inside the caller's trio run (:func:`simulate_session` blocks until fitted,
@@ -260,10 +266,11 @@ async def fit_session(
     if privacy == "mhe":
         step = setup_protocol([p.method for p in protocols])
         setup = (await run_federation(step, party_data, options, timeout=timeout,
-                                      keys=keys, tracer=tracer, keyrings=keyrings)).report
+                                      keys=keys, tracer=tracer, party_tracer=party_tracer,
+                                      keyrings=keyrings)).report
     results = [await run_federation(protocol, party_data, options, timeout=timeout,
                                     keys=keys, features=features, tracer=tracer,
-                                    keyrings=keyrings)
+                                    party_tracer=party_tracer, keyrings=keyrings)
                for protocol in protocols]
     return SessionResult(setup, results)
 

@@ -73,6 +73,27 @@ class TrafficStats:
         self.messages_received += 1
 
 
+@dataclass
+class _GatheredRound:
+    """What one :meth:`RoleContext.gather` read: each party's frame (kept only for a
+    tracer that wants frames), its parse or the error it raised, and the error that
+    stopped the reading, if any."""
+
+    frames: dict[int, bytes] = field(default_factory=dict)
+    parsed: dict[int, tuple[Header, Message] | Exception] = field(default_factory=dict)
+    unread: Exception | None = None
+
+    def outcome(self, party: int) -> tuple[Header, Message]:
+        """``party``'s parsed frame, or the error to raise for it: its own, else the one
+        that stopped the reading before its turn."""
+        outcome = self.parsed.get(party, self.unread)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome is None:  # not read: reading stops only at a failure, raised above
+            raise ProtocolError(f"no reply from {role_name(party)}")
+        return outcome
+
+
 class RoleContext:
     """Identity, links and bookkeeping of one role in one session."""
 
@@ -279,40 +300,45 @@ class RoleContext:
         """
         self.stats.rounds += 1
         accepted: dict[type[Message], str] = {expected: self.protocol}
-        keep_frames = self._tracers.wants("frame")
-        frames: dict[int, bytes] = {}
-        parsed: dict[int, tuple[Header, Message] | Exception] = {}
-        unread: Exception | None = None
+        gathered = await self._read_round(accepted)
+        replies: dict[int, M] = {}
+        for party in self.parties:
+            outcome = gathered.outcome(party)  # raises first: a failed party has no frame
+            replies[party] = self._accept(party, gathered.frames[party], outcome,
+                                          accepted)  # type: ignore[assignment]
+        return replies
 
+    async def _read_round(self, accepted: dict[type[Message], str]) -> _GatheredRound:
+        """Every party's next frame, read in party order, each parsed and checked in the
+        background as soon as it is read; the first failure stops the reading."""
+        gathered = _GatheredRound()
+        keep_frames = self._tracers.wants("frame")
         async with trio.open_nursery() as nursery:
             with trio.CancelScope() as reading:
-                async def parse(party: int, frame: bytes) -> None:
-                    try:
-                        parsed[party] = await self._parse(frame)
-                        self._check_header(party, parsed[party][0], accepted, parsed[party][1])
-                    except Exception as exc:  # surfaces below, in party order
-                        parsed.setdefault(party, exc)  # a bad header: again in _accept
-                        reading.cancel()
-
                 for party in self.parties:
                     try:
                         frame = await self._next_frame(party, accepted)
-                    except Exception as exc:  # likewise: earlier parties are checked first
-                        unread = exc
+                    except Exception as exc:  # earlier parties are checked first
+                        gathered.unread = exc
                         break
-                    frames[party] = frame if keep_frames else b""
-                    nursery.start_soon(parse, party, frame)
+                    gathered.frames[party] = frame if keep_frames else b""
+                    nursery.start_soon(self._parse_checked, party, frame, accepted,
+                                       gathered, reading)
                     del frame
+        return gathered
 
-        replies: dict[int, M] = {}
-        for party in self.parties:
-            outcome = parsed.get(party, unread)
-            if isinstance(outcome, Exception):
-                raise outcome
-            if outcome is None:  # not read: reading stops only at a failure, raised above
-                raise ProtocolError(f"no reply from {role_name(party)}")
-            replies[party] = self._accept(party, frames[party], outcome, accepted)  # type: ignore[assignment]
-        return replies
+    async def _parse_checked(self, party: int, frame: bytes,
+                             accepted: dict[type[Message], str], gathered: _GatheredRound,
+                             reading: trio.CancelScope) -> None:
+        """Parse ``frame`` in a worker thread and check its header; a failure is kept as
+        the party's outcome (raised later, in party order) and stops the reading."""
+        try:
+            gathered.parsed[party] = await self._parse(frame)
+            header, msg = gathered.parsed[party]  # type: ignore[misc]
+            self._check_header(party, header, accepted, msg)
+        except Exception as exc:
+            gathered.parsed.setdefault(party, exc)  # a bad header: again in _accept
+            reading.cancel()
 
     async def send_abort(self, reason: str) -> None:
         """Best effort: tell every peer this role is failing, so they stop promptly."""

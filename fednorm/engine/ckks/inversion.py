@@ -184,6 +184,82 @@ def _segment_end(a_level: int, u_level: int, u_ready: bool, steps: int) -> int:
     return a_level
 
 
+def _fold_ends_at_limit(a_level: int, u_level: int, u_ready: bool, steps: int,
+                        out_limit: int) -> bool:
+    """Whether the remaining ``steps`` doublings end exactly at ``out_limit``: the output
+    factor then goes into ``a`` now (free: ``a`` waits a level for ``u`` anyway) instead
+    of costing a level, and with it a refresh, at the end."""
+    end = _segment_end(a_level, u_level, u_ready, steps)
+    return end <= out_limit < end + 1
+
+
+@dataclass
+class _Goldschmidt:
+    """The product form after ``k`` doublings: ``a`` = a_k (the running product, times
+    the output factor once ``folded``), ``u`` = u_j for j = ``u_index`` ≤ k (the scaled
+    Chebyshev residual, squared up to u_k when the next factor needs it), ``sigma`` =
+    sigma_k (p_k = sigma_k a_k approximates 1/x')."""
+
+    ops: _Ops
+    sch: _Schedule
+    x: Any
+    a: Any
+    u: Any
+    sigma: float
+    folded: bool
+    k: int = 1
+    u_index: int = 0
+    x_gamma: Any = None  # gamma x, made at the first restart
+
+    @classmethod
+    def start(cls, ops: _Ops, x: Any, sch: _Schedule, out_limit: int,
+              out_factor: float) -> _Goldschmidt:
+        """u_0 = lam_0 2y and a_1 = f_0 = u_0 + 1 + lam_1, both affine in x (one level);
+        the output factor folded into a_1 when the whole run ends at ``out_limit``."""
+        slope, shift = sch.u0()
+        u = ops.shift(ops.scale(x, slope), shift)
+        folded = _fold_ends_at_limit(ops.consumed(u), ops.consumed(u), False,
+                                     sch.doublings - 1, out_limit)
+        w = out_factor if folded else 1.0
+        a = ops.shift(ops.scale(x, slope * w), (shift + 1.0 + sch.lam[1]) * w)
+        return cls(ops, sch, x, a, u, sch.sigma0 * sch.sigma_step(0), folded)
+
+    def next_level(self) -> int:
+        """The consumed level a_{k+1} would have, formed now (u squared first if stale)."""
+        u_level = self.ops.consumed(self.u) + (self.u_index < self.k)
+        return max(self.ops.consumed(self.a), u_level) + 1
+
+    def double(self) -> None:
+        """One doubling: u_k = u_{k-1}^2 - 2 lam_k, a_{k+1} = a_k (u_k + 1 + lam_{k+1})."""
+        ops, lam, k = self.ops, self.sch.lam, self.k
+        if self.u_index < k:
+            self.u, self.u_index = ops.shift(ops.square(self.u), -2.0 * lam[k]), k
+        self.a = ops.mul(self.a, ops.shift(self.u, 1.0 + lam[k + 1]))
+        self.sigma *= self.sch.sigma_step(k)
+        self.k += 1
+
+    def remeasure(self, budget: int) -> None:
+        """After ``a`` was refreshed: u_k = (1 + lam_{k+1}) (1 - x' sigma_k a) measured
+        afresh from x and the fresh ``a`` (so earlier errors, the refresh's included, are
+        corrected), formed as (gamma x)(a / gamma) with gamma = 1/sqrt(lo hi): both
+        factors near 1, since CKKS noise is absolute."""
+        ops, sch, k = self.ops, self.sch, self.k
+        gamma = 1.0 / math.sqrt(sch.lo * sch.hi)
+        if self.x_gamma is None:
+            self.x_gamma = ops.scale(self.x, gamma)
+        t = ops.scale(self.a, -(1.0 + sch.lam[k + 1]) * self.sigma / (sch.hi * gamma))
+        self.u = ops.shift(ops.mul(self.x_gamma, t), 1.0 + sch.lam[k + 1])
+        self.u_index = k
+        if max(ops.consumed(self.a), ops.consumed(self.u)) + 1 > budget:
+            raise InputError(f"level budget {budget} is too small for the inverse")
+
+    def fold_if_free(self, out_limit: int, out_factor: float) -> None:
+        """Fold the output factor into ``a`` now if the rest then ends at ``out_limit``."""
+        if _fold_ends_at_limit(self.ops.consumed(self.a) + 1, self.ops.consumed(self.u),
+                               True, self.sch.doublings - self.k, out_limit):
+            self.a, self.folded = self.ops.scale(self.a, out_factor), True
+
+
 def _iterate(ops: _Ops, x: Any, sch: _Schedule, budget: int, out_limit: int,
              out_scale: float) -> Generator[Any, Any, Any]:
     """The iteration; yields a value whenever it must be refreshed, gets it back fresh.
@@ -194,45 +270,19 @@ def _iterate(ops: _Ops, x: Any, sch: _Schedule, budget: int, out_limit: int,
     """
     if ops.consumed(x) + 3 > budget:  # room for one restart (2 levels) and one product
         x = yield x
-    lam, K = sch.lam, sch.doublings
-    sigma_end = sch.sigma0 * math.prod(sch.sigma_step(j) for j in range(K))
+    sigma_end = sch.sigma0 * math.prod(sch.sigma_step(j) for j in range(sch.doublings))
     out_factor = sigma_end * out_scale / sch.hi  # output = out_factor * a_K (unfolded a)
-
-    def fold_now(a_level: int, u_level: int, u_ready: bool, steps: int) -> bool:
-        end = _segment_end(a_level, u_level, u_ready, steps)
-        return end <= out_limit < end + 1
-
-    slope, shift = sch.u0()
-    u = ops.shift(ops.scale(x, slope), shift)  # u_0
-    folded = fold_now(ops.consumed(u), ops.consumed(u), False, K - 1)
-    w = out_factor if folded else 1.0
-    a = ops.shift(ops.scale(x, slope * w), (shift + 1.0 + lam[1]) * w)  # a_1 = f_0, affine
-    sigma = sch.sigma0 * sch.sigma_step(0)
-    # Restarts form x * a as (gamma x) * (a / gamma): both factors near 1 in size.
-    gamma = 1.0 / math.sqrt(sch.lo * sch.hi)
-    x_gamma = None
-    u_index, k = 0, 1
-    while k < K:
-        u_level = ops.consumed(u) + (u_index < k)
-        if max(ops.consumed(a), u_level) + 1 > budget:
-            a = yield a
-            # restart: u_k = (1 + lam_{k+1}) (1 - x' sigma_k a), measured on the fresh a
-            if x_gamma is None:
-                x_gamma = ops.scale(x, gamma)
-            t = ops.scale(a, -(1.0 + lam[k + 1]) * sigma / (sch.hi * gamma))
-            u, u_index = ops.shift(ops.mul(x_gamma, t), 1.0 + lam[k + 1]), k
-            if max(ops.consumed(a), ops.consumed(u)) + 1 > budget:
-                raise InputError(f"level budget {budget} is too small for the inverse")
-            if fold_now(ops.consumed(a) + 1, ops.consumed(u), True, K - k):
-                a, folded = ops.scale(a, out_factor), True
-            continue
-        if u_index < k:
-            u, u_index = ops.shift(ops.square(u), -2.0 * lam[k]), k
-        a = ops.mul(a, ops.shift(u, 1.0 + lam[k + 1]))
-        sigma *= sch.sigma_step(k)
-        k += 1
-    if folded:
-        return a
+    run = _Goldschmidt.start(ops, x, sch, out_limit, out_factor)
+    while run.k < sch.doublings:
+        if run.next_level() > budget:
+            run.a = yield run.a
+            run.remeasure(budget)
+            run.fold_if_free(out_limit, out_factor)
+        else:
+            run.double()
+    if run.folded:
+        return run.a
+    a = run.a
     if ops.consumed(a) + 1 > out_limit:
         a = yield a
     return ops.scale(a, out_factor)

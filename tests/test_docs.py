@@ -1,5 +1,6 @@
 """The documentation builds and its examples run: the API reference from the docstrings
-(``make docs``) and every block of docs/USAGE.md, in order, as a user would paste them."""
+(``make docs``) and every block of docs/USAGE.md, in order, as a user would paste them;
+and no document or docstring names a file of the project that does not exist."""
 
 from __future__ import annotations
 
@@ -58,3 +59,38 @@ def test_every_example_of_the_usage_page_runs_as_written(tmp_path: Path) -> None
     ran = subprocess.run([sys.executable, "usage.py"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+
+
+# A project file named in prose: a path under one of the project's folders, with a suffix.
+FILE_REFERENCE = re.compile(r"(?<![\w/.-])((?:fednorm|tests|docs|bench|results|examples)/"
+                            r"[\w./-]*\.(?:py|md|csv|json|toml|txt|png))\b")
+OUTPUT = re.compile(r"--out\s+([\w./-]*\w)")  # a file a documented command makes
+
+
+def missing_files(text: str, root: Path = ROOT) -> list[str]:
+    """The project files ``text`` names that do not exist under ``root`` (a file that a
+    command in ``text`` writes with ``--out`` counts as named by its command)."""
+    made = set(OUTPUT.findall(text))
+    return [match.group(1) for match in FILE_REFERENCE.finditer(text)
+            if match.group(1) not in made and not (root / match.group(1)).exists()]
+
+
+def documents() -> list[Path]:
+    return [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").glob("*.md"),
+            *(ROOT / "results").glob("*.md"), *(ROOT / "fednorm").rglob("*.py"),
+            *(ROOT / "tests").glob("*.py"), ROOT / "Makefile"]
+
+
+SELF = Path(__file__).resolve()  # its own check names a missing file on purpose
+
+
+def test_documents_and_docstrings_name_only_files_that_exist() -> None:
+    missing = {str(path.relative_to(ROOT)): found for path in documents()
+               if path.resolve() != SELF and (found := missing_files(path.read_text()))}
+    assert not missing
+
+
+def test_the_file_reference_check_can_fail() -> None:
+    assert missing_files("timed by ``bench/bench_ppf.py``; see docs/LEAKAGE.md; "
+                         "fednorm --out results/next.csv, then read results/next.csv"
+                         ) == ["bench/bench_ppf.py"]

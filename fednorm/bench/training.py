@@ -15,7 +15,7 @@ clients (IID, seed 0), for a fixed number of rounds (no early stopping): one run
 (federated z-score) alone, then all 13 normalizations run one at a time and stacked
 (runs of one architecture trained together), alternating repeat by repeat. The
 one-run timing uses only ``run_cell``, so it also runs against an older checkout that
-has this module (before it moved here, it was ``bench/bench_training.py``):
+has this module (before it moved into the package it was a script beside the bench):
 
     git archive <commit> fednorm | tar -x -C /tmp/before
     PYTHONPATH=/tmp/before .venv/bin/python -m fednorm.bench.training --parkinsons

@@ -23,6 +23,8 @@ from fednorm.engine.ckks import (
 
 PARTIES = 3
 SUM_WIDTH = 8
+FRESH_ABS_TOL = 1e-5  # scale 2^50 decryption: ~1e-6 smudging noise at P=3, with margin
+DOUBLED_ABS_TOL = 1e-7  # after a multiplication: the ciphertext's own noise only
 BLOCK = TEST.slots // 16
 
 

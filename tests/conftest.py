@@ -13,6 +13,8 @@ from hypothesis import settings
 if TYPE_CHECKING:
     from ckks_federation import CkksFederation
 
+    from fednorm.engine.ckks import CkksContext
+
 # The suite's property tests draw the same examples on every run (a red CI run is a bug
 # in the code, not a new draw); HYPOTHESIS_PROFILE=explore searches afresh each run.
 settings.register_profile("suite", derandomize=True)
@@ -120,6 +122,34 @@ def fed() -> "CkksFederation":
     from ckks_federation import CkksFederation
 
     return CkksFederation()
+
+
+@pytest.fixture(scope="session")
+def foreign() -> "CkksContext":
+    """A CKKS context with other parameters: its objects must be rejected by ours."""
+    from fednorm.engine.ckks import CkksContext, CkksPreset
+
+    return CkksContext(CkksPreset(name="foreign", ring_dim=1 << 13,
+                                  security="HEStd_NotSet", depth=6))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny tensors: a second torch thread only adds synchronization (and on a busy
+    machine, waits of milliseconds per operation)."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bcw() -> Any:
+    """The packaged Breast Cancer Wisconsin data set."""
+    from fednorm.sim.datasets import load_dataset
+
+    return load_dataset("bcw")
 
 
 @pytest.fixture

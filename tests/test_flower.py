@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 from loopback_grid import LoopbackGrid
 from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
-from fednorm.engine.errors import InputError, PartyDropped
+from fednorm.engine.errors import InputError, PartyDropped, RunAborted
 from fednorm.flower import fitted_normalizer, normalize, register_party
 from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
@@ -145,14 +145,51 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
     assert sent == sorted(sent) and len(sent) >= fitted.protocol_rounds // 2
 
 
-def test_a_node_with_bad_data_stops_the_session_and_every_worker(pipe_dir: Path) -> None:
+def test_a_node_with_bad_data_stops_the_session_and_every_worker(
+    pipe_dir: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """As ``fednorm party`` refuses data it cannot use: the ServerApp hears the kind and
+    the remedy, the node's log the detail."""
     def load(context: Context) -> np.ndarray:
         X = partition_of(context)
         return X[:, 0] if context.node_id == 4242 else X  # 1-D: not a feature matrix
 
-    with pytest.raises(PartyDropped, match=r"party 2 \(node 4242\).*InputError.*2-D"):
+    with pytest.raises(RunAborted) as refused:
         normalize(loopback(load), NODE_IDS, "robust", "plain")
+    assert str(refused.value) == ("party 2 refused its input: its data cannot be used; fix "
+                                  "its data: that party's own log names the columns and the "
+                                  "cause")
     wait_until_gone(pipe_dir)
+    assert (f"fednorm node 4242: {refused.value}: party data must be a 2-D array"
+            in capfd.readouterr().err)
+
+
+def test_a_node_with_values_beyond_vabs_names_them_in_its_log_and_the_remedy_to_the_server(
+    pipe_dir: Path, certs: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The cause travels as over TCP: the ServerApp's error names the kind and the remedy
+    (the words ``fednorm serve`` reports), never the values; the node's log names them."""
+    def load(context: Context) -> np.ndarray:
+        X = partition_of(context).copy()
+        if context.node_id == 4242:
+            X[0, 2] = -5e4
+        return X
+
+    grid = loopback(load)
+    for context in grid.contexts.values():
+        context.node_config[CERTS_KEY] = str(certs)
+        context.node_config[ALLOW_UNCHECKED_KEY] = True
+    options = FitOptions(algorithm="paper", preset="test", vabs=(4e3,))
+    with pytest.raises(RunAborted) as refused:
+        normalize(grid, NODE_IDS, "minmax", "mhe", options)
+    assert str(refused.value) == ("party 2 refused its input: values beyond the agreed V_abs; "
+                                  "agree on a larger V_abs (vabs), one that bounds every "
+                                  "party's values")
+    wait_until_gone(pipe_dir)
+    log = capfd.readouterr().err
+    assert (f"fednorm party worker: {refused.value}: values beyond the agreed bound vabs: "
+            "feature 3 (|x| up to 50000, bound 4000)") in log, log
+    assert log.count("50000") == 1  # on party 2's log only: the others heard the cause
 
 
 def test_a_worker_killed_mid_protocol_fails_the_run_and_leaves_nothing_behind(

@@ -27,6 +27,8 @@ import numpy as np
 from fednorm.engine.errors import InputError, ProtocolError
 
 if TYPE_CHECKING:  # the ClientApp relay stays light: it imports no protocol code
+    import trio
+
     from fednorm.protocols.normalizers import Normalizer
 
 PIPE_DIR_ENV = "FEDNORM_FLOWER_DIR"
@@ -104,6 +106,21 @@ def exchange(path: Path, packet: dict[str, Any], timeout: float) -> dict[str, An
         sock.sendall(pack(packet))
         length = packet_length(_receive_exactly(sock, HEADER_BYTES))
         return unpack(_receive_exactly(sock, length))
+
+
+# -- the worker's end (trio) -----------------------------------------------------------
+async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:
+    """The next packet a ClientApp run sent the worker on ``stream``."""
+    async def exactly(size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = await stream.receive_some(min(size - len(data), 1 << 20))
+            if not chunk:
+                raise ProtocolError("the ClientApp closed the party pipe mid-packet")
+            data += chunk
+        return bytes(data)
+
+    return unpack(await exactly(packet_length(await exactly(HEADER_BYTES))))
 
 
 # -- what crosses the pipe ----------------------------------------------------------------

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import (
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    ProtocolTimeout,
+    RunAborted,
+)
 from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.flower.content import (
@@ -33,12 +39,12 @@ from fednorm.flower.content import (
 )
 from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
+from fednorm.protocols.base import options_to_wire
 from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
-    options_to_wire,
     parse_methods,
     play_session,
     run_role,
@@ -71,7 +77,12 @@ class PartyLine:
         return not self.closed and self.status in ("new", "waiting")
 
     def dropped(self) -> PartyDropped:
-        return PartyDropped(f"{role_name(self.party)} (node {self.node_id})", self.error or (
+        """Why this party is gone: its own reason when it gave one (\"party 2 refused its
+        input: ...\"), as a multi-host server reports it, else what the server saw."""
+        peer = f"{role_name(self.party)} (node {self.node_id})"
+        if self.error.startswith(f"{role_name(self.party)} "):
+            return RunAborted(peer, self.error)
+        return PartyDropped(peer, self.error or (
             "link closed" if self.closed else f"the party is {self.status}"))
 
 

@@ -31,24 +31,22 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
-    HEADER_BYTES,
     READY,
     array_from_wire,
     normalizer_to_wire,
     pack,
-    packet_length,
-    unpack,
+    receive_packet,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data, refuse_unchecked
+from fednorm.protocols.base import check_party_data, options_from_wire, refuse_unchecked
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     abort_reason,
-    options_from_wire,
+    check_session_inputs,
     play_session,
     root_cause,
 )
@@ -152,7 +150,8 @@ class Setup:
 @dataclass
 class Outcome:
     normalizers: list[Normalizer] | None = None  # one per method of the session
-    error: str | None = None
+    error: str | None = None  # what the server hears: a refused input's kind, no data
+    log: str | None = None  # what this node's log says: the refused columns and values too
     finished: bool = False
 
 
@@ -176,6 +175,7 @@ class PartyTurns:
             self.outcome.normalizers = await role
         except Exception as exc:
             self.outcome.error = abort_reason(party, exc)
+            self.outcome.log = str(exc) if isinstance(exc, InputError) else self.outcome.error
         finally:
             self.outcome.finished = True
             await self.link.aclose()
@@ -270,20 +270,8 @@ class PartyWorker:
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
+        check_session_inputs(setup.party, X, plan.protocols, options)
         return await play_session(contexts, plan, options, X)
-
-
-async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:
-    async def exactly(size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = await stream.receive_some(min(size - len(data), 1 << 20))
-            if not chunk:
-                raise ProtocolError("the ClientApp closed the party pipe mid-packet")
-            data += chunk
-        return bytes(data)
-
-    return unpack(await exactly(packet_length(await exactly(HEADER_BYTES))))
 
 
 # -- process plumbing ---------------------------------------------------------------------
@@ -391,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fednorm party worker: stopped before the session ended", file=sys.stderr)
         return 1
     if outcome.error is not None:
-        print(f"fednorm party worker: {outcome.error}", file=sys.stderr)
+        print(f"fednorm party worker: {outcome.log}", file=sys.stderr)
         return 1
     return 0
 

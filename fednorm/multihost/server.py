@@ -32,14 +32,13 @@ from fednorm.multihost.handshake import (
 )
 from fednorm.multihost.lobby import Lobby, SchemaMismatch
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import Protocol
+from fednorm.protocols.base import Protocol, options_to_wire
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
     check_options_used,
     needs_vabs,
-    options_to_wire,
     play_session,
     role_context,
     run_role,

@@ -42,7 +42,8 @@ NODES = 3
 CONNECTION = "fednorm-test"
 
 sys.path.insert(0, str(EXAMPLE))
-from flower_robust.task import load_partition  # noqa: E402
+from flower_robust.server_app import write_result  # noqa: E402
+from flower_robust.task import bcw_features, load_partition  # noqa: E402
 
 
 def short_private_dir(prefix: str) -> Path:
@@ -181,15 +182,44 @@ def test_a_node_with_values_beyond_vabs_names_them_in_its_log_and_the_remedy_to_
         context.node_config[ALLOW_UNCHECKED_KEY] = True
     options = FitOptions(algorithm="paper", preset="test", vabs=(4e3,))
     with pytest.raises(RunAborted) as refused:
-        normalize(grid, NODE_IDS, "minmax", "mhe", options)
+        normalize(grid, NODE_IDS, "minmax", "mhe", options, features=bcw_features())
     assert str(refused.value) == ("party 2 refused its input: values beyond the agreed V_abs; "
                                   "agree on a larger V_abs (vabs), one that bounds every "
                                   "party's values")
     wait_until_gone(pipe_dir)
     log = capfd.readouterr().err
     assert (f"fednorm party worker: {refused.value}: values beyond the agreed bound vabs: "
-            "feature 3 (|x| up to 50000, bound 4000)") in log, log
+            "'perimeter_mean' (|x| up to 50000, bound 4000)") in log, log
     assert log.count("50000") == 1  # on party 2's log only: the others heard the cause
+
+
+def test_the_columns_names_reach_every_fit_and_the_example_s_result_json(
+    pipe_dir: Path, tmp_path: Path,
+) -> None:
+    grid = loopback(partition_of)
+    names = bcw_features()
+    fitted = normalize(grid, NODE_IDS, "zscore", "plain", features=names)
+    assert fitted.normalizer.params() == expected_normalizer([0, 1, 2], "zscore", "plain",
+                                                             FitOptions())
+    assert fitted.normalizer.feature_names == tuple(names)
+    for context in grid.contexts.values():  # the nodes' fits carry them too
+        assert fitted_normalizer(context).feature_names == tuple(names)
+    write_result(tmp_path, {"method": "zscore", "privacy": "plain"}, fitted, {})
+    document = json.loads((tmp_path / "result.json").read_text())
+    assert document["features"] == names  # as `fednorm simulate --json` writes them
+    assert len(document["params"]["mean"]) == len(names)
+    wait_until_gone(pipe_dir)
+
+
+def test_a_node_whose_columns_the_server_does_not_name_refuses_the_session(
+    pipe_dir: Path,
+) -> None:
+    with pytest.raises(RunAborted, match=r"party \d refused the session: its data has 30 "
+                       r"columns, the ServerApp names 2 \(a, b\)"):
+        normalize(loopback(partition_of), NODE_IDS, "zscore", "plain", features=["a", "b"])
+    with pytest.raises(InputError, match="features names a more than once"):
+        normalize(loopback(partition_of), NODE_IDS, "zscore", "plain", features=["a", "a"])
+    wait_until_gone(pipe_dir)
 
 
 def test_a_worker_killed_mid_protocol_fails_the_run_and_leaves_nothing_behind(
@@ -484,6 +514,7 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
     seconds = time.monotonic() - started
 
     check_against_simulation(deployment, document, "robust", "plain", options, rtol=1e-12)
+    assert document["features"] == bcw_features()
     check_quartiles_against_numpy(document["params"], options.relative_epsilon)
     assert document["flower_rounds"] == document["protocol_rounds"] + 1  # + the result
     # The ServerApp's log shows the run's progress: phase, round, bytes so far.

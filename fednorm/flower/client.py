@@ -143,6 +143,7 @@ def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, objec
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
             "X": array_to_wire(X), "certs": None if certs is None else str(certs),
+            "features": request.start.features,
             "allow_unchecked": _true(context.node_config.get(ALLOW_UNCHECKED_KEY, False))}
 
 

@@ -136,6 +136,11 @@ def array_from_wire(wire: dict[str, Any]) -> np.ndarray:
         raise ProtocolError(f"malformed party data on the pipe: {exc}") from None
 
 
+def optional_names(names: Any) -> tuple[str, ...] | None:
+    """Column names as they cross a message or the pipe (a list, or None: unnamed)."""
+    return None if names is None else tuple(map(str, names))
+
+
 def _normalizer_classes() -> dict[str, type[Normalizer]]:
     from fednorm.protocols.normalizers import Normalizer
 
@@ -149,16 +154,20 @@ def _normalizer_classes() -> dict[str, type[Normalizer]]:
 
 
 def normalizer_to_wire(normalizer: Normalizer) -> dict[str, Any]:
-    """A fitted normalizer as plain data: its method and its parameter vectors."""
-    return {"method": normalizer.METHOD, "params": normalizer.params()}
+    """A fitted normalizer as plain data: its method, its parameter vectors and, when the
+    session named them, the columns' names."""
+    names = normalizer.feature_names
+    return {"method": normalizer.METHOD, "params": normalizer.params(),
+            "features": None if names is None else list(names)}
 
 
 def normalizer_from_wire(wire: dict[str, Any]) -> Normalizer:
     """Rebuild a normalizer from :func:`normalizer_to_wire`; fields follow ``PARAMS`` order."""
     try:
         cls = _normalizer_classes()[wire["method"]]
-        return cls(*(np.asarray(wire["params"][name], dtype=np.float64)
-                     for name in cls.PARAMS))
+        fitted = cls(*(np.asarray(wire["params"][name], dtype=np.float64)
+                       for name in cls.PARAMS))
+        return fitted.with_names(optional_names(wire.get("features")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed normalizer parameters: {exc}") from None
 

@@ -31,12 +31,19 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    SessionRefused,
+)
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     READY,
     array_from_wire,
     normalizer_to_wire,
+    optional_names,
     pack,
     receive_packet,
 )
@@ -133,6 +140,7 @@ class Setup:
     X: np.ndarray
     certs: str | None
     allow_unchecked: bool = False
+    features: tuple[str, ...] | None = None
 
     @classmethod
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
@@ -142,7 +150,7 @@ class Setup:
                        tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
                        array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]),
-                       setup.get("allow_unchecked") is True)
+                       setup.get("allow_unchecked") is True, optional_names(setup.get("features")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed setup on the party pipe: {exc}") from None
 
@@ -270,8 +278,12 @@ class PartyWorker:
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
-        check_session_inputs(setup.party, X, plan.protocols, options)
-        return await play_session(contexts, plan, options, X)
+        if setup.features is not None and len(setup.features) != X.shape[1]:
+            raise SessionRefused(f"{role_name(setup.party)} refused the session: its data has "
+                                 f"{X.shape[1]} columns, the ServerApp names "
+                                 f"{len(setup.features)} ({', '.join(setup.features)})")
+        check_session_inputs(setup.party, X, plan.protocols, options, setup.features)
+        return await play_session(contexts, plan, options, X, setup.features)
 
 
 # -- process plumbing ---------------------------------------------------------------------

@@ -137,11 +137,19 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
     for context in grid.contexts.values():
         assert fitted_normalizer(context).params() == expected
     wait_until_gone(pipe_dir)
-    # The server's log tells the phase, round and bytes so far as the run goes.
-    assert progress[0].startswith("fednorm robust-plain: upload · round 1 · ")
+    # The server's log tells the phase, the Flower round and bytes so far as the run goes:
+    # one count of the run's rounds, Flower's (the search's own round is its phase's).
+    shape = re.compile(r"fednorm robust-plain: ([a-z ]+?)(?: round \d+ of ~\d+)? · "
+                       r"Flower round (\d+) · [\d.]+ [kM]?B sent, [\d.]+ [kM]?B received · \d+ s")
+    shown = [shape.fullmatch(line) for line in progress]
+    assert all(shown), [line for line, match in zip(progress, shown, strict=True) if not match]
+    flower = [int(match[2]) for match in shown if match]
+    assert flower == sorted(flower) and flower[0] == 1
+    assert progress[0].startswith("fednorm robust-plain: upload · Flower round 1 · ")
     assert any(re.search(r"rank search round 5 of ~\d+ · ", line) for line in progress)
-    assert progress[-1].startswith(f"fednorm robust-plain: result · round "
-                                   f"{fitted.protocol_rounds} · ")
+    # The result goes out in the last Flower round, after the last line.
+    assert progress[-1].startswith(f"fednorm robust-plain: result · Flower round "
+                                   f"{fitted.flower_rounds - 1} · ")
     sent = [float(n) for n in re.findall(r"· ([\d.]+) kB sent", "\n".join(progress))]
     assert sent == sorted(sent) and len(sent) >= fitted.protocol_rounds // 2
 
@@ -518,8 +526,8 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
     check_quartiles_against_numpy(document["params"], options.relative_epsilon)
     assert document["flower_rounds"] == document["protocol_rounds"] + 1  # + the result
     # The ServerApp's log shows the run's progress: phase, round, bytes so far.
-    assert re.search(r"fednorm robust-plain: rank search round \d+ of ~\d+ · round \d+ · "
-                     r"[\d.]+ kB sent", log), log[-3000:]
+    assert re.search(r"fednorm robust-plain: rank search round \d+ of ~\d+ · Flower round "
+                     r"\d+ · [\d.]+ kB sent", log), log[-3000:]
     # Step 2 ran: FedAvg on the normalized data learned the task.
     final = document["evaluate"][str(max(map(int, document["evaluate"])))]
     assert final["eval-acc"] > 0.9, document["evaluate"]

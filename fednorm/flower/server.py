@@ -275,7 +275,9 @@ def normalize(
     normalizers carry the names, on the server and on the nodes, and a node's refusal of
     its data names them in its log; a node with another number of columns refuses the
     session.  ``progress`` (e.g. the ServerApp's log)
-    gets a line each time the phase or the protocol round changes, with bytes so far;
+    gets a line each time the phase or the Flower round changes; the run's rounds are
+    counted in Flower rounds only ("rank search round 5 of ~22 · Flower round 8 · ..."),
+    the count ``flower_rounds`` ends at, never the protocol's own beside them;
     ``tracer`` watches the server role (its phases, crypto calls and every frame).
     """
     methods = parse_methods(method) if isinstance(method, str) else tuple(method)
@@ -296,7 +298,8 @@ def normalize(
     exchange = FlowerExchange(grid, lines, session, start, timeout)
     tracers = [] if tracer is None else [tracer]
     if progress is not None:
-        tracers.append(LineTracer(progress, f"fednorm {plan.name}"))
+        tracers.append(LineTracer(progress, f"fednorm {plan.name}",
+                                  lambda: f"Flower round {exchange.flower_rounds}"))
     return trio.run(_serve, plan, options, exchange, tracers)
 
 

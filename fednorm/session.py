@@ -16,20 +16,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgpack
 import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, InputRefused, PartyDropped
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
-from fednorm.protocols.base import METHODS, Protocol, check_party_data
+from fednorm.protocols.base import (
+    BEYOND_VABS,
+    FINER_EPSILON,
+    METHODS,
+    Protocol,
+    check_party_data,
+    input_rejected,
+)
 from fednorm.protocols.ppf.keys import setup_protocol
 
 T = TypeVar("T")
@@ -198,7 +204,8 @@ async def run_role(ctx: RoleContext, role: Awaitable[T]) -> T:
         reason = abort_reason(ctx.me, exc)
         with trio.CancelScope(shield=True):
             await ctx.send_abort(reason)
-        if isinstance(exc, InputError) and reason != str(exc):
+        if isinstance(exc, InputError) and not isinstance(exc, InputRefused) \
+                and reason != str(exc):
             # Only the category went out: this console gets it and the detail.
             raise InputError(f"{reason}: {exc}") from exc
         raise
@@ -215,6 +222,8 @@ def abort_reason(me: int, exc: BaseException) -> str:
         exc = root_cause(exc)
     if isinstance(exc, BaseExceptionGroup | trio.Cancelled | KeyboardInterrupt):
         return f"{role_name(me)} was interrupted"  # nothing but cancellations: a signal
+    if isinstance(exc, InputRefused) and me != SERVER:
+        return exc.cause
     if isinstance(exc, InputError) and exc.about_data and me != SERVER:
         return input_rejected(me)
     if isinstance(exc, FednormError):
@@ -222,9 +231,18 @@ def abort_reason(me: int, exc: BaseException) -> str:
     return f"{role_name(me)} failed: {type(exc).__name__}: {exc}"
 
 
-def input_rejected(party: int, what: str = "") -> str:
-    """The category a party's refusal of its own input is known by to everyone else."""
-    return f"{role_name(party)} refused its input" + (f": {what}" if what else "")
+def check_session_inputs(party: int, X: np.ndarray, protocols: Sequence[Protocol],
+                         options: FitOptions, features: Sequence[str] | None = None) -> None:
+    """A party's data against what the server announced, before any key or frame: an
+    :class:`InputRefused` whose cause every role can report, so no one has to wait for
+    the protocol to trip over the data (and name only "party 2 refused its input")."""
+    for check, kind in ((check_within_vabs, BEYOND_VABS), (check_epsilon_reachable,
+                                                            FINER_EPSILON)):
+        try:
+            for protocol in protocols:
+                check(X, protocol, options, features)
+        except InputError as exc:
+            raise kind.refusal(party, exc) from None
 
 
 def root_cause(group: BaseExceptionGroup) -> BaseException:
@@ -241,25 +259,6 @@ def root_cause(group: BaseExceptionGroup) -> BaseException:
     collect(group)
     causes = [exc for exc in leaves if not isinstance(exc, PartyDropped)]
     return (causes or leaves or [group])[0]
-
-
-# -- options as the server sends them ---------------------------------------------------
-def options_to_wire(options: FitOptions) -> dict[str, Any]:
-    """The server's options as a welcome carries them; unsendable options are bad input."""
-    wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)}
-    try:
-        msgpack.packb(wire, use_bin_type=True)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"fit options cannot be sent to the parties: {exc}") from None
-    return wire
-
-
-def options_from_wire(wire: Mapping[str, Any]) -> FitOptions:
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()}
-    try:
-        return FitOptions(**values)
-    except (TypeError, InputError) as exc:
-        raise ProtocolError(f"the server sent unusable options: {exc}") from None
 
 
 # -- checks before and after a run ------------------------------------------------------

@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 from loopback_grid import LoopbackGrid
 from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
-from fednorm.engine.errors import InputError, PartyDropped
+from fednorm.engine.errors import InputError, PartyDropped, RunAborted
 from fednorm.flower import fitted_normalizer, normalize, register_party
 from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
@@ -42,7 +42,8 @@ NODES = 3
 CONNECTION = "fednorm-test"
 
 sys.path.insert(0, str(EXAMPLE))
-from flower_robust.task import load_partition  # noqa: E402
+from flower_robust.server_app import write_result  # noqa: E402
+from flower_robust.task import bcw_features, load_partition  # noqa: E402
 
 
 def short_private_dir(prefix: str) -> Path:
@@ -136,22 +137,96 @@ def test_each_protocol_round_is_one_flower_round_and_every_node_keeps_the_result
     for context in grid.contexts.values():
         assert fitted_normalizer(context).params() == expected
     wait_until_gone(pipe_dir)
-    # The server's log tells the phase, round and bytes so far as the run goes.
-    assert progress[0].startswith("fednorm robust-plain: upload · round 1 · ")
+    # The server's log tells the phase, the Flower round and bytes so far as the run goes:
+    # one count of the run's rounds, Flower's (the search's own round is its phase's).
+    shape = re.compile(r"fednorm robust-plain: ([a-z ]+?)(?: round \d+ of ~\d+)? · "
+                       r"Flower round (\d+) · [\d.]+ [kM]?B sent, [\d.]+ [kM]?B received · \d+ s")
+    shown = [shape.fullmatch(line) for line in progress]
+    assert all(shown), [line for line, match in zip(progress, shown, strict=True) if not match]
+    flower = [int(match[2]) for match in shown if match]
+    assert flower == sorted(flower) and flower[0] == 1
+    assert progress[0].startswith("fednorm robust-plain: upload · Flower round 1 · ")
     assert any(re.search(r"rank search round 5 of ~\d+ · ", line) for line in progress)
-    assert progress[-1].startswith(f"fednorm robust-plain: result · round "
-                                   f"{fitted.protocol_rounds} · ")
+    # The result goes out in the last Flower round, after the last line.
+    assert progress[-1].startswith(f"fednorm robust-plain: result · Flower round "
+                                   f"{fitted.flower_rounds - 1} · ")
     sent = [float(n) for n in re.findall(r"· ([\d.]+) kB sent", "\n".join(progress))]
     assert sent == sorted(sent) and len(sent) >= fitted.protocol_rounds // 2
 
 
-def test_a_node_with_bad_data_stops_the_session_and_every_worker(pipe_dir: Path) -> None:
+def test_a_node_with_bad_data_stops_the_session_and_every_worker(
+    pipe_dir: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """As ``fednorm party`` refuses data it cannot use: the ServerApp hears the kind and
+    the remedy, the node's log the detail."""
     def load(context: Context) -> np.ndarray:
         X = partition_of(context)
         return X[:, 0] if context.node_id == 4242 else X  # 1-D: not a feature matrix
 
-    with pytest.raises(PartyDropped, match=r"party 2 \(node 4242\).*InputError.*2-D"):
+    with pytest.raises(RunAborted) as refused:
         normalize(loopback(load), NODE_IDS, "robust", "plain")
+    assert str(refused.value) == ("party 2 refused its input: its data cannot be used; fix "
+                                  "its data: that party's own log names the columns and the "
+                                  "cause")
+    wait_until_gone(pipe_dir)
+    assert (f"fednorm node 4242: {refused.value}: party data must be a 2-D array"
+            in capfd.readouterr().err)
+
+
+def test_a_node_with_values_beyond_vabs_names_them_in_its_log_and_the_remedy_to_the_server(
+    pipe_dir: Path, certs: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The cause travels as over TCP: the ServerApp's error names the kind and the remedy
+    (the words ``fednorm serve`` reports), never the values; the node's log names them."""
+    def load(context: Context) -> np.ndarray:
+        X = partition_of(context).copy()
+        if context.node_id == 4242:
+            X[0, 2] = -5e4
+        return X
+
+    grid = loopback(load)
+    for context in grid.contexts.values():
+        context.node_config[CERTS_KEY] = str(certs)
+        context.node_config[ALLOW_UNCHECKED_KEY] = True
+    options = FitOptions(algorithm="paper", preset="test", vabs=(4e3,))
+    with pytest.raises(RunAborted) as refused:
+        normalize(grid, NODE_IDS, "minmax", "mhe", options, features=bcw_features())
+    assert str(refused.value) == ("party 2 refused its input: values beyond the agreed V_abs; "
+                                  "agree on a larger V_abs (vabs), one that bounds every "
+                                  "party's values")
+    wait_until_gone(pipe_dir)
+    log = capfd.readouterr().err
+    assert (f"fednorm party worker: {refused.value}: values beyond the agreed bound vabs: "
+            "'perimeter_mean' (|x| up to 50000, bound 4000)") in log, log
+    assert log.count("50000") == 1  # on party 2's log only: the others heard the cause
+
+
+def test_the_columns_names_reach_every_fit_and_the_example_s_result_json(
+    pipe_dir: Path, tmp_path: Path,
+) -> None:
+    grid = loopback(partition_of)
+    names = bcw_features()
+    fitted = normalize(grid, NODE_IDS, "zscore", "plain", features=names)
+    assert fitted.normalizer.params() == expected_normalizer([0, 1, 2], "zscore", "plain",
+                                                             FitOptions())
+    assert fitted.normalizer.feature_names == tuple(names)
+    for context in grid.contexts.values():  # the nodes' fits carry them too
+        assert fitted_normalizer(context).feature_names == tuple(names)
+    write_result(tmp_path, {"method": "zscore", "privacy": "plain"}, fitted, {})
+    document = json.loads((tmp_path / "result.json").read_text())
+    assert document["features"] == names  # as `fednorm simulate --json` writes them
+    assert len(document["params"]["mean"]) == len(names)
+    wait_until_gone(pipe_dir)
+
+
+def test_a_node_whose_columns_the_server_does_not_name_refuses_the_session(
+    pipe_dir: Path,
+) -> None:
+    with pytest.raises(RunAborted, match=r"party \d refused the session: its data has 30 "
+                       r"columns, the ServerApp names 2 \(a, b\)"):
+        normalize(loopback(partition_of), NODE_IDS, "zscore", "plain", features=["a", "b"])
+    with pytest.raises(InputError, match="features names a more than once"):
+        normalize(loopback(partition_of), NODE_IDS, "zscore", "plain", features=["a", "a"])
     wait_until_gone(pipe_dir)
 
 
@@ -447,11 +522,12 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
     seconds = time.monotonic() - started
 
     check_against_simulation(deployment, document, "robust", "plain", options, rtol=1e-12)
+    assert document["features"] == bcw_features()
     check_quartiles_against_numpy(document["params"], options.relative_epsilon)
     assert document["flower_rounds"] == document["protocol_rounds"] + 1  # + the result
     # The ServerApp's log shows the run's progress: phase, round, bytes so far.
-    assert re.search(r"fednorm robust-plain: rank search round \d+ of ~\d+ · round \d+ · "
-                     r"[\d.]+ kB sent", log), log[-3000:]
+    assert re.search(r"fednorm robust-plain: rank search round \d+ of ~\d+ · Flower round "
+                     r"\d+ · [\d.]+ kB sent", log), log[-3000:]
     # Step 2 ran: FedAvg on the normalized data learned the task.
     final = document["evaluate"][str(max(map(int, document["evaluate"])))]
     assert final["eval-acc"] > 0.9, document["evaluate"]

@@ -292,10 +292,13 @@ SCHEMA_CASES = {
     "beyond V_abs": (["--method", "minmax", "--privacy", "mhe",
                      "--algorithm", "paper", "--vabs", "100"],
                      "beyond", False, "party 3 refused its input: values beyond the agreed "
-                     "V_abs"),
+                     "V_abs; agree on a larger V_abs (vabs), one that bounds every party's "
+                     "values"),
     # A party that cannot read its own data never joins: it connects only to say so.
     "unusable data, others waiting": ([], "not numeric", False,
-                                      "party 3 refused its input: its data cannot be used"),
+                                      "party 3 refused its input: its data cannot be used; "
+                                      "fix its data: that party's own log names the columns "
+                                      "and the cause"),
     "unusable data, first": ([], "not numeric", True,
                              "party 3 refused its input: its data cannot be used"),
     # Party 3 was not started with --allow-paper-algorithms: it withdraws before any key.

@@ -32,10 +32,10 @@ from fednorm.multihost.files import (
     party_outputs,
     replace_outputs,
 )
-from fednorm.multihost.party import UNUSABLE_DATA, Party
+from fednorm.multihost.party import Party
 from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
-from fednorm.protocols.base import ALLOW_UNCHECKED
+from fednorm.protocols.base import ALLOW_UNCHECKED, UNUSABLE_DATA
 from fednorm.session import root_cause
 from fednorm.transport.tcp import parse_address
 from fednorm.transport.tls import init_certs

@@ -38,6 +38,16 @@ class InputError(FednormError, ValueError):
     about_data = True
 
 
+class InputRefused(InputError):
+    """A party refused its own input for a reason it can name: ``cause`` is what every
+    other role hears (the kind of input and its remedy); the message adds the detail
+    (which columns, how large a value), which stays on the party's own log."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class SessionRefused(InputError):
     """A party will not take part in what the server announced (e.g. protocols whose
     requests it cannot check).  Its reason is about the session, not the party's data,

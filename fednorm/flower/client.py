@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import msgpack
 import numpy as np
 
-from fednorm.engine.errors import FednormError, InputError, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, InputRefused, ProtocolError
 from fednorm.flower.content import (
     ACTION,
     Answer,
@@ -93,10 +93,13 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         packet = {"session": request.session, "party": request.party,
                   "frames": request.frames, "closing": request.closing}
         if request.start is not None:
-            packet["setup"] = _setup(request, _checked(load_data(context)), context)
+            packet["setup"] = _setup(request, _node_data(request.party, load_data, context),
+                                     context)
             start_worker(path, request.timeout)
         reply = _exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
+    except InputRefused as exc:  # the detail went to this node's log, not to the server
+        return Answer(request.session, "failed", error=exc.cause)
     except (FednormError, OSError) as exc:
         return Answer(request.session, "failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -115,14 +118,22 @@ class PartyGone(FednormError):
     """The node's party worker stopped before its session ended."""
 
 
-def _checked(X: np.ndarray) -> np.ndarray:
+def _node_data(party: int, load_data: DataLoader, context: Context) -> np.ndarray:
+    """This node's data, checked; data it cannot use is refused as ``fednorm party`` refuses
+    it: the server hears the kind and the remedy, this node's log the detail."""
     # Imported here, once a session: each ClientApp run is a new process, and most only
     # relay frames, so they load no protocol code.
-    from fednorm.protocols.base import check_party_data
+    from fednorm.protocols.base import UNUSABLE_DATA, check_party_data
     from fednorm.session import check_real
 
-    check_real(X)
-    return check_party_data(X)
+    try:
+        X = load_data(context)
+        check_real(X)
+        return check_party_data(X)
+    except InputError as exc:
+        refusal = UNUSABLE_DATA.refusal(party, exc)
+        print(f"fednorm node {context.node_id}: {refusal}", file=sys.stderr, flush=True)
+        raise refusal from None
 
 
 def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:
@@ -132,6 +143,7 @@ def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, objec
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
             "X": array_to_wire(X), "certs": None if certs is None else str(certs),
+            "features": request.start.features,
             "allow_unchecked": _true(context.node_config.get(ALLOW_UNCHECKED_KEY, False))}
 
 

@@ -2,14 +2,13 @@
 
 Server to node (message type ``query.fednorm``): the session, the node's party id, the
 receive timeout, on the session's first message what it fits (the methods, in order, the
-privacy mode, the server's options), on its last one (once the server closed the link) a
-closing mark; then the fednorm frames for that party, each a uint8 array of an
-ArrayRecord (Flower sends large arrays in chunks, so MHE key material fits). Node to
-server: the same session, the party's status (``waiting`` for the server, ``done`` or
-``failed``), the frames it sent this turn, and when done a digest of its fitted
-parameters, or the error that stopped it (the digest covers the fits of every method of
-the session).
-"""
+privacy mode, the server's options, the columns' names if the server gave them), on its
+last one (once the server closed the link) a closing mark; then the fednorm frames for
+that party, each a uint8 array of an ArrayRecord (Flower sends large arrays in chunks,
+so MHE key material fits). Node to server: the same session, the party's status
+(``waiting`` for the server, ``done`` or ``failed``), the frames it sent this turn, and
+when done a digest of its fitted parameters, or the error that stopped it (the digest
+covers the fits of every method of the session)."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import msgpack
 import numpy as np
 
 from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.flower.localpipe import optional_names
 
 
 class FlowerMissing(InputError, ImportError):
@@ -52,6 +52,7 @@ class Start:
     privacy: str
     options: dict[str, Any]
     parties: int
+    features: tuple[str, ...] | None = None  # the columns' names, when the server named them
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ def request_content(request: Request) -> RecordDict:
         control.update(methods=list(request.start.methods), privacy=request.start.privacy,
                        options=msgpack.packb(request.start.options, use_bin_type=True),
                        parties=request.start.parties)
+        if request.start.features is not None:
+            control["features"] = list(request.start.features)
     if request.closing:
         control["closing"] = True
     return RecordDict({CONTROL_KEY: ConfigRecord(control),
@@ -118,7 +121,7 @@ def parse_request(message: Message) -> Request:
         if "methods" in control:
             start = Start(tuple(map(str, control["methods"])), str(control["privacy"]),
                           msgpack.unpackb(control["options"], raw=False),
-                          int(control["parties"]))
+                          int(control["parties"]), optional_names(control.get("features")))
         return Request(str(control["session"]), int(control["party"]),
                        float(control["timeout"]), _frames(message.content), start,
                        bool(control.get("closing", False)))

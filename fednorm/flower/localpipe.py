@@ -27,6 +27,8 @@ import numpy as np
 from fednorm.engine.errors import InputError, ProtocolError
 
 if TYPE_CHECKING:  # the ClientApp relay stays light: it imports no protocol code
+    import trio
+
     from fednorm.protocols.normalizers import Normalizer
 
 PIPE_DIR_ENV = "FEDNORM_FLOWER_DIR"
@@ -106,6 +108,21 @@ def exchange(path: Path, packet: dict[str, Any], timeout: float) -> dict[str, An
         return unpack(_receive_exactly(sock, length))
 
 
+# -- the worker's end (trio) -----------------------------------------------------------
+async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:
+    """The next packet a ClientApp run sent the worker on ``stream``."""
+    async def exactly(size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = await stream.receive_some(min(size - len(data), 1 << 20))
+            if not chunk:
+                raise ProtocolError("the ClientApp closed the party pipe mid-packet")
+            data += chunk
+        return bytes(data)
+
+    return unpack(await exactly(packet_length(await exactly(HEADER_BYTES))))
+
+
 # -- what crosses the pipe ----------------------------------------------------------------
 def array_to_wire(X: np.ndarray) -> dict[str, Any]:
     X = np.ascontiguousarray(X, dtype="<f8")
@@ -117,6 +134,11 @@ def array_from_wire(wire: dict[str, Any]) -> np.ndarray:
         return np.frombuffer(wire["data"], dtype="<f8").reshape(wire["shape"]).copy()
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed party data on the pipe: {exc}") from None
+
+
+def optional_names(names: Any) -> tuple[str, ...] | None:
+    """Column names as they cross a message or the pipe (a list, or None: unnamed)."""
+    return None if names is None else tuple(map(str, names))
 
 
 def _normalizer_classes() -> dict[str, type[Normalizer]]:
@@ -132,16 +154,20 @@ def _normalizer_classes() -> dict[str, type[Normalizer]]:
 
 
 def normalizer_to_wire(normalizer: Normalizer) -> dict[str, Any]:
-    """A fitted normalizer as plain data: its method and its parameter vectors."""
-    return {"method": normalizer.METHOD, "params": normalizer.params()}
+    """A fitted normalizer as plain data: its method, its parameter vectors and, when the
+    session named them, the columns' names."""
+    names = normalizer.feature_names
+    return {"method": normalizer.METHOD, "params": normalizer.params(),
+            "features": None if names is None else list(names)}
 
 
 def normalizer_from_wire(wire: dict[str, Any]) -> Normalizer:
     """Rebuild a normalizer from :func:`normalizer_to_wire`; fields follow ``PARAMS`` order."""
     try:
         cls = _normalizer_classes()[wire["method"]]
-        return cls(*(np.asarray(wire["params"][name], dtype=np.float64)
-                     for name in cls.PARAMS))
+        fitted = cls(*(np.asarray(wire["params"][name], dtype=np.float64)
+                       for name in cls.PARAMS))
+        return fitted.with_names(optional_names(wire.get("features")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed normalizer parameters: {exc}") from None
 

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from fednorm.engine.errors import InputError, PartyDropped, ProtocolError, ProtocolTimeout
+from fednorm.engine.errors import (
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    ProtocolTimeout,
+    RunAborted,
+)
 from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
 from fednorm.engine.tracing import Tracer
 from fednorm.flower.content import (
@@ -33,12 +39,13 @@ from fednorm.flower.content import (
 )
 from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
+from fednorm.protocols.base import options_to_wire
+from fednorm.protocols.columns import check_feature_names
 from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
-    options_to_wire,
     parse_methods,
     play_session,
     run_role,
@@ -71,7 +78,12 @@ class PartyLine:
         return not self.closed and self.status in ("new", "waiting")
 
     def dropped(self) -> PartyDropped:
-        return PartyDropped(f"{role_name(self.party)} (node {self.node_id})", self.error or (
+        """Why this party is gone: its own reason when it gave one (\"party 2 refused its
+        input: ...\"), as a multi-host server reports it, else what the server saw."""
+        peer = f"{role_name(self.party)} (node {self.node_id})"
+        if self.error.startswith(f"{role_name(self.party)} "):
+            return RunAborted(peer, self.error)
+        return PartyDropped(peer, self.error or (
             "link closed" if self.closed else f"the party is {self.status}"))
 
 
@@ -247,6 +259,7 @@ def normalize(
     options: FitOptions | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
+    features: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     tracer: Tracer | None = None,
 ) -> FlowerNormalization:
@@ -257,8 +270,14 @@ def normalize(
     ServerApp's ``main``; every node's ClientApp must have called
     :func:`fednorm.flower.register_party`.  Every party ends with the same normalizers
     (the server checks a digest of them); read them on the node with
-    :func:`fednorm.flower.fitted_normalizer`.  ``progress`` (e.g. the ServerApp's log)
-    gets a line each time the phase or the protocol round changes, with bytes so far;
+    :func:`fednorm.flower.fitted_normalizer`.  ``features`` names the columns, in the
+    order every node's data holds them (as ``fednorm serve --features``): the fitted
+    normalizers carry the names, on the server and on the nodes, and a node's refusal of
+    its data names them in its log; a node with another number of columns refuses the
+    session.  ``progress`` (e.g. the ServerApp's log)
+    gets a line each time the phase or the Flower round changes; the run's rounds are
+    counted in Flower rounds only ("rank search round 5 of ~22 · Flower round 8 · ..."),
+    the count ``flower_rounds`` ends at, never the protocol's own beside them;
     ``tracer`` watches the server role (its phases, crypto calls and every frame).
     """
     methods = parse_methods(method) if isinstance(method, str) else tuple(method)
@@ -270,24 +289,29 @@ def normalize(
         raise InputError(f"normalize needs distinct node ids, got {node_ids}")
     if not timeout > 0:
         raise InputError(f"the timeout must be positive, got {timeout}")
+    if features is not None:
+        check_feature_names(features, "features")
     lines = {party: PartyLine(party, node) for party, node in enumerate(node_ids, start=1)}
     session = secrets.token_hex(8)
-    start = Start(plan.methods, privacy, wire_options, len(lines))
+    start = Start(plan.methods, privacy, wire_options, len(lines),
+                  None if features is None else tuple(features))
     exchange = FlowerExchange(grid, lines, session, start, timeout)
     tracers = [] if tracer is None else [tracer]
     if progress is not None:
-        tracers.append(LineTracer(progress, f"fednorm {plan.name}"))
+        tracers.append(LineTracer(progress, f"fednorm {plan.name}",
+                                  lambda: f"Flower round {exchange.flower_rounds}"))
     return trio.run(_serve, plan, options, exchange, tracers)
 
 
 async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchange,
                  tracers: list[Tracer]) -> FlowerNormalization:
+    features = exchange.start.features
     links: dict[int, Link] = {party: NodeLink(line, exchange)
                               for party, line in exchange.lines.items()}
     contexts = StepContexts(SERVER, links, exchange.session, exchange.timeout, tracers)
     started = time.perf_counter()
     try:
-        normalizers = await play_session(contexts, plan, options)
+        normalizers = await play_session(contexts, plan, options, features=features)
         await run_role(contexts.made[-1], exchange.finish(params_digest(normalizers)))
     except BaseException:
         with trio.CancelScope(shield=True):

@@ -31,24 +31,29 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import FednormError, PartyDropped, ProtocolError
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    PartyDropped,
+    ProtocolError,
+    SessionRefused,
+)
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
-    HEADER_BYTES,
     READY,
     array_from_wire,
     normalizer_to_wire,
+    optional_names,
     pack,
-    packet_length,
-    unpack,
+    receive_packet,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data, refuse_unchecked
+from fednorm.protocols.base import check_party_data, options_from_wire, refuse_unchecked
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     abort_reason,
-    options_from_wire,
+    check_session_inputs,
     play_session,
     root_cause,
 )
@@ -135,6 +140,7 @@ class Setup:
     X: np.ndarray
     certs: str | None
     allow_unchecked: bool = False
+    features: tuple[str, ...] | None = None
 
     @classmethod
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
@@ -144,7 +150,7 @@ class Setup:
                        tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
                        array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]),
-                       setup.get("allow_unchecked") is True)
+                       setup.get("allow_unchecked") is True, optional_names(setup.get("features")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed setup on the party pipe: {exc}") from None
 
@@ -152,7 +158,8 @@ class Setup:
 @dataclass
 class Outcome:
     normalizers: list[Normalizer] | None = None  # one per method of the session
-    error: str | None = None
+    error: str | None = None  # what the server hears: a refused input's kind, no data
+    log: str | None = None  # what this node's log says: the refused columns and values too
     finished: bool = False
 
 
@@ -176,6 +183,7 @@ class PartyTurns:
             self.outcome.normalizers = await role
         except Exception as exc:
             self.outcome.error = abort_reason(party, exc)
+            self.outcome.log = str(exc) if isinstance(exc, InputError) else self.outcome.error
         finally:
             self.outcome.finished = True
             await self.link.aclose()
@@ -270,20 +278,12 @@ class PartyWorker:
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
-        return await play_session(contexts, plan, options, X)
-
-
-async def receive_packet(stream: trio.SocketStream) -> dict[str, Any]:
-    async def exactly(size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = await stream.receive_some(min(size - len(data), 1 << 20))
-            if not chunk:
-                raise ProtocolError("the ClientApp closed the party pipe mid-packet")
-            data += chunk
-        return bytes(data)
-
-    return unpack(await exactly(packet_length(await exactly(HEADER_BYTES))))
+        if setup.features is not None and len(setup.features) != X.shape[1]:
+            raise SessionRefused(f"{role_name(setup.party)} refused the session: its data has "
+                                 f"{X.shape[1]} columns, the ServerApp names "
+                                 f"{len(setup.features)} ({', '.join(setup.features)})")
+        check_session_inputs(setup.party, X, plan.protocols, options, setup.features)
+        return await play_session(contexts, plan, options, X, setup.features)
 
 
 # -- process plumbing ---------------------------------------------------------------------
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fednorm party worker: stopped before the session ended", file=sys.stderr)
         return 1
     if outcome.error is not None:
-        print(f"fednorm party worker: {outcome.error}", file=sys.stderr)
+        print(f"fednorm party worker: {outcome.log}", file=sys.stderr)
         return 1
     return 0
 

@@ -13,7 +13,13 @@ import numpy as np
 import trio
 
 from fednorm.engine.codec import WIRE_VERSION
-from fednorm.engine.errors import FednormError, InputError, ProtocolError, SessionRefused
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    InputRefused,
+    ProtocolError,
+    SessionRefused,
+)
 from fednorm.engine.runtime import SERVER
 from fednorm.engine.tracing import Tracer
 from fednorm.multihost.config import Log, PartyConfig, quiet
@@ -28,21 +34,23 @@ from fednorm.multihost.handshake import (
     wait_start,
 )
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import check_party_data, refuse_unchecked
+from fednorm.protocols.base import (
+    UNUSABLE_DATA,
+    RejectedInput,
+    check_party_data,
+    options_from_wire,
+    refuse_unchecked,
+)
 from fednorm.session import (
     SessionPlan,
     StepContexts,
-    check_epsilon_reachable,
     check_real,
-    check_within_vabs,
-    input_rejected,
-    options_from_wire,
+    check_session_inputs,
     play_session,
 )
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import party_context, party_keyring
 
-UNUSABLE_DATA = "its data cannot be used"
 REFUSAL_CONNECT = 1.0  # a server not up yet has no session to abandon: do not wait for it
 
 
@@ -119,39 +127,34 @@ class Party:
         return PartyRun(welcome, plan, normalizers)
 
 
-    async def refuse(self, category: str, error: InputError) -> InputError:
+    async def refuse(self, kind: RejectedInput, error: InputError) -> InputRefused:
         """This party cannot use its own data: tell the server before any join completes
-        (the category only: the detail is data the ledger does not list), so that the
-        session is abandoned and every other role stops at once with this cause, instead
-        of waiting out the join timeout for a party that will not come.  Best effort,
-        within the handshake timeout; returns the error for this console (cause and
-        detail)."""
+        (the kind and its remedy only: the detail is data the ledger does not list), so
+        that the session is abandoned and every other role stops at once with this cause,
+        instead of waiting out the join timeout for a party that will not come.  Best
+        effort, within the handshake timeout; returns the error for this console (cause
+        and detail)."""
         config = self.config
-        cause = input_rejected(config.party, category)
-        hello = Hello(NET_VERSION, WIRE_VERSION, config.party, (), withdraw=cause)
+        refusal = kind.refusal(config.party, error)
+        hello = Hello(NET_VERSION, WIRE_VERSION, config.party, (), withdraw=refusal.cause)
         with trio.move_on_after(config.timeouts.handshake), suppress(FednormError):
             link, _ = await connect_party(
                 config.host, config.port, self.context, hello,
                 connect_timeout=REFUSAL_CONNECT, handshake_timeout=config.timeouts.handshake)
             await link.aclose()  # an accepting server answers with a refusal, not this
-        return InputError(f"{cause}: {error}")
+        return refusal
 
 
 async def _check_or_withdraw(link: TcpLink, session: str, party: int, X: np.ndarray,
                              features: Sequence[str], plan: SessionPlan,
                              options: FitOptions) -> None:
     """Check the data against what the welcome announced (V_abs); if it does not fit,
-    tell the server so (the category, not which values) before leaving, so that every
-    role stops with this cause; the detail stays on this party's console."""
-    for check, category in ((check_within_vabs, "values beyond the agreed V_abs"),
-                            (check_epsilon_reachable,
-                             "an ε finer than its values' float64 spacing")):
-        try:
-            for protocol in plan.protocols:
-                check(X, protocol, options, features)
-        except InputError as exc:
-            cause = input_rejected(party, category)
-            await _withdraw(link, cause, InputError(f"{cause}: {exc}"))
+    tell the server so (the kind and its remedy, not which values) before leaving, so
+    that every role stops with this cause; the detail stays on this party's console."""
+    try:
+        check_session_inputs(party, X, plan.protocols, options, features)
+    except InputRefused as exc:
+        await _withdraw(link, exc.cause, exc)
     await send_handshake(link, Ready(session))
 
 

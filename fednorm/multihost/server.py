@@ -32,14 +32,14 @@ from fednorm.multihost.handshake import (
 )
 from fednorm.multihost.lobby import Lobby, SchemaMismatch
 from fednorm.protocols import FitOptions, Normalizer
-from fednorm.protocols.base import Protocol
+from fednorm.protocols.base import Protocol, options_to_wire
+from fednorm.protocols.columns import check_feature_names
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
     check_options_used,
     needs_vabs,
-    options_to_wire,
     play_session,
     role_context,
     run_role,
@@ -88,14 +88,6 @@ def check_server_options(protocol: Protocol, options: FitOptions,
     if features is not None and len(options.vabs) not in (1, len(features)):
         raise InputError(f"--vabs has {len(options.vabs)} bounds for {len(features)} "
                          f"features ({', '.join(features)})")
-
-
-def check_feature_names(features: Sequence[str]) -> None:
-    if not features or not all(name.strip() for name in features):
-        raise InputError(f"--features needs non-empty names, got {list(features)}")
-    duplicates = sorted({name for name in features if list(features).count(name) > 1})
-    if duplicates:
-        raise InputError(f"--features names {', '.join(duplicates)} more than once")
 
 
 class Server:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
+import msgpack
 import numpy as np
 
 from fednorm.engine.ckks.flooding import (
@@ -22,7 +23,7 @@ from fednorm.engine.ckks.flooding import (
     check_decryptions,
     check_security_bits,
 )
-from fednorm.engine.errors import InputError, ProtocolError, SessionRefused
+from fednorm.engine.errors import InputError, InputRefused, ProtocolError, SessionRefused
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import RoleContext, role_name
 from fednorm.protocols.normalizers import Normalizer
@@ -104,6 +105,24 @@ class FitOptions:
             raise InputError(
                 f"quantile_rule must be 'interpolate' or 'gap', not {self.quantile_rule!r}"
             )
+
+
+def options_to_wire(options: FitOptions) -> dict[str, Any]:
+    """The server's options as a welcome carries them; unsendable options are bad input."""
+    wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)}
+    try:
+        msgpack.packb(wire, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"fit options cannot be sent to the parties: {exc}") from None
+    return wire
+
+
+def options_from_wire(wire: Mapping[str, Any]) -> FitOptions:
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()}
+    try:
+        return FitOptions(**values)
+    except (TypeError, InputError) as exc:
+        raise ProtocolError(f"the server sent unusable options: {exc}") from None
 
 
 def vabs_bounds(vabs: object) -> tuple[float, ...]:
@@ -223,6 +242,34 @@ def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOpti
             "check against a deviating server (docs/LEAKAGE.md); a party joins it only if "
             f"its operator allows it (fednorm party {ALLOW_UNCHECKED}, PartyConfig("
             "allow_unchecked=True), or a Flower node's fednorm-allow-paper-algorithms)")
+
+
+def input_rejected(party: int, what: str = "") -> str:
+    """The category a party's refusal of its own input is known by to everyone else."""
+    return f"{role_name(party)} refused its input" + (f": {what}" if what else "")
+
+
+@dataclass(frozen=True)
+class RejectedInput:
+    """A kind of input a party refuses, worded once for every runner (``fednorm party``,
+    a Flower node): what the other roles hear, and the remedy, which they need too."""
+
+    what: str
+    remedy: str
+
+    def refusal(self, party: int, detail: Exception) -> InputRefused:
+        """The error: its cause names this kind and the remedy, as every role reports it;
+        its message adds the detail after the cause, for the party's own log."""
+        cause = f"{input_rejected(party, self.what)}; {self.remedy}"
+        return InputRefused(cause, f"{cause}: {str(detail).removesuffix(f'; {self.remedy}')}")
+
+
+UNUSABLE_DATA = RejectedInput("its data cannot be used", "fix its data: that party's own "
+                              "log names the columns and the cause")
+BEYOND_VABS = RejectedInput("values beyond the agreed V_abs",
+                            "agree on a larger V_abs (vabs), one that bounds every party's values")
+FINER_EPSILON = RejectedInput("an ε finer than its values' float64 spacing",
+                              "use a larger ε, or none (exact)")
 
 
 _PROTOCOLS: dict[tuple[str, str], Protocol] = {}

@@ -4,6 +4,7 @@ same)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,3 +46,13 @@ def column_difference(party: int, have: tuple[str, ...], expected: tuple[str, ..
     parts = ([f"lacks {', '.join(map(repr, missing))}"] if missing else []) + (
         [f"has unexpected {', '.join(map(repr, extra))}"] if extra else [])
     return f"party {party}'s columns differ from the federation's: " + " and ".join(parts)
+
+
+def check_feature_names(features: Sequence[str], option: str = "--features") -> None:
+    """The federation's column names as a server is given them (``option``): non-empty,
+    each once."""
+    if not features or not all(name.strip() for name in features):
+        raise InputError(f"{option} needs non-empty names, got {list(features)}")
+    duplicates = sorted({name for name in features if list(features).count(name) > 1})
+    if duplicates:
+        raise InputError(f"{option} names {', '.join(duplicates)} more than once")

@@ -133,15 +133,17 @@ class TraceState:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
-    def line(self) -> str:
-        """One line: phase (with its search round, of ~the plan's), rounds, bytes, time."""
+    def line(self, rounds: str | None = None) -> str:
+        """One line: phase (with its search round, of ~the plan's), the run's round
+        counter (``rounds``, by default the protocol's: "round 7"), bytes, time."""
         with self._lock:
             phase = self.phase
             if self.search_rounds and ("search" in phase or self.planned_rounds):
                 phase = f"{phase} round {self.search_rounds}"
                 if self.planned_rounds:
                     phase += f" of ~{self.planned_rounds}"
-            return (f"{phase} · round {self.rounds} · {human_bytes(self.bytes_sent)} sent, "
+            rounds = rounds or f"round {self.rounds}"
+            return (f"{phase} · {rounds} · {human_bytes(self.bytes_sent)} sent, "
                     f"{human_bytes(self.bytes_received)} received · {self.seconds:.0f} s")
 
 
@@ -173,19 +175,25 @@ class StateTracer(Tracer):
 
 class LineTracer(StateTracer):
     """A tracer for logs: one line through ``emit`` each time the phase or the round
-    changes (a log is no terminal: no redrawing, so no line per frame)."""
+    changes (a log is no terminal: no redrawing, so no line per frame).
 
-    def __init__(self, emit: Callable[[str], None], label: str) -> None:
+    ``rounds`` says which round the run counts, named ("Flower round 8"), when it is not
+    the protocol's: a line carries one round counter, so a reader never has to guess
+    which of two a bare "round 7" means."""
+
+    def __init__(self, emit: Callable[[str], None], label: str,
+                 rounds: Callable[[], str] | None = None) -> None:
         super().__init__()
         self.emit = emit
         self.label = label
-        self._last: tuple[str, int] = ("", -1)
+        self._rounds = rounds or (lambda: f"round {self.state.rounds}")
+        self._last: tuple[str, str] = ("", "")
 
     def changed(self, phase_before: str) -> None:
-        now = (self.state.phase, self.state.rounds)
+        now = (self.state.phase, self._rounds())
         if now != self._last:
             self._last = now
-            self.emit(f"{self.label}: {self.state.line()}")
+            self.emit(f"{self.label}: {self.state.line(now[1])}")
 
 
 def human_bytes(count: int) -> str:

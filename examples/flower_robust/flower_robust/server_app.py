@@ -14,9 +14,16 @@ from flwr.serverapp.strategy import FedAvg
 from fednorm.flower import FlowerNormalization, normalize, wait_for_nodes
 from fednorm.multihost.files import json_params
 from fednorm.protocols import FitOptions
-from flower_robust.task import initial_model
+from flower_robust.task import bcw_features, initial_model
 
 app = ServerApp()
+
+
+def feature_names(config: dict[str, object]) -> list[str]:
+    """The columns' names: the run config's ``features`` (comma-separated, as every
+    node's data holds them), or, if empty, those of the BCW rows the partitions hold."""
+    names = str(config.get("features", ""))
+    return [name.strip() for name in names.split(",")] if names else bcw_features()
 
 
 def fit_options(config: dict[str, object]) -> FitOptions:
@@ -34,7 +41,7 @@ def main(grid: Grid, context: Context) -> None:
     # Step 1: the fednorm protocol, every party on its own node.
     nodes = wait_for_nodes(grid, num_nodes, timeout)
     fitted = normalize(grid, nodes, str(config["method"]), str(config["privacy"]),
-                       fit_options(config), timeout=timeout,
+                       fit_options(config), timeout=timeout, features=feature_names(config),
                        progress=lambda line: log(INFO, line))
     log(INFO, "fednorm %s-%s: %d protocol rounds in %d Flower rounds, %.1f s",
         config["method"], config["privacy"], fitted.protocol_rounds, fitted.flower_rounds,
@@ -58,12 +65,15 @@ def main(grid: Grid, context: Context) -> None:
 
 def write_result(out: Path, config: dict[str, object], fitted: FlowerNormalization,
                  evaluations: dict[int, object]) -> None:
-    """The normalizer and the FedAvg evaluation, as JSON (NaN parameters become null)."""
+    """The normalizer and the FedAvg evaluation, as JSON (NaN parameters become null);
+    ``features`` and ``params`` as ``fednorm simulate --json`` writes them."""
+    names = fitted.normalizer.feature_names
     document = {
         "method": config["method"],
         "privacy": config["privacy"],
         "session": fitted.session,
         "parties": {str(party): node for party, node in fitted.parties.items()},
+        "features": None if names is None else list(names),
         "params": json_params(fitted.normalizer.params()),
         "protocol_rounds": fitted.protocol_rounds,
         "flower_rounds": fitted.flower_rounds,

@@ -39,6 +39,11 @@ def load_partition(partition_id: int, num_partitions: int) -> NodeData:
     return hold_out(share[partition_id].X, share[partition_id].y)
 
 
+def bcw_features() -> list[str]:
+    """The names of the BCW columns every partition holds, in order."""
+    return list(load_dataset("bcw").feature_names)
+
+
 def load_node_data(node_config: dict[str, object]) -> NodeData:
     """This node's data, as its node config says."""
     if "data-csv" in node_config:

@@ -132,3 +132,9 @@ def test_the_test_import_check_can_fail(tmp_path: Path) -> None:
     sample.write_text("from test_ledger import CASES\nimport test_flooding as flooding\n"
                       "from protocol_cases import Case\n")
     assert _test_modules_imported(sample) == ["test_ledger", "test_flooding"]
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.glob("*.py")), ids=lambda path: path.name)
+def test_test_modules_stay_short(path: Path) -> None:
+    """A test file reads as one subject: past MAX_LINES, split it by what it tests."""
+    assert len(path.read_text().splitlines()) <= MAX_LINES

@@ -77,6 +77,10 @@ async def play(ctx: RoleContext, protocol: Protocol, options: FitOptions,
     return await protocol.party(ctx, X, options)
 
 
+ProtocolLookup = Callable[[str, str], Protocol]
+"""(method, privacy) -> its protocol, as :func:`~fednorm.protocols.get_protocol`."""
+
+
 @dataclass(frozen=True)
 class SessionPlan:
     """What one session of a federation fits: one or several methods, one privacy mode.
@@ -88,15 +92,18 @@ class SessionPlan:
 
     methods: tuple[str, ...]
     privacy: str
+    lookup: ProtocolLookup = field(default=get_protocol, compare=False, repr=False)
+    """Where each method's protocol comes from: the registry; a test's deviating server
+    plays its own server role through it."""
 
     def __post_init__(self) -> None:
         check_methods(self.methods, list(self.methods))
         for method in self.methods:  # an unknown mode fails here, not mid-run
-            get_protocol(method, self.privacy)
+            self.lookup(method, self.privacy)
 
     @property
     def protocols(self) -> tuple[Protocol, ...]:
-        return tuple(get_protocol(method, self.privacy) for method in self.methods)
+        return tuple(self.lookup(method, self.privacy) for method in self.methods)
 
     @property
     def key_setup(self) -> Protocol | None:

@@ -11,13 +11,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
-import pytest
 import trio
 from deviating import deviating
 
 from fednorm.engine.errors import FednormError
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions
+from fednorm.protocols.base import Protocol
 from fednorm.transport.memory import Star, StarLinks
 from fednorm.transport.tcp import DEFAULT_MAX_FRAME, TcpLink, tls_handshake
 from fednorm.transport.tls import party_context, server_context
@@ -96,26 +96,26 @@ class PartyWatch(Tracer):
         assert not any(UPLOAD in kinds for kinds in self.sent.values()), self.sent
 
 
-def tcp_run(certs: Path, server, monkeypatch: pytest.MonkeyPatch, *,
+def tcp_run(certs: Path, server, *,
             options: FitOptions = TEST, allowing: Collection[int] = ()
             ) -> tuple[dict[int, BaseException], PartyWatch, object]:
     """PPF z-score between a multi-host server playing ``server`` and three real
     :class:`Party` runs (those in ``allowing`` join the paper's algorithms): each party's
     error, what they sent, the server's outcome."""
-    import fednorm.session
     from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
     from fednorm.multihost.party import Party
     from fednorm.multihost.server import Server
+    from fednorm.protocols import get_protocol
 
-    real = fednorm.session.get_protocol
-    monkeypatch.setattr(fednorm.session, "get_protocol", lambda method, privacy: (
-        deviating(method, privacy, server=server) if privacy == "mhe" else
-        real(method, privacy)))
+    def deviating_server(method: str, privacy: str) -> Protocol:
+        if privacy == "mhe":
+            return deviating(method, privacy, server=server)
+        return get_protocol(method, privacy)
     slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
     config = ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore",), certs=certs,
                           privacy="mhe", options=options, timeouts=slow)
     watch, errors = PartyWatch(), {}
-    tcp_server = Server(config)
+    tcp_server = Server(config, protocols=deviating_server)
 
     async def party(p: int, port: int) -> None:
         config = PartyConfig("127.0.0.1", port, p, certs, slow,

@@ -89,7 +89,7 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
 
 
 def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
-    certs: Path, monkeypatch: pytest.MonkeyPatch,
+    certs: Path,
 ) -> None:
     """The attacking server above, as a multi-host server announcing the paper's z-score:
     parties 1 and 2 were started with ``--allow-paper-algorithms``, party 3 without.
@@ -101,7 +101,7 @@ def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
         crypto, count = await zscore_server_start(rc, options)
         await attack(read, crypto, rc, count)
 
-    errors, watch, outcome = tcp_run(certs, server, monkeypatch, options=PAPER_ZSCORE,
+    errors, watch, outcome = tcp_run(certs, server, options=PAPER_ZSCORE,
                                      allowing={1, 2})
     cause = ("party 3 refused the session: zscore-mhe with --algorithm paper answers "
              "bootstrap or decryption requests a party cannot check")

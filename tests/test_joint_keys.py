@@ -193,9 +193,9 @@ async def test_an_honest_run_passes_and_every_party_checked_every_share() -> Non
 
 # -- over TCP, with the federation's certificates -----------------------------------------
 def test_over_tcp_a_joint_key_of_the_server_s_own_is_refused(
-    certs: Path, monkeypatch: pytest.MonkeyPatch,
+    certs: Path,
 ) -> None:
-    errors, watch, outcome = tcp_run(certs, fake_joint_key_server, monkeypatch)
+    errors, watch, outcome = tcp_run(certs, fake_joint_key_server)
     assert sorted(errors) == [1, 2, 3] and outcome.error is not None
     for error in errors.values():  # each checked the others' certificates first
         assert isinstance(error, ProtocolError) and "joint public key" in str(error), error
@@ -203,7 +203,7 @@ def test_over_tcp_a_joint_key_of_the_server_s_own_is_refused(
 
 
 def test_over_tcp_a_share_signed_with_the_server_s_certificate_is_refused(
-    certs: Path, monkeypatch: pytest.MonkeyPatch,
+    certs: Path,
 ) -> None:
     """The server's own certificate is CA-signed too, but names no party."""
     from cryptography import x509
@@ -212,7 +212,7 @@ def test_over_tcp_a_share_signed_with_the_server_s_certificate_is_refused(
     cert = x509.load_pem_x509_certificate((certs / "server.pem").read_bytes())
     key = serialization.load_pem_private_key((certs / "server.key").read_bytes(), None)
     sign = signed_for_party_2(key, cert.public_bytes(serialization.Encoding.DER))
-    errors, watch, _ = tcp_run(certs, forging_server(sign), monkeypatch)
+    errors, watch, _ = tcp_run(certs, forging_server(sign))
     for party in (1, 3):
         assert isinstance(errors[party], ProtocolError), errors
         assert "certificate sent for party 2 is no party's" in str(errors[party])
@@ -220,7 +220,7 @@ def test_over_tcp_a_share_signed_with_the_server_s_certificate_is_refused(
 
 
 def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
-    certs: Path, monkeypatch: pytest.MonkeyPatch,
+    certs: Path,
 ) -> None:
     """The substitution attack over TCP and TLS against the default z-score: the server
     asks every party for a plain decryption share of party 1's own Σx upload; each party
@@ -239,7 +239,7 @@ def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
                                              DecryptShare))
         raise ProtocolError("the attacking server stops here")
 
-    errors, _, outcome = tcp_run(certs, server, monkeypatch)
+    errors, _, outcome = tcp_run(certs, server)
     assert sorted(errors) == [1, 2, 3] and outcome.error is not None
     for error in errors.values():  # each party's own refusal, not the server's word
         assert isinstance(error, ProtocolError), error

@@ -31,10 +31,11 @@ from fednorm.multihost.handshake import (
     send_handshake,
 )
 from fednorm.multihost.lobby import Lobby, SchemaMismatch
-from fednorm.protocols import FitOptions, Normalizer
+from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol, options_to_wire
 from fednorm.protocols.columns import check_feature_names
 from fednorm.session import (
+    ProtocolLookup,
     SessionPlan,
     StepContexts,
     check_fit_options,
@@ -102,12 +103,13 @@ class Server:
 
     def __init__(self, config: ServerConfig, log: Log = quiet,
                  tracer: Tracer | None = None,
-                 on_session: Callable[[SessionOutcome], None] = lambda outcome: None) -> None:
+                 on_session: Callable[[SessionOutcome], None] = lambda outcome: None,
+                 protocols: ProtocolLookup = get_protocol) -> None:
         if config.parties < 1:
             raise InputError(f"--parties must be at least 1, got {config.parties}")
         if config.sessions is not None and config.sessions < 1:
             raise InputError(f"--sessions must be at least 1, got {config.sessions}")
-        self.plan = SessionPlan(tuple(config.methods), config.privacy)
+        self.plan = SessionPlan(tuple(config.methods), config.privacy, protocols)
         self.config = config
         self._check_options(config.features)
         check_out_dir(config.out, force=config.force)

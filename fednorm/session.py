@@ -31,11 +31,11 @@ from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import (
     BEYOND_VABS,
     FINER_EPSILON,
-    METHODS,
     Protocol,
     check_party_data,
     input_rejected,
 )
+from fednorm.protocols.methods import check_methods
 from fednorm.protocols.ppf.keys import setup_protocol
 
 T = TypeVar("T")
@@ -122,22 +122,6 @@ class SessionPlan:
     def name(self) -> str:
         """The session's protocols as a party may pin them (``zscore-mhe+minmax-mhe``)."""
         return "+".join(protocol.name for protocol in self.protocols)
-
-
-def parse_methods(text: str) -> tuple[str, ...]:
-    """``"zscore,minmax"``: methods in the order given, each once (else InputError)."""
-    return check_methods(tuple(m.strip() for m in text.split(",")), text)
-
-
-def check_methods(methods: tuple[str, ...], given: object) -> tuple[str, ...]:
-    """``methods`` if it names one or more known methods, each once; else an InputError
-    that quotes what was ``given``."""
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown or not methods or len(set(methods)) != len(methods):
-        what = f"unknown method {', '.join(map(repr, unknown))}: " if unknown else ""
-        raise InputError(f"{what}a session fits one or more of {', '.join(METHODS)}, each "
-                         f"once, separated by commas; got {given!r}")
-    return methods
 
 
 ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far) -> context

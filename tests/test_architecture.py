@@ -138,3 +138,13 @@ def test_the_test_import_check_can_fail(tmp_path: Path) -> None:
 def test_test_modules_stay_short(path: Path) -> None:
     """A test file reads as one subject: past MAX_LINES, split it by what it tests."""
     assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+PATCH_CALL = "monkeypatch" + ".setattr("  # spelled apart, so this file does not match
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.glob("*.py")), ids=lambda path: path.name)
+def test_tests_observe_through_hooks_not_patches(path: Path) -> None:
+    """A test watches the library through its hooks (tracers, the runner's hooks, a
+    server's protocol lookup), never by replacing its attributes."""
+    assert PATCH_CALL not in path.read_text()

@@ -134,10 +134,11 @@ def test_more_features_than_one_block_holds_go_in_chunks() -> None:
     _assert_within_bound(parts, options, fitted)
 
 
-def test_more_parties_than_blocks_are_compared_across_ciphertexts(monkeypatch) -> None:
-    monkeypatch.setattr(minmax_layout, "BLOCKS", 2)  # 3 parties: two packed ciphertexts
+def test_more_parties_than_blocks_are_compared_across_ciphertexts() -> None:
+    parties = minmax_layout.BLOCKS + 1  # two packed ciphertexts, compared pairwise first
+    assert len(minmax_layout.party_groups(list(range(1, parties + 1)))) == 2
     rng = np.random.default_rng(4)
-    parts = [rng.uniform(-1, 1, (4, 2)) for _ in range(3)]
+    parts = [rng.uniform(-1, 1, (4, 2)) for _ in range(parties)]
     options = _options((1.0,), {"minmax_bits": 4, "minmax_passes": 1})
     fitted = simulate(parts, "minmax", "mhe", options).normalizer
     _assert_within_bound(parts, options, fitted)

@@ -18,8 +18,8 @@ from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS, Normalizer, fit_local
+from fednorm.protocols.methods import parse_methods as parse_method_list
 from fednorm.session import SessionPlan, check_options_used
-from fednorm.session import parse_methods as parse_method_list
 from fednorm.sim.csv_files import load_csv
 from fednorm.sim.federation import (
     SessionResult,

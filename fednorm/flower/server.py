@@ -41,12 +41,12 @@ from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import options_to_wire
 from fednorm.protocols.columns import check_feature_names
+from fednorm.protocols.methods import parse_methods
 from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_fit_options,
-    parse_methods,
     play_session,
     run_role,
 )

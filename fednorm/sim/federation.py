@@ -216,7 +216,6 @@ async def fit_federation(
     """
     protocol = get_protocol(method, privacy)
     tables = party_tables(party_data, features)
-    check_federation_data(tables.arrays)
     return await run_federation(protocol, tables.arrays, options, timeout=timeout,
                                 features=tables.features, tracer=tracer,
                                 party_tracer=party_tracer)

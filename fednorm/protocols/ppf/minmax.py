@@ -236,8 +236,9 @@ def pass_allowance(context: ckks.CkksContext, width: int, parties: int,
 # -- party ----------------------------------------------------------------------------------
 async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """A party's side of PPF MinMax after collective setup: returns (min, max)."""
-    X = check_minmax_input(X, options)
+    """A party's side of PPF MinMax after collective setup: returns (min, max).  ``X`` is
+    what :func:`check_minmax_input` returned, which every caller runs before the key
+    setup (bad input stops a party before any work)."""
     rc = crypto.rc
     settings = MinMaxSettings.from_options(options)
     width = X.shape[1]

@@ -137,7 +137,7 @@ async def paper_server(rc: RoleContext, options: FitOptions) -> RobustNormalizer
 
 async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
                       ) -> RobustNormalizer:
-    X = ppf_minmax.check_minmax_input(check_party_data(X), options)
+    X = ppf_minmax.check_minmax_input(X, options)
     crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options),
                                **flooding_arguments(options))
     width = X.shape[1]

@@ -37,7 +37,7 @@ from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
 from fednorm.engine.errors import InputError, PartyDropped, RunAborted
 from fednorm.flower import fitted_normalizer, normalize, register_party
-from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_KEY
+from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_ENV, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
 
@@ -297,10 +297,26 @@ def test_a_node_joins_the_paper_algorithms_only_when_its_config_allows(
     wait_until_gone(pipe_dir)
 
 
-def test_a_ppf_session_needs_each_node_s_signing_key(pipe_dir: Path) -> None:
-    grid = loopback(partition_of)  # no fednorm-certs in the node config
+def test_a_ppf_session_needs_each_node_s_signing_key(
+    pipe_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(CERTS_ENV, raising=False)
+    grid = loopback(partition_of)  # no fednorm-certs in the node config, nor environment
     with pytest.raises(PartyDropped, match=r"party \d has no signing key"):
         normalize(grid, NODE_IDS, "zscore", "mhe", FitOptions(preset="test"))
+    wait_until_gone(pipe_dir)
+
+
+def test_a_node_whose_config_names_no_certs_takes_them_from_the_environment(
+    pipe_dir: Path, certs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Flower's simulation runtime gives each simulated node only its partition-id and
+    num-partitions; its nodes find their signing keys through $FEDNORM_FLOWER_CERTS."""
+    monkeypatch.setenv(CERTS_ENV, str(certs))
+    grid = loopback(partition_of)  # no fednorm-certs in the node config
+    fitted = normalize(grid, NODE_IDS, "zscore", "mhe", FitOptions(preset="test"))
+    np.testing.assert_allclose(fitted.normalizer.mean, pooled_training_rows().mean(axis=0),
+                               rtol=1e-6)
     wait_until_gone(pipe_dir)
 
 

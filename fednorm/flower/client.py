@@ -53,6 +53,10 @@ STATE_KEY = "fednorm-normalizer"
 # Node config: a certs directory ('fednorm certs init') holding ca.pem and the certificate
 # and key of the party this node plays, which sign its key shares in a PPF key setup.
 CERTS_KEY = "fednorm-certs"
+# The same directory for a node whose node config names none: on Flower's simulation
+# runtime every simulated node's config holds only its partition-id and num-partitions,
+# and the nodes run in the simulation's processes, with the SuperLink's environment.
+CERTS_ENV = "FEDNORM_FLOWER_CERTS"
 # Node config: true to let this node's party join sessions of the paper's PPF algorithms,
 # whose bootstrap and decryption requests it cannot check (refused by default).
 ALLOW_UNCHECKED_KEY = "fednorm-allow-paper-algorithms"
@@ -69,10 +73,11 @@ def register_party(app: ClientApp, load_data: DataLoader) -> None:
     leaves the node.  For PPF (``mhe``) sessions the node config's ``fednorm-certs``
     names the directory with the federation's ``ca.pem`` and the certificate and key of
     the party the node plays (party i+1 is the i-th node the ServerApp names): they sign
-    its key shares, and check the other parties'.  The node's party refuses a session of
-    the paper's PPF algorithms (``--algorithm paper``) unless the node config sets
-    ``fednorm-allow-paper-algorithms`` to true: its requests cannot be checked against
-    a deviating server (docs/LEAKAGE.md).
+    its key shares, and check the other parties'; without it, ``$FEDNORM_FLOWER_CERTS``
+    names it (a simulation's nodes have no node config of their own).  The node's party
+    refuses a session of the paper's PPF algorithms (``--algorithm paper``) unless the
+    node config sets ``fednorm-allow-paper-algorithms`` to true: its requests cannot be
+    checked against a deviating server (docs/LEAKAGE.md).
     """
 
     @app.query(ACTION)
@@ -138,7 +143,7 @@ def _node_data(party: int, load_data: DataLoader, context: Context) -> np.ndarra
 
 def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:
     assert request.start is not None
-    certs = context.node_config.get(CERTS_KEY)
+    certs = context.node_config.get(CERTS_KEY, os.environ.get(CERTS_ENV))
     return {"party": request.party, "session": request.session,
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,

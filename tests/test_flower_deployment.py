@@ -27,7 +27,6 @@ from flower_nodes import (
     NODES,
     check_quartiles_against_numpy,
     expected_normalizer,
-    pooled_training_rows,
     short_private_dir,
     wait_until_gone,
 )
@@ -197,20 +196,17 @@ def test_the_example_app_fits_in_flower_what_the_in_memory_simulation_fits(
 
 
 @pytest.mark.slow
-def test_the_example_app_runs_a_ppf_protocol_in_flower(
+def test_the_example_app_runs_its_ppf_robust_scaling_in_flower(
     deployment: Deployment, tmp_path: Path,
 ) -> None:
-    # PPF z-score: 14 protocol rounds with the test preset.  PPF robust scaling runs the
-    # same way but needs about 50 rounds, each a Flower round of several seconds.
-    options = FitOptions(preset="test")
-    document, _ = run_example(deployment, tmp_path, "zscore", "mhe", options, timeout=900)
-    # CKKS noise differs run to run, within the PPF tolerance (see test_ppf_zscore.py).
-    check_against_simulation(deployment, document, "zscore", "mhe", options, rtol=2e-6)
-    pooled = pooled_training_rows()
-    np.testing.assert_allclose(document["params"]["mean"], pooled.mean(axis=0), rtol=1e-6)
-    np.testing.assert_allclose(document["params"]["var"], pooled.var(axis=0), rtol=1e-6)
+    """The README's PPF run of the example: robust scaling under MHE, test preset, the
+    app's own precision; the default algorithm's quartiles are numpy's, exactly."""
+    options = FitOptions(preset="test", relative_epsilon=1e-9)
+    document, _ = run_example(deployment, tmp_path, "robust", "mhe", options, timeout=900)
+    check_against_simulation(deployment, document, "robust", "mhe", options, rtol=0)
+    check_quartiles_against_numpy(document["params"], 0.0)
     final = document["evaluate"][str(max(map(int, document["evaluate"])))]
     assert final["eval-acc"] > 0.9, document["evaluate"]
     wait_until_gone(deployment.pipe_dir)
-    print(f"zscore-mhe in Flower: {document['protocol_rounds']} protocol rounds in "
+    print(f"robust-mhe in Flower: {document['protocol_rounds']} protocol rounds in "
           f"{document['flower_rounds']} Flower rounds, {document['seconds']:.1f} s")

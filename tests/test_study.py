@@ -26,7 +26,8 @@ from fednorm.training.grid import (
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "3",
-        "--normalizations", "none,federated_minmax", "--seeds", "0", "--max-rounds", "2"]
+        "--normalizations", "none,federated_minmax", "--seeds", "0", "--min-rounds", "0",
+        "--max-rounds", "2"]
 
 
 
@@ -145,7 +146,8 @@ def test_an_encrypted_experiment_records_its_privacy_and_protocol_cost(tmp_path)
     pytest.importorskip("torch")
     out = tmp_path / "mhe.csv"
     flags = ["--datasets", "bcw", "--skews", "iid", "--clients", "3", "--seeds", "0",
-             "--normalizations", "federated_zscore", "--max-rounds", "1", "--out", str(out)]
+             "--normalizations", "federated_zscore", "--min-rounds", "0", "--max-rounds", "1",
+             "--out", str(out)]
     assert main(["experiment", *flags, "--privacy", "mhe", "--ckks-preset", "test"]) == 0
     assert main(["experiment", *flags]) == 0
     encrypted, plain = read_rows(out)
@@ -163,7 +165,7 @@ def test_stacked_and_one_at_a_time_experiments_record_the_same_results(tmp_path)
     pytest.importorskip("torch")
     grid = ["--datasets", "bcw", "--skews", "label:5", "--clients", "3",
             "--normalizations", "none,local_zscore,federated_zscore,batch_norm,group_norm",
-            "--seeds", "1", "--max-rounds", "1"]
+            "--seeds", "1", "--min-rounds", "0", "--max-rounds", "1"]
     results = {}
     for name, flags in (("stacked", []), ("alone", ["--no-stack"])):
         out = tmp_path / f"{name}.csv"
@@ -184,7 +186,7 @@ def test_a_killed_experiment_continues_where_it_stopped(tmp_path):
     out = tmp_path / "results.csv"
     grid = ["--datasets", "bcw", "--skews", "iid,label:5", "--clients", "5",
             "--normalizations", "none,local_zscore,batch_norm", "--seeds", "0,1",
-            "--max-rounds", "5"]
+            "--min-rounds", "0", "--max-rounds", "5"]
     command = [sys.executable, "-m", "fednorm", "experiment", *grid, "--out", str(out)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)

@@ -5,6 +5,7 @@ virtualenv (nothing of the test environment visible), without extras and then wi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,9 +44,14 @@ assert np.allclose(scaler.transform(pooled), StandardScaler().fit_transform(pool
 """
 
 
+# The fresh venv sees nothing of this environment: no PYTHONPATH (a checkout on it, with
+# the egg-info a build leaves there, would make pip take fednorm as installed already).
+ISOLATED = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def run(*command: str | Path, cwd: Path) -> str:
     done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=ISOLATED)
     assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -67,7 +73,8 @@ def test_a_wheel_installs_into_a_fresh_venv_and_works_without_extras_then_with_s
 
     assert run(venv / "bin" / "fednorm", "--version", cwd=tmp_path).strip() == \
         "fednorm 0.1.0"
-    missing = subprocess.run([python, "-c", "import sklearn"], capture_output=True)
+    missing = subprocess.run([python, "-c", "import sklearn"], capture_output=True,
+                             env=ISOLATED)
     assert missing.returncode != 0, "the fresh venv sees the test environment's packages"
     run(python, "-c", WITHOUT_EXTRAS, cwd=tmp_path)
     # the packaged data set, through the installed command

@@ -315,7 +315,7 @@ def check_epsilon_reachable(X: np.ndarray, protocol: Protocol, options: FitOptio
              for j in np.flatnonzero(spacing > options.epsilon)]
     if finer:
         raise InputError(f"--epsilon {options.epsilon:g} is finer than float64 resolves for "
-                         + ", ".join(finer) + "; use a larger ε, or none (exact)")
+                         + ", ".join(finer) + f"; {FINER_EPSILON.remedy}")
 
 
 def check_party_inputs(arrays: Sequence[np.ndarray], protocols: Sequence[Protocol],

@@ -221,7 +221,16 @@ def test_values_beyond_vabs_are_rejected_before_encryption() -> None:
         simulate(parts, "yeojohnson", "mhe", FitOptions(algorithm="paper",
                                                         preset="test", vabs=(10.0,)),
                  party_tracer=parties)
-    assert parties.calls == []  # no key, no encryption (a valid run calls CkksContext.encrypt)
+    assert parties.calls == []  # no key, no encryption
+
+
+def test_the_party_calls_watch_sees_a_valid_run_encrypt() -> None:
+    """The watch above is not vacuous: through the same hook, a party's key generation and
+    encryption of a valid PPF run are seen."""
+    parties = PartyCalls()
+    simulate([np.ones((3, 1)), np.full((3, 1), 2.0)], "zscore", "mhe",
+             FitOptions(preset="test"), party_tracer=parties)
+    assert {"KeySetup.generate_keys", "CkksContext.encrypt_sum"} <= set(parties.calls)
 
 
 def test_ppf_yeojohnson_needs_the_agreed_bound() -> None:

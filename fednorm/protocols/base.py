@@ -259,7 +259,8 @@ class RejectedInput:
 
     def refusal(self, party: int, detail: Exception) -> InputRefused:
         """The error: its cause names this kind and the remedy, as every role reports it;
-        its message adds the detail after the cause, for the party's own log."""
+        its message adds the detail after the cause, for the party's own log (a detail
+        that already ends in the remedy, as the edge checks word it, is not repeated)."""
         cause = f"{input_rejected(party, self.what)}; {self.remedy}"
         return InputRefused(cause, f"{cause}: {str(detail).removesuffix(f'; {self.remedy}')}")
 

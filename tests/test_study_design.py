@@ -256,7 +256,10 @@ def test_tuning_by_group_keeps_each_patients_training_rows_on_one_side():
     assert len(test) == round(0.2 * len(train | test))
 
 
-def write_tuning_file(path, scores: dict[str, float], task: str = "classification") -> None:
+def write_tuning_file(path, scores: dict[str, float], task: str = "classification",
+                      predicted_classes: dict[str, int] | None = None) -> None:
+    """One run per normalization with its main score (and, for classification, how many
+    classes its predictions held: two unless ``predicted_classes`` says)."""
     from fednorm.training.grid import COLUMNS, KEY_COLUMNS, ResultStore
 
     metric = "test_macro_f1" if task == "classification" else "test_r2"
@@ -266,6 +269,8 @@ def write_tuning_file(path, scores: dict[str, float], task: str = "classificatio
             row.update(zip(KEY_COLUMNS, Cell("hcv", "iid", 10, normalization, 0).key(),
                            strict=True))
             row.update({"task": task, "status": "ok", metric: value, "test_f1": 0.9})
+            if task == "classification":
+                row["test_predicted_classes"] = (predicted_classes or {}).get(normalization, 2)
             store.append(row)
 
 
@@ -285,8 +290,11 @@ def test_negative_r2_still_ranks_candidates_and_a_diverged_run_counts_as_minus_o
     assert ranking[1].score == pytest.approx((0.2 - 1.0) / 2)
 
 
-def test_the_best_candidate_has_the_highest_mean_main_score_of_its_federated_and_local_runs(
-        tmp_path):
+def test_the_best_candidate_has_the_highest_mean_main_score_of_all_its_runs(tmp_path):
+    """The references count: a setting under which the run without normalization
+    collapses into one class loses to one whose federated and local runs score a little
+    lower (ranked on those alone, it had won), and the ranking says how many runs
+    predicted a single class."""
     from fednorm.training.tuning import best_candidate, candidates, tuning_scores
 
     assert candidates(select=["f1", "macro_f1"])[1].overrides() == {"select": "macro_f1"}
@@ -294,14 +302,16 @@ def test_the_best_candidate_has_the_highest_mean_main_score_of_its_federated_and
     assert [c.name for c in choices] == ["lr=0.001_min_rounds=0", "lr=0.001_min_rounds=300",
                                          "lr=0.01_min_rounds=0", "lr=0.01_min_rounds=300"]
     assert candidates()[0].name == "defaults"
-    files = {"slow": tmp_path / "slow.csv", "fast": tmp_path / "fast.csv"}
-    # slow: federated/local mean 0.5; its central model (0.99) and "none" do not count.
-    write_tuning_file(files["slow"], {"federated_zscore": 0.6, "local_zscore": 0.4,
-                                      "central_model": 0.99, "none": 0.99})
-    write_tuning_file(files["fast"], {"federated_zscore": 0.55, "local_zscore": 0.5})
-    assert best_candidate(files).candidate == "fast"
-    assert [(s.candidate, s.runs) for s in tuning_scores(files)] == [("fast", 2), ("slow", 2)]
-    assert tuning_scores(files)[1].score == pytest.approx(0.5)
+    files = {"steep": tmp_path / "steep.csv", "steady": tmp_path / "steady.csv"}
+    write_tuning_file(files["steep"], {"federated_zscore": 0.62, "local_zscore": 0.6,
+                                       "none": 0.39}, predicted_classes={"none": 1})
+    write_tuning_file(files["steady"], {"federated_zscore": 0.6, "local_zscore": 0.58,
+                                        "none": 0.55})
+    assert best_candidate(files).candidate == "steady"
+    ranking = tuning_scores(files)
+    assert [(s.candidate, s.runs, s.single_class) for s in ranking] == [
+        ("steady", 3, 0), ("steep", 3, 1)]
+    assert ranking[1].score == pytest.approx((0.62 + 0.6 + 0.39) / 3)
 
 
 def test_fednorm_tune_runs_each_candidate_on_the_tuning_view_and_ranks_them(tmp_path, capsys):
@@ -315,7 +325,7 @@ def test_fednorm_tune_runs_each_candidate_on_the_tuning_view_and_ranks_them(tmp_
     assert sorted(p.name for p in (out / "bcw").iterdir()) == [
         "lr=0.001.csv", "lr=0.01.csv", "ranking.csv"]
     ranking = (out / "bcw" / "ranking.csv").read_text().splitlines()
-    assert ranking[0] == "candidate,tuning_score,runs" and len(ranking) == 3
+    assert ranking[0] == "candidate,tuning_score,runs,single_class" and len(ranking) == 3
     assert "bcw: lr=" in capsys.readouterr().out
     assert main(["tune", *flags[:-4], "--lr", "2", "--out-dir", str(out)]) == 2
     assert main(["tune", *flags, "--select", "accuracy"]) == 2

@@ -44,7 +44,8 @@ def tune_command(args: argparse.Namespace) -> int:
             run_into(mine, files[candidate.name], settings, args.jobs)
         ranking = tuning_scores(files)
         _write_ranking(args.out_dir / dataset / "ranking.csv", ranking)
-        print(f"{dataset}: " + "; ".join(f"{s.candidate} {s.score:.4f} ({s.runs} runs)"
+        print(f"{dataset}: " + "; ".join(f"{s.candidate} {s.score:.4f} ({s.runs} runs, "
+                                         f"{s.single_class} single-class)"
                                          for s in ranking))
     return 0
 
@@ -69,8 +70,9 @@ def _choices(args: argparse.Namespace) -> list[Candidate]:
 def _write_ranking(path: Path, ranking: list[TuningScore]) -> None:
     with path.open("w", newline="", encoding="utf-8") as stream:
         writer = csv.writer(stream, lineterminator="\n")
-        writer.writerow(["candidate", "tuning_score", "runs"])
-        writer.writerows([s.candidate, f"{s.score:.4f}", s.runs] for s in ranking)
+        writer.writerow(["candidate", "tuning_score", "runs", "single_class"])
+        writer.writerows([s.candidate, f"{s.score:.4f}", s.runs, s.single_class]
+                         for s in ranking)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -78,8 +80,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "tune", help="choose training settings on tuning rows carved from the training rows",
         description="Run the grid once per combination of the given choices, scoring each "
         "run on tuning rows taken from the clients' training rows (the test rows are "
-        "dropped unread), and rank the combinations by their federated and local runs' "
-        "mean macro-F1 (R² for regression).")
+        "dropped unread), and rank the combinations by the mean macro-F1 (R² for "
+        "regression) of all their runs, references included; the ranking also counts "
+        "the runs that predicted a single class.")
     add_grid_flags(p)
     p.add_argument("--out-dir", type=Path, default=Path("results") / "tuning",
                    help="one folder per dataset, one CSV per candidate (resumable)")

@@ -12,10 +12,16 @@ partition and is scored on its tuning rows:
 * the validation rows keep their role (early stopping and the kept weights, whose
   criterion, ``select``, is one of the candidates' settings);
 * a candidate's score is the mean main score (:data:`fednorm.training.scores.MAIN_METRIC`)
-  of its federated and local runs, the runs the study compares, with an R² below
-  :data:`R2_FLOOR` counted as that: a diverged run (R² ≈ −1e7) marks a bad candidate
-  without swamping the mean, while R² < 0 still ranks (by patient, Parkinson's runs
-  score below 0, and the tables' floor at 0 would tie every candidate).
+  of **every** run it trained — the federated and local runs the study compares and the
+  references beside them (no normalization, group and layer norm, the central model) —
+  with an R² below :data:`R2_FLOOR` counted as that: a diverged run (R² ≈ −1e7) marks a
+  bad candidate without swamping the mean, while R² < 0 still ranks (by patient,
+  Parkinson's runs score below 0, and the tables' floor at 0 would tie every
+  candidate).  A setting under which the references collapse into predicting one class
+  would make every comparison with them meaningless, so they count: ranked on federated
+  and local runs alone, BCW's step 3e-2 came first while 62 of its 420 runs predicted a
+  single class.  Each score says how many of its classification runs predicted a single
+  class (:attr:`TuningScore.single_class`).
 
 The runner writes a tuning run like any run (its ``test_*`` columns then hold tuning
 scores), so a tuning grid is resumable like the study's; :func:`best_candidate` reads
@@ -34,7 +40,6 @@ import numpy as np
 
 from fednorm.engine.errors import InputError
 from fednorm.training.data import TEST_SHARE, ClientData, HeldOutLabels, evenly_spaced
-from fednorm.training.normalization import NormalizationSpec
 from fednorm.training.scores import MAIN_METRIC, as_number, read_results
 
 TUNING_SHARE = TEST_SHARE  # of a client's training rows (or of the training groups)
@@ -117,8 +122,9 @@ def candidates(**choices: Sequence[object] | None) -> list[Candidate]:
 @dataclass(frozen=True)
 class TuningScore:
     candidate: str
-    score: float  # mean main tuning score of the federated and local runs
+    score: float  # mean main tuning score of every run
     runs: int
+    single_class: int = 0  # classification runs whose tuning predictions hold one class
 
 
 def tuning_scores(files: dict[str, Path]) -> list[TuningScore]:
@@ -128,15 +134,18 @@ def tuning_scores(files: dict[str, Path]) -> list[TuningScore]:
 
 
 def _score(name: str, path: Path) -> TuningScore:
-    values = []
+    values, single_class = [], 0
     for row in read_results([path]):
-        kind = NormalizationSpec.parse(row["normalization"]).kind
         metric = MAIN_METRIC.get(row["task"], "")
         value = as_number(row.get(metric, ""))
-        if kind in ("federated", "local") and value is not None:
-            values.append(max(value, R2_FLOOR) if metric == "test_r2" else value)
+        if value is None:
+            continue
+        values.append(max(value, R2_FLOOR) if metric == "test_r2" else value)
+        classes = as_number(row.get("test_predicted_classes", ""))
+        single_class += row["task"] == "classification" and classes is not None \
+            and classes <= 1
     score = sum(values) / len(values) if values else math.nan
-    return TuningScore(name, score, len(values))
+    return TuningScore(name, score, len(values), single_class)
 
 
 def best_candidate(files: dict[str, Path]) -> TuningScore:

@@ -12,7 +12,13 @@ from hypothesis.extra import numpy as hnp
 from fednorm.protocols import float_order
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import SortedColumns, round_limit, start_search
+from fednorm.protocols.rank import (
+    SortedColumns,
+    probe_limit,
+    round_limit,
+    start_search,
+    start_unbounded_search,
+)
 from fednorm.sim.federation import simulate
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -106,3 +112,24 @@ def test_a_search_never_runs_past_its_stated_plan(epsilon: float) -> None:
     assert search.rounds <= round_limit(low, high, options)
     assert epsilon or search.rounds <= 64
     np.testing.assert_array_equal(search.value, np.sort(X[:, 0])[search.ranks - 1])
+
+
+def test_targets_in_one_bracket_share_distinct_points_and_finish_sooner() -> None:
+    """A feature's six targets (three quartiles, two order statistics each) start in one
+    bracket, the whole float order: the first probe holds six distinct points, not six
+    copies of one midpoint (never more than K = 1 per target, what a party allows), and
+    the exact search ends on numpy's order statistics in fewer rounds than bisection's
+    64 for each target alone."""
+    X = np.random.default_rng(3).normal(size=(40, 1))
+    counts = np.array([40.0])
+    search = start_unbounded_search(plan_quantiles(counts, [0.25, 0.5, 0.75]), counts,
+                                    FitOptions(relative_epsilon=0.0), probes=1)
+    first = search.probe()
+    assert len(search.features) == 6
+    assert len(np.unique(first.points)) == len(first.points) == 6
+    columns = SortedColumns(X, probe_limit(1, [0.25, 0.5, 0.75]))
+    while not search.finished:
+        probe = search.probe()
+        search.update(probe, columns.count_at_most(probe))
+    np.testing.assert_array_equal(search.value, np.sort(X[:, 0])[search.ranks - 1])
+    assert search.rounds < 64

@@ -11,6 +11,9 @@ Multi-probe search (``FitOptions.rank_probes`` = K > 1): each round probes K poi
 evenly inside each bracket instead of its midpoint, and the bracket shrinks to the cell
 where the count crosses k, K + 1 times narrower; ⌈log_{K+1}(range/ε)⌉ rounds, at the
 price of K revealed counts per target and round.  K = 1 is the paper's bisection.
+Targets of one feature whose brackets coincide (a feature's quartiles before the first
+rounds tell them apart) share their points, as distinct ones: a round never probes a
+feature at more than K points per open target, and a shared bracket shrinks faster.
 
 :class:`RankSearch` is the sans-IO state machine and :func:`search_server` /
 :func:`search_party` its message loop; the plaintext (:mod:`fednorm.protocols.plain.kth`)
@@ -34,7 +37,7 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols import float_order
-from fednorm.protocols.base import FitOptions
+from fednorm.protocols.base import MAX_RANK_PROBES, FitOptions
 from fednorm.protocols.quantiles import QuantilePlan
 
 
@@ -173,60 +176,88 @@ class RankSearch:
             self._finish(narrow, low / 2 + high / 2)
 
     def probe(self) -> RankProbe:
-        """K points evenly inside each open target's bracket (K = 1: its midpoint),
-        target by target."""
-        open_ = ~self.done
-        return RankProbe(features=np.repeat(self.features[open_], self.probes),
-                         points=self._points(open_).ravel())
+        """Points inside each open bracket: K per target (K = 1: its midpoint), and a
+        bracket that several targets of one feature share (early on, a feature's
+        quartiles and the order statistics around each lie in one bracket) gets theirs
+        together, as distinct points (:meth:`_shared`)."""
+        _, _, points, leaders = self._shared()
+        cuts = np.empty(int(points.sum()))
+        offsets = np.cumsum(points) - points
+        for count in np.unique(points):
+            chosen = np.flatnonzero(points == count)
+            slots = offsets[chosen, None] + np.arange(count)
+            cuts[slots] = self._points(leaders[chosen], int(count))
+        return RankProbe(features=np.repeat(self.features[leaders], points), points=cuts)
 
-    def _points(self, open_: np.ndarray) -> np.ndarray:
-        """(open targets, K) probe points: lo·(1 − w) + hi·w (no overflow; (lo + hi) / 2
-        for K = 1) for a target with ε > 0 that reaches ε in fewer rounds so than in the
-        float order and where those points split its bracket, else K thresholds evenly
-        spaced in the float order (a bracket spanning many magnitudes, or unbounded)."""
-        lo, hi = self.lo[open_], self.hi[open_]
-        weights = np.arange(1, self.probes + 1) / (self.probes + 1)
+    def _shared(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The open targets; for each, its group (the open targets of its feature with
+        the same bracket); each group's points — K per target in it, at most
+        :data:`~fednorm.protocols.base.MAX_RANK_PROBES` (or K) — and a target of it.  A
+        feature is never asked for more points than K per open target (the party's
+        :func:`probe_limit`), and every bracket still shrinks K + 1 times or more."""
+        open_ = np.flatnonzero(~self.done)
+        key = np.column_stack([self.features[open_].astype(np.int64), self.lo[open_],
+                               self.hi[open_]])
+        _, first, group, size = np.unique(key, axis=0, return_index=True,
+                                          return_inverse=True, return_counts=True)
+        points = np.minimum(size * self.probes, max(self.probes, MAX_RANK_PROBES))
+        return open_, group.ravel(), points, open_[first]
+
+    def _points(self, targets: np.ndarray, count: int) -> np.ndarray:
+        """(targets, ``count``) probe points: lo·(1 − w) + hi·w (no overflow; (lo + hi) / 2
+        for one point) for a target with ε > 0 that reaches ε in fewer rounds so than in
+        the float order and where those points split its bracket, else ``count``
+        thresholds evenly spaced in the float order (a bracket spanning many magnitudes,
+        or unbounded)."""
+        lo, hi = self.lo[targets], self.hi[targets]
+        weights = np.arange(1, count + 1) / (count + 1)
         low, high = self._value(lo)[:, None], self._value(hi)[:, None]
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             by_value = float_order.keys(low * (1 - weights) + high * weights)
-            sooner = np.log((high[:, 0] - low[:, 0]) / self.epsilon[open_]) \
+            sooner = np.log((high[:, 0] - low[:, 0]) / self.epsilon[targets]) \
                 < np.log(float_order.gap(lo, hi).astype(np.float64))
-        splits = (self.epsilon[open_] > 0) & sooner \
+        splits = (self.epsilon[targets] > 0) & sooner \
             & np.all((by_value > lo[:, None]) & (by_value <= hi[:, None]), axis=1) \
             & np.all(np.diff(by_value, axis=1) > 0, axis=1)
-        cuts = np.where(splits[:, None], by_value,
-                        float_order.thresholds(lo, hi, self.probes))
+        cuts = np.where(splits[:, None], by_value, float_order.thresholds(lo, hi, count))
         return self._value(cuts)
 
     def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
-        """Narrow the open brackets with the pooled counts of values ≤ each probe point."""
-        open_ = np.flatnonzero(~self.done)
-        if len(at_most) != len(open_) * self.probes:
-            raise ProtocolError(
-                f"expected {len(open_) * self.probes} counts, got {len(at_most)}")
+        """Narrow the open brackets with the pooled counts of values ≤ each point of
+        ``probe`` (this search's own :meth:`probe`, made just before)."""
+        open_, group, points, _ = self._shared()
+        if len(at_most) != points.sum() or len(probe.points) != points.sum():
+            raise ProtocolError(f"expected {points.sum()} counts, got {len(at_most)}")
         self.rounds += 1
-        points = float_order.keys(np.asarray(probe.points, dtype=np.float64)) \
-            .reshape(len(open_), self.probes)
-        counts = np.asarray(at_most).reshape(len(open_), self.probes)
-        k = self.ranks[open_, None]
-        rows = np.arange(len(open_))
+        keys = float_order.keys(np.asarray(probe.points, dtype=np.float64))
+        counts = np.asarray(at_most)
+        offsets = (np.cumsum(points) - points)[group]
+        for count in np.unique(points):
+            mine = points[group] == count
+            slots = offsets[mine, None] + np.arange(count)
+            self._narrow(open_[mine], keys[slots], counts[slots])
+        self._finish_narrow()
+
+    def _narrow(self, targets: np.ndarray, points: np.ndarray, counts: np.ndarray) -> None:
+        """Narrow ``targets``' brackets by their (targets, points) probe keys and counts."""
+        k = self.ranks[targets, None]
+        rows = np.arange(len(targets))
         # Gap rule: a probe with exactly k values at or below it lies in [x_(k), x_(k+1)).
-        exact = self.gap[open_, None] & (counts == k)
+        exact = self.gap[targets, None] & (counts == k)
         in_gap = exact.any(axis=1)
         accepted = np.zeros(len(self.done), dtype=bool)
-        accepted[open_[in_gap]] = True
+        accepted[targets[in_gap]] = True
         value = np.zeros(len(self.done))
-        value[open_] = self._value(points[rows, exact.argmax(axis=1)])
+        value[targets] = self._value(points[rows, exact.argmax(axis=1)])
         self._finish(accepted, value)
         # x_(k) lies in the cell ending at the first probe with at least k values at or
         # below it: cell c of [lo, p_1, …, p_K, hi] runs from edge c to edge c + 1.
         reached = counts >= k
-        cell = np.where(reached.any(axis=1), reached.argmax(axis=1), self.probes)
-        edges = np.column_stack([self.lo[open_], points, self.hi[open_]])
+        cell = np.where(reached.any(axis=1), reached.argmax(axis=1), points.shape[1])
+        edges = np.column_stack([self.lo[targets], points, self.hi[targets]])
         keep = ~in_gap
-        self.lo[open_] = np.where(keep, edges[rows, cell], self.lo[open_])
-        self.hi[open_] = np.where(keep, edges[rows, cell + 1], self.hi[open_])
-        self._finish_narrow()
+        self.lo[targets] = np.where(keep, edges[rows, cell], self.lo[targets])
+        self.hi[targets] = np.where(keep, edges[rows, cell + 1], self.hi[targets])
 
 
 def options_probes(options: FitOptions, default: int = 1) -> int:

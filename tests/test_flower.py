@@ -173,6 +173,36 @@ def test_a_node_whose_columns_the_server_does_not_name_refuses_the_session(
     wait_until_gone(pipe_dir)
 
 
+def test_a_node_s_dataframe_is_matched_by_name_and_other_columns_refuse_the_session(
+    pipe_dir: Path,
+) -> None:
+    """Nodes that load DataFrames with their columns in other orders fit what arrays in
+    the ServerApp's order fit; a node whose columns are named otherwise refuses the
+    session, and the ServerApp's error names the columns (before, only their number was
+    checked, and the frames were pooled column by column)."""
+    import pandas as pd
+
+    names = bcw_features()
+    def shuffled(context: Context) -> pd.DataFrame:
+        order = np.random.default_rng(context.node_id).permutation(len(names))
+        return pd.DataFrame(partition_of(context), columns=names).iloc[:, order]
+
+    fitted = normalize(loopback(shuffled), NODE_IDS, "zscore", "plain", features=names)
+    assert fitted.normalizer.params() == expected_normalizer([0, 1, 2], "zscore", "plain",
+                                                             FitOptions())
+
+    def renamed(context: Context) -> pd.DataFrame:
+        frame = shuffled(context)
+        return frame.rename(columns={names[0]: "id"}) if context.node_id == NODE_IDS[1] \
+            else frame
+
+    with pytest.raises(RunAborted, match=rf"party 2 refused the session: party 2's columns "
+                       rf"differ from the federation's: lacks '{names[0]}' and has "
+                       r"unexpected 'id'"):
+        normalize(loopback(renamed), NODE_IDS, "zscore", "plain", features=names)
+    wait_until_gone(pipe_dir)
+
+
 def test_a_worker_killed_mid_protocol_fails_the_run_and_leaves_nothing_behind(
     pipe_dir: Path,
 ) -> None:

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING
 import msgpack
 import numpy as np
 
-from fednorm.engine.errors import FednormError, InputError, InputRefused, ProtocolError
+from fednorm.engine.errors import (
+    FednormError,
+    InputError,
+    InputRefused,
+    ProtocolError,
+    SessionRefused,
+)
 from fednorm.flower.content import (
     ACTION,
     Answer,
@@ -69,8 +75,12 @@ def register_party(app: ClientApp, load_data: DataLoader) -> None:
     """Make ``app`` a fednorm party: it answers ``query.fednorm`` messages.
 
     ``load_data(context)`` returns this node's feature matrix (rows by features, NaN for
-    missing values); it is called once per session, on the node, and the data never
-    leaves the node.  For PPF (``mhe``) sessions the node config's ``fednorm-certs``
+    missing values), as an array or a pandas DataFrame; it is called once per session,
+    on the node, and the data never leaves the node.  A DataFrame's columns are matched
+    by name to the names the ServerApp gives :func:`~fednorm.flower.normalize`
+    (``features``), in any order; a node whose columns differ refuses the session,
+    naming them (an array's columns are taken in the ServerApp's order, and only their
+    number is checked).  For PPF (``mhe``) sessions the node config's ``fednorm-certs``
     names the directory with the federation's ``ca.pem`` and the certificate and key of
     the party the node plays (party i+1 is the i-th node the ServerApp names): they sign
     its key shares, and check the other parties'; without it, ``$FEDNORM_FLOWER_CERTS``
@@ -98,13 +108,15 @@ def relay(request: Request, context: Context, load_data: DataLoader) -> Answer:
         packet = {"session": request.session, "party": request.party,
                   "frames": request.frames, "closing": request.closing}
         if request.start is not None:
-            packet["setup"] = _setup(request, _node_data(request.party, load_data, context),
+            packet["setup"] = _setup(request, _node_data(request, load_data, context),
                                      context)
             start_worker(path, request.timeout)
         reply = _exchange(path, packet, request.timeout + _RELAY_MARGIN_SECONDS)
         return _answer(request, reply, context)
     except InputRefused as exc:  # the detail went to this node's log, not to the server
         return Answer(request.session, "failed", error=exc.cause)
+    except SessionRefused as exc:  # "party N refused the session: ...", as a worker says
+        return Answer(request.session, "failed", error=str(exc))
     except (FednormError, OSError) as exc:
         return Answer(request.session, "failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -123,22 +135,46 @@ class PartyGone(FednormError):
     """The node's party worker stopped before its session ended."""
 
 
-def _node_data(party: int, load_data: DataLoader, context: Context) -> np.ndarray:
-    """This node's data, checked; data it cannot use is refused as ``fednorm party`` refuses
-    it: the server hears the kind and the remedy, this node's log the detail."""
+def _node_data(request: Request, load_data: DataLoader, context: Context) -> np.ndarray:
+    """This node's data, checked (a DataFrame's columns matched by name, :func:`_by_name`);
+    data it cannot use is refused as ``fednorm party`` refuses it: the server hears the
+    kind and the remedy, this node's log the detail."""
     # Imported here, once a session: each ClientApp run is a new process, and most only
     # relay frames, so they load no protocol code.
     from fednorm.protocols.base import UNUSABLE_DATA, check_party_data
+    from fednorm.protocols.columns import is_table
     from fednorm.session import check_real
 
+    party = request.party
     try:
         X = load_data(context)
+        if is_table(X):
+            assert request.start is not None
+            X = _by_name(party, X, request.start.features)
         check_real(X)
         return check_party_data(X)
     except InputError as exc:
+        if isinstance(exc, SessionRefused):
+            raise
         refusal = UNUSABLE_DATA.refusal(party, exc)
         print(f"fednorm node {context.node_id}: {refusal}", file=sys.stderr, flush=True)
         raise refusal from None
+
+
+def _by_name(party: int, frame: object, features: tuple[str, ...] | None) -> np.ndarray:
+    """A DataFrame's values, its columns in the order the ServerApp names them (in its own
+    order if the ServerApp names none); other columns than the named ones: the session
+    is refused, naming them (the names are the federation's, so they travel)."""
+    from fednorm.engine.runtime import role_name
+    from fednorm.protocols.columns import column_difference, column_names, table_values
+
+    names = column_names(frame, role_name(party))
+    if features is None:
+        return table_values(frame, role_name(party))
+    if sorted(names) != sorted(features):
+        raise SessionRefused(f"{role_name(party)} refused the session: "
+                             f"{column_difference(party, names, features)}")
+    return table_values(frame[list(features)], role_name(party))  # type: ignore[index]
 
 
 def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:

@@ -270,11 +270,13 @@ def normalize(
     ServerApp's ``main``; every node's ClientApp must have called
     :func:`fednorm.flower.register_party`.  Every party ends with the same normalizers
     (the server checks a digest of them); read them on the node with
-    :func:`fednorm.flower.fitted_normalizer`.  ``features`` names the columns, in the
-    order every node's data holds them (as ``fednorm serve --features``): the fitted
-    normalizers carry the names, on the server and on the nodes, and a node's refusal of
-    its data names them in its log; a node with another number of columns refuses the
-    session.  ``progress`` (e.g. the ServerApp's log)
+    :func:`fednorm.flower.fitted_normalizer`.  ``features`` names the columns (as
+    ``fednorm serve --features``): the fitted normalizers carry the names, on the server
+    and on the nodes, and a node's refusal of its data names them in its log.  A node
+    whose loader returns a DataFrame has its columns matched by name, in any order, and
+    refuses the session, naming them, if they are others; an array's columns are taken
+    in this order, and a node with another number of them refuses the session.
+    ``progress`` (e.g. the ServerApp's log)
     gets a line each time the phase or the Flower round changes; the run's rounds are
     counted in Flower rounds only ("rank search round 5 of ~22 · Flower round 8 · ..."),
     the count ``flower_rounds`` ends at, never the protocol's own beside them;

@@ -117,6 +117,17 @@ def encode_frame(header: Header, msg: Message, body: bytes | None = None) -> byt
     return b"\x97" + head + (body if body is not None else encode_body(msg))
 
 
+def frame_body(data: bytes) -> bytes:
+    """The packed body of a well-formed frame (what :func:`encode_frame` appends to the
+    header), as it travelled: the same bytes for every receiver of one message."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    unpacker.read_array_header()
+    for _ in range(6):  # the header fields
+        unpacker.skip()
+    return data[unpacker.tell():]
+
+
 def decode_frame(data: bytes) -> tuple[Header, Message]:
     """Parse one frame; anything malformed is a :class:`ProtocolError`."""
     try:

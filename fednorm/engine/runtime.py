@@ -12,6 +12,7 @@ tracer (:mod:`fednorm.engine.tracing`) instead of wrapping links or functions.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -20,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame
+from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame, frame_body
 from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
@@ -122,6 +123,8 @@ class RoleContext:
         self._receive_round = dict.fromkeys(self._links, 0)
         self._limiter = worker_limiter
         self._tracers = Tracers.of(tracer)
+        self._transcript = hashlib.sha256()
+        self._untranscribed: set[str] = set()
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -237,7 +240,25 @@ class RoleContext:
         self._trace_frame("received", peer, header, msg, frame)
         self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
+        if peer == SERVER and header.protocol.rsplit("/", 1)[-1] not in self._untranscribed:
+            for part in (header.protocol.encode(), header.kind.encode(), frame_body(frame)):
+                self._transcript.update(len(part).to_bytes(8, "big") + part)
         return msg
+
+    # -- what the server told this party ------------------------------------------
+    def transcript(self) -> bytes:
+        """A party: the digest of every message (scope, kind, body) the server sent it in
+        this step, but those of the scopes left out (:meth:`leave_out_of_transcript`).
+        Uploads signed with it are bound to what their party was told; a party checking
+        another's signature against its own digest learns whether both were told the
+        same (the server's broadcasts are the same for all)."""
+        return self._transcript.copy().digest()
+
+    def leave_out_of_transcript(self, *scopes: str) -> None:
+        """Messages of these (sub-)protocol scopes (last component of their id) do not
+        enter :meth:`transcript`: they differ between parties by design, or carry what is
+        checked otherwise."""
+        self._untranscribed.update(scopes)
 
     def _trace_frame(self, direction: Direction, peer: int, header: Header, msg: Message,
                      frame: bytes) -> None:

@@ -39,6 +39,8 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.collective.bootstrap import BOOTSTRAP
+from fednorm.protocols.collective.decryption import DECRYPT, DECRYPT_PRODUCT, DECRYPT_SUM
 from fednorm.protocols.collective.messages import (
     JointRound1,
     KeyShares,
@@ -50,6 +52,8 @@ from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared
 from fednorm.protocols.collective.signatures import keyring_of, signed, verified
 
 LEAD = 1
+SETUP = "setup"
+COLLECTIVE_REQUESTS = (DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT, BOOTSTRAP)
 
 
 class FloodingOptions(Protocol):
@@ -77,7 +81,7 @@ async def setup_server(
         return rc.crypto
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
-    with rc.subprotocol("setup"):
+    with rc.subprotocol(SETUP):
         round_one, rotation_keys = await _round_one(rc, setup)
         joint = round_one.joint
         relin_sum = setup.round_two_sum(joint)
@@ -130,6 +134,9 @@ async def setup_party(
     """
     ckks.check_security_bits(flooding_bits)
     ckks.check_decryptions(flooding_decryptions)
+    # Key setup forwards each party's shares to the others (a different view each);
+    # requests relay what a party checks itself.  Every other message is a broadcast.
+    rc.leave_out_of_transcript(SETUP, *COLLECTIVE_REQUESTS)
     held = reusable(rc, PartyCrypto, preset, relinearize, rotations)
     if held is not None:
         rc.crypto = replace(held, rc=rc, flooding_bits=flooding_bits)
@@ -138,7 +145,7 @@ async def setup_party(
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
     check = ckks.KeyCheck(setup)
-    with rc.subprotocol("setup"):
+    with rc.subprotocol(SETUP):
         keys, announced = await _party_round_one(rc, setup, check)
         round_one = await rc.run_sync(check.check_round_one, announced.round_one())
         if setup.relin:

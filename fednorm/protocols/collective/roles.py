@@ -154,8 +154,8 @@ class PartyCrypto:
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
     flooded_shares: int = 0  # flooded decryption shares made under these keys so far
-    own_uploads: dict[str, list[bytes]] = field(default_factory=dict)
-    """Upload kind (:attr:`~.sums.SignedUpload.KIND`) → the digest of each one sent."""
+    own_uploads: dict[str, list[sums.OwnUpload]] = field(default_factory=dict)
+    """Upload kind (:attr:`~.sums.SignedUpload.KIND`) → what was kept of each one sent."""
     decrypted_uploads: set[tuple[str, int]] = field(default_factory=set)
     """(upload kind, index) of every set of uploads decrypted."""
     shared: dict[bytes, str] = field(default_factory=dict)
@@ -214,11 +214,14 @@ class PartyCrypto:
         return await self._signed(ProductUpload, ct)
 
     async def _signed(self, kind: type[AnUpload], ct: openfhe.Ciphertext) -> AnUpload:
-        """``ct`` signed as this party's next upload of ``kind``, its digest kept."""
+        """``ct`` signed as this party's next upload of ``kind``, bound to what the server
+        told this party so far (:meth:`~fednorm.engine.runtime.RoleContext.transcript`),
+        its digest kept."""
         sent = self.own_uploads.setdefault(kind.KIND, [])
-        upload, digest = await self.rc.run_sync(sums.sign_upload, keyring_of(self.rc),
-                                                self.rc.session, len(sent), ct, kind)
-        sent.append(digest)
+        upload, own = await self.rc.run_sync(sums.sign_upload, keyring_of(self.rc),
+                                             self.rc.session, len(sent), ct, kind,
+                                             self.rc.transcript())
+        sent.append(own)
         return upload
 
     def flooding(self) -> ckks.Flooding:

@@ -20,6 +20,7 @@ alone.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -124,14 +125,31 @@ def upload_digest(ciphertext: openfhe.Ciphertext) -> bytes:
     return ckks.object_digest(parsed)
 
 
+@dataclass(frozen=True)
+class OwnUpload:
+    """What a party keeps of an upload it sent: its ciphertext's digest, and the digest
+    of the server's messages it had received when it made it (its step's transcript)."""
+
+    digest: bytes
+    transcript: bytes = b""
+
+
+def signed_digest(digest: bytes, transcript: bytes) -> bytes:
+    """What a party's signature on an upload covers: the ciphertext's digest bound to its
+    transcript, so that an upload verifies only for a party that was told the same."""
+    return hashlib.sha256(b"fednorm.upload\0" + digest + transcript).digest()
+
+
 def sign_upload(keyring: signing.Keyring, session: str, index: int,
-                ciphertext: openfhe.Ciphertext, kind: type[AnUpload] = SumUpload  # type: ignore[assignment]
-                ) -> tuple[AnUpload, bytes]:
-    """This party's ``index``-th upload of ``kind``, signed, and the digest it signed."""
-    digest = upload_digest(ciphertext)
-    signature = keyring.signer.sign(statement(session, keyring.party, index, digest,
-                                              kind.KIND))
-    return kind(index, ciphertext, signature, keyring.signer.certificate), digest
+                ciphertext: openfhe.Ciphertext, kind: type[AnUpload] = SumUpload,  # type: ignore[assignment]
+                transcript: bytes = b"") -> tuple[AnUpload, OwnUpload]:
+    """This party's ``index``-th upload of ``kind``, signed with ``transcript`` (the
+    server's messages so far, :meth:`~fednorm.engine.runtime.RoleContext.transcript`),
+    and what the party keeps of it."""
+    own = OwnUpload(upload_digest(ciphertext), transcript)
+    signature = keyring.signer.sign(statement(session, keyring.party, index,
+                                              signed_digest(own.digest, transcript), kind.KIND))
+    return kind(index, ciphertext, signature, keyring.signer.certificate), own
 
 
 def pool(uploads: Mapping[int, object], kind: type[SignedUpload] = SumUpload
@@ -201,12 +219,13 @@ def product_level(context: ckks.CkksContext, factors: int) -> int:
 
 def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, session: str,
                          parties: Sequence[int], index: int, uploads: Sequence[object],
-                         own_digest: bytes, kind: type[SignedUpload] = SumUpload
+                         own: OwnUpload, kind: type[SignedUpload] = SumUpload
                          ) -> openfhe.Ciphertext:
     """Party: the combination to decrypt, recomputed from the relayed ``uploads`` after
     checking that there is one per party, each a ``kind`` upload signed by its party for
-    ``index`` of this session, and this party's own entry is the one it sent (digest
-    ``own_digest``)."""
+    ``index`` of this session after the server messages this party had received when it
+    made its own (``own.transcript``), and this party's own entry is the one it sent
+    (``own.digest``)."""
     request = f"a {kind.NOUN} decryption request"
     if len(uploads) != len(parties):
         raise ProtocolError(f"{request} relays {len(uploads)} uploads for "
@@ -219,15 +238,19 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
         digest = context.computed_once(  # of the ciphertext parsed from the request
             ("object_digest", upload.ciphertext), partial(ckks.object_digest,
                                                           upload.ciphertext))
-        if party == keyring.party and digest != own_digest:
+        if party == keyring.party and digest != own.digest:
             raise ProtocolError(f"{request} relays, as this party's upload #{index}, a "
                                 "ciphertext it did not send")
         try:
-            signing.verify(keyring.verifier, statement(session, party, index, digest,
-                                                       kind.KIND),
-                           upload.signature, upload.certificate)
+            signing.verify(keyring.verifier, statement(
+                session, party, index, signed_digest(digest, own.transcript), kind.KIND),
+                upload.signature, upload.certificate)
         except ProtocolError as exc:
-            raise ProtocolError(f"{request} relays a forged upload: {exc}") from None
+            raise ProtocolError(
+                f"{request} relays a forged upload: party {party} did not sign this "
+                "ciphertext after the server messages this party received (made by "
+                f"another, or the server told the parties different things): {exc}"
+            ) from None
         checked.append(upload.ciphertext)
         digests.append(digest)
     return context.computed_once((kind.KIND, *digests),

@@ -40,6 +40,7 @@ from fednorm.flower import fitted_normalizer, normalize, register_party
 from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_ENV, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
+from fednorm.transport.tls import init_certs
 
 # -- the relay on an in-process Grid: real ClientApp handlers, real party workers ---------
 NODE_IDS = [9001, 4242, 777]
@@ -371,3 +372,26 @@ def test_without_flower_the_core_still_imports_and_the_error_says_what_to_instal
     assert "pip install 'fednorm[flower]'" in done.stdout
 
 
+
+
+def test_a_ppf_key_setup_takes_two_flower_rounds_whatever_the_number_of_nodes(
+    pipe_dir: Path, tmp_path: Path,
+) -> None:
+    """A node sends its key shares as soon as it has made them: over TCP a party waits
+    for the earlier parties' (the server forwards them while it reads), which in Flower
+    cost a round per party; 5 nodes took 5 rounds of key setup, now 2."""
+    ids = [11, 12, 13, 14, 15]
+    app = ClientApp()
+    register_party(app, lambda context: load_partition(ids.index(context.node_id),
+                                                       len(ids)).X_train)
+    grid = LoopbackGrid(app, ids)
+    init_certs(tmp_path, parties=len(ids))
+    for context in grid.contexts.values():
+        context.node_config[CERTS_KEY] = str(tmp_path)
+    progress: list[str] = []
+    normalize(grid, ids, "zscore", "mhe", FitOptions(preset="test"),
+              progress=progress.append)
+    setup = [int(m[1]) for line in progress
+             if (m := re.search(r": key setup · Flower round (\d+) ", line))]
+    assert setup and max(setup) == 2, progress
+    wait_until_gone(pipe_dir)

@@ -1,13 +1,12 @@
 """The role runner: what a protocol role can do, and nothing more.
 
-A protocol role is an ``async`` function that only talks through a
-:class:`RoleContext`: ``send`` / ``receive`` to one peer, ``broadcast`` /
-``gather`` across all parties.  The context stamps and checks every frame
-(session, sub-protocol, per-link round, sender, kind), enforces receive
-timeouts, counts bytes, and runs heavy crypto in worker threads.  Roles never
-see sockets, and transports never see messages: a :class:`Link` moves bytes.
-Whoever wants to watch a role (progress, benchmarks, tests) gives its context a
-tracer (:mod:`fednorm.engine.tracing`) instead of wrapping links or functions.
+A protocol role is an ``async`` function that only talks through a :class:`RoleContext`:
+``send`` / ``receive`` to one peer, ``broadcast`` / ``gather`` across all parties.  The
+context stamps and checks every frame (session, sub-protocol, per-link round, sender,
+kind), enforces receive timeouts, counts bytes, and runs heavy crypto in worker threads.
+Roles never see sockets, and transports never see messages: a :class:`Link` moves bytes.
+Whoever watches a role (progress, benchmarks, tests) gives its context a tracer
+(:mod:`fednorm.engine.tracing`) instead of wrapping links or functions.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ class Link(Protocol):
 
     ``receive`` raises :class:`PartyDropped` when the peer is gone.  Who the peer
     is comes from the transport (a channel, a TLS certificate), which is why a
-    frame whose header names another sender is rejected.
+    frame whose header names another sender is rejected.  A link whose frames move in
+    a host framework's rounds (a Flower message a round) says so: ``moves_in_rounds``.
     """
 
     async def send(self, frame: bytes) -> None: ...
@@ -76,17 +76,15 @@ class TrafficStats:
 
 @dataclass
 class _GatheredRound:
-    """What one :meth:`RoleContext.gather` read: each party's frame (kept only for a
-    tracer that wants frames), its parse or the error it raised, and the error that
-    stopped the reading, if any."""
+    """What one :meth:`RoleContext.gather` read: each party's frame (kept for a tracer
+    that wants frames), its parse or its error, and the error that stopped the reading."""
 
     frames: dict[int, bytes] = field(default_factory=dict)
     parsed: dict[int, tuple[Header, Message] | Exception] = field(default_factory=dict)
     unread: Exception | None = None
 
     def outcome(self, party: int) -> tuple[Header, Message]:
-        """``party``'s parsed frame, or the error to raise for it: its own, else the one
-        that stopped the reading before its turn."""
+        """``party``'s parsed frame, or its error, else the one that stopped the reading."""
         outcome = self.parsed.get(party, self.unread)
         if isinstance(outcome, Exception):
             raise outcome
@@ -255,10 +253,14 @@ class RoleContext:
         return self._transcript.copy().digest()
 
     def leave_out_of_transcript(self, *scopes: str) -> None:
-        """Messages of these (sub-)protocol scopes (last component of their id) do not
-        enter :meth:`transcript`: they differ between parties by design, or carry what is
-        checked otherwise."""
+        """Messages of these scopes (last part of their protocol id) differ between
+        parties by design, or are checked otherwise: not in :meth:`transcript`."""
         self._untranscribed.update(scopes)
+
+    def moves_in_rounds(self, peer: int) -> bool:
+        """Whether frames to ``peer`` move in a host framework's rounds (:class:`Link`):
+        there, a role that sends all it can before it waits saves whole rounds."""
+        return bool(getattr(self._link(peer), "moves_in_rounds", False))
 
     def _trace_frame(self, direction: Direction, peer: int, header: Header, msg: Message,
                      frame: bytes) -> None:

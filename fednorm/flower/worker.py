@@ -1,17 +1,15 @@
 """The party worker: one node's party role, alive for one fednorm session of one Flower run.
 
 A fednorm party is a coroutine that keeps state between messages (rank-search columns,
-for MHE its secret key share).  Flower runs every message in a fresh ClientApp process,
-so the first ClientApp run of a session starts this worker and every run after it only
-relays: it hands over the server's frames and takes back what the party said until the
-party next waits for the server (its *turn*).  The party's state, secret key included,
-never leaves this process; only protocol frames do, the same frames a TCP party sends.
+its secret key share).  Flower runs every message in a fresh ClientApp process, so the
+session's first ClientApp run starts this worker and every later run only relays the
+server's frames and takes back what the party said until it next waits (its *turn*).
+Its state, secret key included, never leaves this process; only protocol frames do.
 
 The worker ends when its party role ends (result, error or the server's Abort), when no
-ClientApp run comes back within the protocol timeout, when the Flower process that
-started it (the SuperNode's SuperExec) goes away, or on SIGTERM/SIGINT; it removes its
-socket on the way out.  Run as ``python -m fednorm.flower.worker --pipe PATH ...``.
-"""
+ClientApp run comes back within the protocol timeout, when the SuperNode's SuperExec that
+started it goes away, or on SIGTERM/SIGINT, removing its socket.  Run as ``python -m
+fednorm.flower.worker --pipe PATH ...``."""
 
 from __future__ import annotations
 
@@ -63,13 +61,15 @@ _PARENT_POLL_SECONDS = 0.5
 
 
 class RelayLink:
-    """The party's link to the server, fed in batches: one batch per Flower message.
+    """The party's link to the server, fed in batches: one batch per Flower message (it
+    ``moves_in_rounds``: a party that says all it can before it waits saves rounds).
 
     ``receive`` on an empty inbox ends the party's turn: everything it has sent since
     the last batch is what the node answers to the current Flower message.  Once the
     server has closed the link, or is gone, a receive that finds nothing raises
-    :class:`PartyDropped`, as a closed TCP link does.
-    """
+    :class:`PartyDropped`, as a closed TCP link does."""
+
+    moves_in_rounds = True
 
     def __init__(self) -> None:
         self._inbox: deque[bytes] = deque()

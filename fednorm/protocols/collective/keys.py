@@ -164,18 +164,24 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
                            ) -> tuple[ckks.PartyKeys, JointRound1]:
     """Party: every party's round-one shares added up in party order, its own among
     them, every other one signature-checked first; its own sent once the earlier
-    parties' have arrived (they come in party order).  Returns its keys and the server's
-    round one, which ends the forwarded shares."""
+    parties' have arrived (they come in party order) — or at once over a link that
+    moves in rounds (:func:`_eager`).  Returns its keys and the server's round one,
+    which ends the forwarded shares."""
     lead = None
     if rc.me != LEAD:
         lead = (await verified(rc, LEAD, await rc.receive(SERVER, LeadKeys))).shares(setup)
     keys = await rc.run_sync(setup.generate_keys, lead)
     mine = await rc.run_sync(setup.generate_shares, keys, lead)
+    message = await signed(rc, (KeyShares if lead else LeadKeys).of(mine))
     if lead is not None:
         await rc.run_sync(check.add, lead)
+    if _eager(rc):
+        await rc.send(SERVER, message)
     for party in range(LEAD + 1, rc.me):
         await _add_round_one(rc, party, await rc.receive(SERVER, KeyShares), setup, check)
-    await rc.send(SERVER, await signed(rc, (KeyShares if lead else LeadKeys).of(mine)))
+    if not _eager(rc):
+        await rc.send(SERVER, message)
+    del message
     await rc.run_sync(check.add, mine)
     del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
     party = rc.me
@@ -195,16 +201,28 @@ async def _add_round_one(rc: RoleContext, party: int, msg: KeyShares,
 async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
                            round_one: ckks.JointRoundOne, check: ckks.KeyCheck) -> None:
     """Party: its round-two relinearization share, made on its own round-one aggregate,
-    sent once the earlier parties' have arrived; every party's added up, every other
-    one signature-checked first."""
+    sent once the earlier parties' have arrived (at once over a link that moves in
+    rounds, :func:`_eager`); every party's added up, every other one signature-checked
+    first."""
     share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
+    if _eager(rc):
+        await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
     for party in range(LEAD, round_one.joint.n_parties + 1):
         if party == rc.me:
-            await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
+            if not _eager(rc):
+                await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
             await rc.run_sync(check.add_round_two, share)
         else:
             other = await verified(rc, party, await rc.receive(SERVER, RelinRound2))
             await rc.run_sync(check.add_round_two, other.as_share())
+
+
+def _eager(rc: RoleContext) -> bool:
+    """Whether a party sends its shares before the earlier parties' reach it.  Over TCP it
+    waits for them: the server forwards them while it reads, and a party busy sending
+    25 MB could not read them (both would block).  Over a link that moves in rounds (a
+    Flower node) nothing blocks, and waiting would cost a round per earlier party."""
+    return rc.moves_in_rounds(SERVER)
 
 
 C = TypeVar("C", ServerCrypto, PartyCrypto)

@@ -12,13 +12,8 @@ from hypothesis.extra import numpy as hnp
 from fednorm.protocols import float_order
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import (
-    SortedColumns,
-    probe_limit,
-    round_limit,
-    start_search,
-    start_unbounded_search,
-)
+from fednorm.protocols.rank import SortedColumns, probe_limit, start_search, start_unbounded_search
+from fednorm.protocols.rank_rounds import round_limit
 from fednorm.sim.federation import simulate
 
 finite = st.floats(allow_nan=False, allow_infinity=False)

@@ -110,7 +110,7 @@ async def test_a_default_ppf_robust_party_refuses_rounds_past_the_agreed_plan() 
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, relinearize=False)  # counts only
-        count = await kth.reveal_pooled_counts(crypto)
+        count, _, _ = await kth.reveal_counts_and_opening(crypto, options, QUARTILES)
         plan = plan_quantiles(count, QUARTILES)
         await kth.kth_server(crypto, start_unbounded_search(plan, count, options, probes=1))
 
@@ -119,3 +119,45 @@ async def test_a_default_ppf_robust_party_refuses_rounds_past_the_agreed_plan() 
         await run_federation(deviating("robust", server=server),
                              [rng.normal(size=(6, 1)) for _ in range(3)],
                              FitOptions(preset="test"), timeout=300)
+
+
+def test_the_default_search_s_first_round_travels_with_the_count() -> None:
+    """n_g and the counts at the opening probe (which every role computes alone) come
+    out of one flooded decryption: the server learns the first round's counts before it
+    sends any probe, and the search saves the round trip of that round (before, the first
+    decryption held n_g alone and a probe followed it)."""
+    from fednorm.engine import ckks
+    from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
+    from fednorm.protocols.collective import shared_context
+    from fednorm.protocols.plain.robust import QUARTILES
+    from fednorm.protocols.rank import opening_probe
+
+    class Kinds(Tracer):
+        """The kinds the server sends, in order, and the values each decryption gave it."""
+
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+            self.decrypted: list[int] = []
+
+        def frame(self, event: FrameEvent) -> None:
+            if event.direction == "sent" and event.kind not in self.sent[-1:]:
+                self.sent.append(event.kind)
+
+        def crypto_call(self, event: CryptoEvent) -> None:
+            if event.call == ckks.Decryption.finalize.__qualname__:
+                self.decrypted.append(len(event.result))
+
+    rng = np.random.default_rng(12)
+    parts = [rng.lognormal(size=(n, 3)) for n in (20, 7, 13)]
+    options = FitOptions(preset="test")
+    kinds = Kinds()
+    result = simulate(parts, "robust", "mhe", options, tracer=kinds)
+    pooled = np.vstack(parts)
+    for got, q in zip(result.normalizer.params().values(), (25, 50, 75), strict=True):
+        np.testing.assert_array_equal(got, np.percentile(pooled, q, axis=0))
+    slots = shared_context("test").slots
+    assert len(opening_probe(3, slots - 3, QUARTILES, options).points) == 3 * 255
+    after_setup = kinds.sent[kinds.sent.index("ckks.setup_done") + 1:]
+    assert after_setup[:3] == ["ckks.decrypt_sum_request", "ppf_robust.pooled_counts",
+                               "rank.probe"], after_setup
+    assert kinds.decrypted[0] == 3 + 3 * 255, kinds.decrypted  # n_g, then the opening's

@@ -22,8 +22,9 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.protocols import FitOptions
 from fednorm.protocols.base import agreed_width
 from fednorm.protocols.collective import setup_server
+from fednorm.protocols.plain.robust import QUARTILES
 from fednorm.protocols.ppf import quotient, zscore
-from fednorm.protocols.ppf.kth import PooledCounts, pooled_counts
+from fednorm.protocols.ppf.kth import pooled_counts, reveal_counts_and_opening
 from fednorm.protocols.rank import RankProbe
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks
@@ -79,8 +80,7 @@ def test_probe_points_sent_to_one_party_alone_are_refused(links: StarLinks) -> N
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, relinearize=False)
-        count = await pooled_counts(crypto)
-        await rc.broadcast(PooledCounts(count=count))
+        await reveal_counts_and_opening(crypto, options, QUARTILES)
         with rc.subprotocol("kth"):
             features = np.array([0, 1])
             for party in rc.parties:

@@ -149,12 +149,12 @@ def test_a_default_protocol_refuses_any_plain_decryption(method: str, links: Sta
 
 async def _first_upload(rc, method: str):
     """Party 1's first upload of a default protocol, as the server receives it."""
-    from fednorm.protocols.ppf import extremes, pooled
+    from fednorm.protocols.ppf import extremes, kth
 
     if method == "zscore":
         return (await rc.gather(ppf_zscore.EncryptedSums))[1].total.ciphertext
     if method == "robust":
-        return (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
+        return (await rc.gather(kth.CountsAndOpening))[1].values.ciphertext
     # MinMax and Yeo-Johnson start with the extremes' bits
     return (await rc.gather(extremes.EncryptedBits))[1].chunks[0].ciphertext
 

@@ -36,7 +36,8 @@ from fednorm.protocols.collective import setup_party, setup_server
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.ppf import kth as ppf_kth
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import SortedColumns, options_probes, probe_limit, start_search
+from fednorm.protocols.rank import SortedColumns, probe_limit, start_search
+from fednorm.protocols.rank_rounds import options_probes
 
 MEDIAN = (0.5,)  # the k-th timing searches the median alone
 

@@ -39,6 +39,11 @@ from fednorm.engine.runtime import RoleContext
 from fednorm.protocols import float_order
 from fednorm.protocols.base import MAX_RANK_PROBES, FitOptions
 from fednorm.protocols.quantiles import QuantilePlan
+from fednorm.protocols.rank_rounds import (
+    feature_epsilon,
+    options_probes,
+    planned_rounds,
+)
 
 
 @message("rank.probe")
@@ -56,14 +61,6 @@ SEARCH_PLAINTEXT = {"rank.probe": ("features", "points")}
 @message("rank.done")
 class RankDone(Message):
     """Every target is found: the search is over."""
-
-
-def feature_epsilon(low: np.ndarray, high: np.ndarray, options: FitOptions) -> np.ndarray:
-    """Per-feature search precision: the absolute ε if given, else relative to the range
-    (it may underflow to 0 on subnormal data: the search then runs to a single float)."""
-    if options.epsilon is not None:
-        return np.full(len(low), options.epsilon)
-    return high * options.relative_epsilon - low * options.relative_epsilon  # no overflow
 
 
 def search_probes(options: FitOptions, targets: int, max_points: int | None = None,
@@ -97,11 +94,22 @@ def start_unbounded_search(plan: QuantilePlan, counts: np.ndarray, options: FitO
                       np.full(width, options.epsilon or 0.0), probes, extremes_known=False)
 
 
-def unbounded_round_limit(probes: int) -> int:
-    """The most rounds :func:`start_unbounded_search` can take: from the whole float order
-    to one float, plus the slack of :func:`round_limit`."""
+def opening_probe(width: int, room: int, quantiles: Sequence[float], options: FitOptions
+                  ) -> RankProbe:
+    """The unbounded search's first round, known before n_g is (every role computes it
+    alone): per feature, points evenly spaced in the whole float order, as many as
+    ``room`` slots hold were every feature to have the most targets (two per quantile),
+    so never more per feature than a party allows whatever n_g's plan (:func:`probe_limit`;
+    at most :data:`~fednorm.protocols.base.MAX_RANK_PROBES`, or K if larger)."""
+    most = probe_limit(1, quantiles)
+    chosen = options_probes(options, MAX_RANK_PROBES)
+    per_target = min(chosen, room // (most * width)) if width else 0
+    count = min(most * per_target, max(chosen, MAX_RANK_PROBES))
     whole = float_order.keys(np.array([-np.inf, np.inf]))
-    return float_order.rounds_to_single(whole[:1] - 1, whole[1:], probes) + 2
+    cuts = float_order.thresholds(np.full(width, whole[0] - 1), np.full(width, whole[1]),
+                                  count) if count else np.zeros((width, 0), dtype=np.int64)
+    return RankProbe(features=np.repeat(np.arange(width), count),
+                     points=float_order.values(cuts).ravel())
 
 
 class RankSearch:
@@ -224,88 +232,55 @@ class RankSearch:
 
     def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
         """Narrow the open brackets with the pooled counts of values ≤ each point of
-        ``probe`` (this search's own :meth:`probe`, made just before)."""
-        open_, group, points, _ = self._shared()
+        ``probe`` (this search's own :meth:`probe`, made just before): one round."""
+        _, _, points, _ = self._shared()
         if len(at_most) != points.sum() or len(probe.points) != points.sum():
             raise ProtocolError(f"expected {points.sum()} counts, got {len(at_most)}")
         self.rounds += 1
+        self.narrow(probe, at_most)
+
+    def narrow(self, probe: RankProbe, at_most: np.ndarray) -> None:
+        """Narrow every open bracket with the pooled counts of values ≤ the points of any
+        probe of its feature (a point outside a bracket changes nothing)."""
+        features = np.asarray(probe.features, dtype=np.int64)
         keys = float_order.keys(np.asarray(probe.points, dtype=np.float64))
-        counts = np.asarray(at_most)
-        offsets = (np.cumsum(points) - points)[group]
-        for count in np.unique(points):
-            mine = points[group] == count
-            slots = offsets[mine, None] + np.arange(count)
-            self._narrow(open_[mine], keys[slots], counts[slots])
+        counts = np.asarray(at_most, dtype=np.float64)
+        open_ = np.flatnonzero(~self.done)
+        for feature in np.unique(self.features[open_]):
+            mine = features == feature
+            order = np.argsort(keys[mine], kind="stable")
+            self._narrow(open_[self.features[open_] == feature], keys[mine][order],
+                         counts[mine][order])
         self._finish_narrow()
 
     def _narrow(self, targets: np.ndarray, points: np.ndarray, counts: np.ndarray) -> None:
-        """Narrow ``targets``' brackets by their (targets, points) probe keys and counts."""
+        """Narrow ``targets`` (of one feature) by its points (keys, ascending) and their
+        counts: x_(k) lies above the last point with fewer than k values at or below it
+        and at or below the first with k or more."""
+        if not len(points):
+            return
         k = self.ranks[targets, None]
-        rows = np.arange(len(targets))
         # Gap rule: a probe with exactly k values at or below it lies in [x_(k), x_(k+1)).
-        exact = self.gap[targets, None] & (counts == k)
+        exact = self.gap[targets, None] & (counts[None, :] == k)
         in_gap = exact.any(axis=1)
         accepted = np.zeros(len(self.done), dtype=bool)
         accepted[targets[in_gap]] = True
         value = np.zeros(len(self.done))
-        value[targets] = self._value(points[rows, exact.argmax(axis=1)])
+        value[targets] = self._value(points[exact.argmax(axis=1)])
         self._finish(accepted, value)
-        # x_(k) lies in the cell ending at the first probe with at least k values at or
-        # below it: cell c of [lo, p_1, …, p_K, hi] runs from edge c to edge c + 1.
-        reached = counts >= k
-        cell = np.where(reached.any(axis=1), reached.argmax(axis=1), points.shape[1])
-        edges = np.column_stack([self.lo[targets], points, self.hi[targets]])
-        keep = ~in_gap
-        self.lo[targets] = np.where(keep, edges[rows, cell], self.lo[targets])
-        self.hi[targets] = np.where(keep, edges[rows, cell + 1], self.hi[targets])
-
-
-def options_probes(options: FitOptions, default: int = 1) -> int:
-    """K: ``rank_probes``, or the protocol's ``default`` where the options leave it open."""
-    return options.rank_probes or default
+        reached = counts[None, :] >= k
+        first = np.where(reached.any(axis=1), reached.argmax(axis=1), len(points))
+        above = points[np.minimum(first, len(points) - 1)]
+        below = points[np.maximum(first - 1, 0)]
+        lo, hi, keep = self.lo[targets], self.hi[targets], ~in_gap
+        self.lo[targets] = np.where(keep & (first > 0), np.maximum(lo, below), lo)
+        self.hi[targets] = np.where(keep & (first < len(points)), np.minimum(hi, above), hi)
 
 
 def probe_limit(probes: int, quantiles: Sequence[float]) -> int:
     """The most points a round may probe per feature: ``probes`` per target, and a
     quantile has at most two targets (the order statistics around it)."""
     return probes * 2 * len(quantiles)
-
-
-def round_limit(low: np.ndarray, high: np.ndarray, options: FitOptions) -> int:
-    """The most rounds a search from [low, high] can take: each round cuts a bracket into
-    ``rank_probes`` + 1 cells (in value while ε > 0, at most one round more in the float
-    order at its spacing; in the float order with ε = 0), plus two rounds of slack (a
-    target between two order statistics, a bracket that stops a little short)."""
-    finite = np.isfinite(low) & np.isfinite(high) & (low <= high)
-    low, high = np.where(finite, low, 0.0), np.where(finite, high, 0.0)
-    epsilon = feature_epsilon(low, high, options)
-    below, top = float_order.keys(low) - 1, float_order.keys(high)
-    exact = epsilon <= 0
-    by_value = rounds_to_narrow(np.where(exact, 0.0, high - low),
-                                np.where(exact, 1.0, epsilon), options_probes(options))
-    by_order = float_order.rounds_to_single(below[exact], top[exact], options_probes(options))
-    return max(by_value, by_order) + 2
-
-
-def planned_rounds(lo: np.ndarray, hi: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
-    """The rounds brackets (lo, hi] (order keys) are expected to take: each the fewer of
-    narrowing in value to ε (no finer than the float spacing at its larger end) and of
-    cutting it in the float order to one float (the only way where ε = 0)."""
-    low, high = float_order.values(lo), float_order.values(hi)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        finest = np.spacing(np.maximum(np.abs(low), np.abs(high)))
-        by_value = np.log(np.maximum((high - low) / np.maximum(epsilon, finest), 1.0))
-    by_value = np.where(epsilon > 0, np.nan_to_num(by_value, nan=np.inf), np.inf)
-    by_order = np.log(np.maximum(float_order.gap(lo, hi).astype(np.float64), 1.0))
-    cuts = np.minimum(by_value, by_order) / np.log(probes + 1)
-    return int(np.ceil(cuts.max(initial=0.0)))
-
-
-def rounds_to_narrow(width: np.ndarray, epsilon: np.ndarray, probes: int) -> int:
-    """Rounds until brackets ``width`` wide are at most ``epsilon``, each round cutting
-    every bracket into ``probes`` + 1 cells."""
-    cuts = np.log(np.maximum(width / epsilon, 1.0)) / np.log(probes + 1)
-    return int(np.ceil(cuts.max(initial=0.0)))
 
 
 class SortedColumns:

@@ -26,7 +26,8 @@ from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain import kth
 from fednorm.protocols.plain.minmax import local_extremes
 from fednorm.protocols.quantiles import plan_quantiles
-from fednorm.protocols.rank import SortedColumns, options_probes, probe_limit, start_search
+from fednorm.protocols.rank import SortedColumns, probe_limit, start_search
+from fednorm.protocols.rank_rounds import options_probes
 
 QUARTILES = (0.25, 0.5, 0.75)
 

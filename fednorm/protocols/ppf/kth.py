@@ -18,11 +18,15 @@ collective key setup (no relinearization key needed: nothing is multiplied).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fednorm.engine.messages import Message, message
-from fednorm.engine.runtime import RoleContext
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.protocols.base import FitOptions, agreed_width, feature_counts
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
+from fednorm.protocols.collective.sums import SumUpload
 from fednorm.protocols.ledger import Allowance
 from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf.phases import serve_phase
@@ -32,6 +36,7 @@ from fednorm.protocols.rank import (
     RankProbe,
     RankSearch,
     SortedColumns,
+    opening_probe,
     search_party,
     search_server,
 )
@@ -48,6 +53,20 @@ PLAINTEXT = {
     "ppf_robust.pooled_counts": ("count",),
 }
 """The ledger's entry: the probes, the number of counts, and the revealed n_g."""
+
+
+OPENING_PLAINTEXT = {"ppf_robust.counts_and_opening": ("width",)}
+"""The ledger's entry for the unbounded search's first upload: its number of features."""
+
+
+@message("ppf_robust.counts_and_opening")
+class CountsAndOpening(Message):
+    """A party's n_p per feature, then its counts at the unbounded search's opening
+    probe (:func:`~fednorm.protocols.rank.opening_probe`), in one sum upload: the search's
+    first round needs no probe from the server, so it travels with the count."""
+
+    values: SumUpload
+    width: int  # features
 
 
 @message("ppf_robust.pooled_counts")
@@ -72,6 +91,32 @@ async def reveal_pooled_counts(crypto: ServerCrypto) -> np.ndarray:
 async def share_pooled_counts(crypto: PartyCrypto, counts: np.ndarray) -> np.ndarray:
     """Party side of :func:`reveal_pooled_counts`: send ``counts``, help decrypt n_g."""
     await pooled.send_sum(crypto, counts)
+    return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count
+
+
+async def reveal_counts_and_opening(crypto: ServerCrypto, options: FitOptions,
+                                    quantiles: Sequence[float]
+                                    ) -> tuple[np.ndarray, RankProbe, np.ndarray]:
+    """Server: n_g per feature (broadcast), the opening probe and its pooled counts, from
+    one flooded sum decryption of the parties' :class:`CountsAndOpening`."""
+    replies = await crypto.rc.gather(CountsAndOpening)
+    width = agreed_width(replies)
+    opening = opening_probe(width, crypto.ckks.slots - width, quantiles, options)
+    total = await crypto.add_all({p: r.values for p, r in replies.items()})
+    pooled = np.rint(await crypto.decrypt_sum(total, width + len(opening.points)))
+    await crypto.rc.broadcast(PooledCounts(count=pooled[:width]))
+    return pooled[:width], opening, pooled[width:]
+
+
+async def share_counts_and_opening(crypto: PartyCrypto, X: np.ndarray, options: FitOptions,
+                                   quantiles: Sequence[float]) -> np.ndarray:
+    """Party side of :func:`reveal_counts_and_opening`: its counts and its counts at the
+    opening probe (which it computes itself), one sum upload; returns n_g."""
+    width = X.shape[1]
+    opening = opening_probe(width, crypto.ckks.slots - width, quantiles, options)
+    at_most = SortedColumns(X, len(opening.points)).count_at_most(opening)
+    upload = await crypto.encrypt_for_sum(np.concatenate([feature_counts(X), at_most]))
+    await crypto.rc.send(SERVER, CountsAndOpening(values=upload, width=width))
     return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count
 
 

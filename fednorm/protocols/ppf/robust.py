@@ -5,12 +5,14 @@ pre-pass.  The search (:mod:`fednorm.protocols.rank`) cuts brackets in the total
 float64 values, so it needs no extremes to start from: every bracket starts as the whole
 float order and ends on one float — exact order statistics, with no V_abs, no comparison
 polynomial and no bootstrap; every decryption is a flooded sum of the parties' signed
-count uploads (n_g, then one per round).  An absolute ``epsilon`` stops a target once its
-bracket is that narrow (``relative_epsilon`` has no range to apply to).  Each round probes
+count uploads (n_g with the first search round's counts, at an opening probe every role
+computes alone, :func:`~fednorm.protocols.rank.opening_probe`; then one per round).  An
+absolute ``epsilon`` stops a target once its bracket is that narrow (``relative_epsilon``
+has no range to apply to).  Each round probes
 ``rank_probes`` points per target (default: as many as one ciphertext's slots hold, at
 most 255), so a target takes at most ⌈64 / log2(K + 1)⌉ rounds and reveals K pooled counts
 a round; a party refuses more points per feature (:func:`~fednorm.protocols.rank.
-probe_limit`) or more rounds (:func:`~fednorm.protocols.rank.unbounded_round_limit`).
+probe_limit`) or more rounds (:func:`~fednorm.protocols.rank_rounds.unbounded_round_limit`).
 
 **Paper algorithm**, step by step with Algorithm 3:
 
@@ -51,20 +53,20 @@ from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.quantiles import QuantilePlan, plan_quantiles
 from fednorm.protocols.rank import (
     SortedColumns,
-    options_probes,
     probe_limit,
-    round_limit,
     search_probes,
     start_search,
     start_unbounded_search,
-    unbounded_round_limit,
 )
+from fednorm.protocols.rank_rounds import options_probes, round_limit, unbounded_round_limit
 
 LEDGER = declare(
     "robust", "mhe",
-    {**COLLECTIVE, **kth.PLAINTEXT, "robust.result": ("q1", "median", "q3")},
+    {**COLLECTIVE, **kth.PLAINTEXT, **kth.OPENING_PLAINTEXT,
+     "robust.result": ("q1", "median", "q3")},
 )
-"""Allowances: :data:`~.kth.POOLED_COUNT`, then :data:`~.kth.SEARCH_ROUND` per round."""
+"""Allowances: :data:`~.kth.POOLED_COUNT` (n_g with the counts at the opening probe),
+then :data:`~.kth.SEARCH_ROUND` per round."""
 
 PAPER_LEDGER = declare(
     "robust", "mhe",
@@ -89,10 +91,12 @@ def default_probes(plan: QuantilePlan, options: FitOptions, slots: int) -> int:
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
-    count = await kth.reveal_pooled_counts(crypto)
+    count, opening, at_opening = await kth.reveal_counts_and_opening(crypto, options,
+                                                                     QUARTILES)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
     search = start_unbounded_search(plan, count, options,
                                     default_probes(plan, options, crypto.ckks.slots))
+    search.narrow(opening, at_opening)
     return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search))
 
 
@@ -100,7 +104,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
-    count = await kth.share_pooled_counts(crypto, feature_counts(X))
+    count = await kth.share_counts_and_opening(crypto, X, options, QUARTILES)
     plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
                           options.quantile_rule)
     probes = default_probes(plan, options, crypto.ckks.slots)

@@ -188,7 +188,7 @@ class RankSearch:
         bracket that several targets of one feature share (early on, a feature's
         quartiles and the order statistics around each lie in one bracket) gets theirs
         together, as distinct points (:meth:`_shared`)."""
-        _, _, points, leaders = self._shared()
+        points, leaders = self._shared()
         cuts = np.empty(int(points.sum()))
         offsets = np.cumsum(points) - points
         for count in np.unique(points):
@@ -197,19 +197,18 @@ class RankSearch:
             cuts[slots] = self._points(leaders[chosen], int(count))
         return RankProbe(features=np.repeat(self.features[leaders], points), points=cuts)
 
-    def _shared(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The open targets; for each, its group (the open targets of its feature with
-        the same bracket); each group's points — K per target in it, at most
-        :data:`~fednorm.protocols.base.MAX_RANK_PROBES` (or K) — and a target of it.  A
-        feature is never asked for more points than K per open target (the party's
-        :func:`probe_limit`), and every bracket still shrinks K + 1 times or more."""
+    def _shared(self) -> tuple[np.ndarray, np.ndarray]:
+        """The open targets in groups (those of one feature with the same bracket): each
+        group's points — K per target in it, at most :data:`~fednorm.protocols.base.
+        MAX_RANK_PROBES` (or K) — and a target of it.  A feature is never asked for more
+        points than K per open target (the party's :func:`probe_limit`), and every
+        bracket still shrinks K + 1 times or more."""
         open_ = np.flatnonzero(~self.done)
         key = np.column_stack([self.features[open_].astype(np.int64), self.lo[open_],
                                self.hi[open_]])
-        _, first, group, size = np.unique(key, axis=0, return_index=True,
-                                          return_inverse=True, return_counts=True)
+        _, first, size = np.unique(key, axis=0, return_index=True, return_counts=True)
         points = np.minimum(size * self.probes, max(self.probes, MAX_RANK_PROBES))
-        return open_, group.ravel(), points, open_[first]
+        return points, open_[first]
 
     def _points(self, targets: np.ndarray, count: int) -> np.ndarray:
         """(targets, ``count``) probe points: lo·(1 − w) + hi·w (no overflow; (lo + hi) / 2
@@ -233,7 +232,7 @@ class RankSearch:
     def update(self, probe: RankProbe, at_most: np.ndarray) -> None:
         """Narrow the open brackets with the pooled counts of values ≤ each point of
         ``probe`` (this search's own :meth:`probe`, made just before): one round."""
-        _, _, points, _ = self._shared()
+        points, _ = self._shared()
         if len(at_most) != points.sum() or len(probe.points) != points.sum():
             raise ProtocolError(f"expected {points.sum()} counts, got {len(at_most)}")
         self.rounds += 1

@@ -161,3 +161,43 @@ def test_the_default_search_s_first_round_travels_with_the_count() -> None:
     assert after_setup[:3] == ["ckks.decrypt_sum_request", "ppf_robust.pooled_counts",
                                "rank.probe"], after_setup
     assert kinds.decrypted[0] == 3 + 3 * 255, kinds.decrypted  # n_g, then the opening's
+
+
+async def test_the_opening_counts_as_one_of_the_agreed_search_rounds() -> None:
+    """The opening's counts are revealed like a search round's, so a party counts it
+    against the rounds it allows: a server that follows it with the full number of
+    K-point rounds gets one round fewer (before, the opening came on top)."""
+    from deviating import deviating
+
+    from fednorm.engine.errors import ProtocolError
+    from fednorm.protocols.collective import setup_server
+    from fednorm.protocols.plain.robust import QUARTILES
+    from fednorm.protocols.ppf import kth
+    from fednorm.protocols.ppf.robust import default_probes
+    from fednorm.protocols.quantiles import plan_quantiles
+    from fednorm.protocols.rank import RankProbe
+    from fednorm.protocols.rank_rounds import unbounded_round_limit
+    from fednorm.sim.federation import run_federation
+
+    answered: list[int] = []
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, relinearize=False)  # counts only
+        count, _, _ = await kth.reveal_counts_and_opening(crypto, options, QUARTILES)
+        probes = default_probes(plan_quantiles(count, QUARTILES), options, crypto.ckks.slots)
+        points = np.linspace(-1.0, 1.0, probes)
+        with rc.subprotocol("kth"):
+            for _ in range(unbounded_round_limit(probes)):
+                await rc.broadcast(RankProbe(features=np.zeros(probes, dtype=np.int64),
+                                             points=points))
+                await kth.pooled_counts(crypto, probes)
+                answered.append(probes)
+
+    rng = np.random.default_rng(4)
+    options = FitOptions(preset="test")
+    with pytest.raises(ProtocolError, match="more search rounds"):
+        await run_federation(deviating("robust", server=server),
+                             [rng.normal(size=(6, 1)) for _ in range(3)], options,
+                             timeout=300)
+    probes = answered[0]
+    assert len(answered) == unbounded_round_limit(probes) - 1

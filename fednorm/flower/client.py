@@ -153,9 +153,9 @@ def _node_data(request: Request, load_data: DataLoader, context: Context) -> np.
             X = _by_name(party, X, request.start.features)
         check_real(X)
         return check_party_data(X)
+    except SessionRefused:
+        raise  # about the session's columns, not the data: it travels as it is
     except InputError as exc:
-        if isinstance(exc, SessionRefused):
-            raise
         refusal = UNUSABLE_DATA.refusal(party, exc)
         print(f"fednorm node {context.node_id}: {refusal}", file=sys.stderr, flush=True)
         raise refusal from None
@@ -165,16 +165,13 @@ def _by_name(party: int, frame: object, features: tuple[str, ...] | None) -> np.
     """A DataFrame's values, its columns in the order the ServerApp names them (in its own
     order if the ServerApp names none); other columns than the named ones: the session
     is refused, naming them (the names are the federation's, so they travel)."""
-    from fednorm.engine.runtime import role_name
-    from fednorm.protocols.columns import column_difference, column_names, table_values
+    from fednorm.protocols.columns import ColumnsDiffer, column_names, in_order
 
-    names = column_names(frame, role_name(party))
-    if features is None:
-        return table_values(frame, role_name(party))
-    if sorted(names) != sorted(features):
-        raise SessionRefused(f"{role_name(party)} refused the session: "
-                             f"{column_difference(party, names, features)}")
-    return table_values(frame[list(features)], role_name(party))  # type: ignore[index]
+    order = features if features is not None else column_names(frame, f"party {party}")
+    try:
+        return in_order(frame, party, order)
+    except ColumnsDiffer as exc:
+        raise SessionRefused(f"party {party} refused the session: {exc}") from None
 
 
 def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:

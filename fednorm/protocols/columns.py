@@ -48,6 +48,19 @@ def column_difference(party: int, have: tuple[str, ...], expected: tuple[str, ..
     return f"party {party}'s columns differ from the federation's: " + " and ".join(parts)
 
 
+class ColumnsDiffer(InputError):
+    """A party's columns are named otherwise than the federation's."""
+
+
+def in_order(frame: Any, party: int, order: Sequence[str]) -> np.ndarray:
+    """Party ``party``'s DataFrame as values, its columns put in ``order`` by name;
+    :class:`ColumnsDiffer` (:func:`column_difference`'s words) if it holds other ones."""
+    names = column_names(frame, f"party {party}")
+    if sorted(names) != sorted(order):
+        raise ColumnsDiffer(column_difference(party, names, tuple(order)))
+    return table_values(frame[list(order)], f"party {party}")
+
+
 def check_feature_names(features: Sequence[str], option: str = "--features") -> None:
     """The federation's column names as a server is given them (``option``): non-empty,
     each once."""

@@ -297,7 +297,14 @@ class SortedColumns:
         self._columns = [np.sort(float_order.keys(col[~np.isnan(col)])) for col in X.T]
         self._limit = points_per_feature
         self._bounds = bounds
-        self._rounds_left = max_rounds
+        self._rounds_left = self._max_rounds = max_rounds
+
+    def agree(self, points_per_feature: int, max_rounds: int) -> None:
+        """Limits known only now (the unbounded search's opening is counted before n_g
+        fixes the plan): the rounds answered so far count against ``max_rounds``."""
+        answered = 0 if self._rounds_left is None else self._max_rounds - self._rounds_left
+        self._limit, self._max_rounds = points_per_feature, max_rounds
+        self._rounds_left = max_rounds - answered
 
     def count_at_most(self, probe: RankProbe) -> np.ndarray:
         """This party's counts of values ≤ each probe point; a round probing a feature at

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fednorm.engine.errors import InputError
-from fednorm.protocols.columns import column_difference, column_names, is_table, table_values
+from fednorm.protocols.columns import ColumnsDiffer, column_names, in_order, is_table
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,16 @@ def party_tables(party_data: object, features: Sequence[str] | None = None) -> P
     if not all(named):
         raise InputError("party_data mixes DataFrames with unnamed arrays: give every "
                          "party's columns names, or none")
-    names = [column_names(X, f"party {p}") for p, X in enumerate(parties, start=1)]
-    order = tuple(features) if features is not None else names[0]
-    differ = [column_difference(p, have, order) for p, have in enumerate(names, start=1)
-              if sorted(have) != sorted(order)]
+    order = tuple(features) if features is not None else column_names(parties[0], "party 1")
+    arrays, differ = [], []
+    for p, X in enumerate(parties, start=1):
+        try:
+            arrays.append(in_order(X, p, order))
+        except ColumnsDiffer as exc:
+            differ.append(str(exc))
     if differ:
         raise InputError("; ".join(differ))
-    return PartyTables([table_values(X[list(order)], f"party {p}")
-                        for p, X in enumerate(parties, start=1)], order)
+    return PartyTables(arrays, order)
 
 
 def _per_party(party_data: object) -> Sequence[Any]:

@@ -175,11 +175,12 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     message = await signed(rc, (KeyShares if lead else LeadKeys).of(mine))
     if lead is not None:
         await rc.run_sync(check.add, lead)
-    if _eager(rc):
+    eager = _eager(rc)
+    if eager:
         await rc.send(SERVER, message)
     for party in range(LEAD + 1, rc.me):
         await _add_round_one(rc, party, await rc.receive(SERVER, KeyShares), setup, check)
-    if not _eager(rc):
+    if not eager:
         await rc.send(SERVER, message)
     del message
     await rc.run_sync(check.add, mine)
@@ -205,12 +206,13 @@ async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.Par
     rounds, :func:`_eager`); every party's added up, every other one signature-checked
     first."""
     share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
-    if _eager(rc):
-        await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
+    message, eager = await signed(rc, RelinRound2.of(share)), _eager(rc)
+    if eager:
+        await rc.send(SERVER, message)
     for party in range(LEAD, round_one.joint.n_parties + 1):
         if party == rc.me:
-            if not _eager(rc):
-                await rc.send(SERVER, await signed(rc, RelinRound2.of(share)))
+            if not eager:
+                await rc.send(SERVER, message)
             await rc.run_sync(check.add_round_two, share)
         else:
             other = await verified(rc, party, await rc.receive(SERVER, RelinRound2))

@@ -108,13 +108,16 @@ async def reveal_counts_and_opening(crypto: ServerCrypto, options: FitOptions,
     return pooled[:width], opening, pooled[width:]
 
 
-async def share_counts_and_opening(crypto: PartyCrypto, X: np.ndarray, options: FitOptions,
+async def share_counts_and_opening(crypto: PartyCrypto, X: np.ndarray,
+                                   columns: SortedColumns, options: FitOptions,
                                    quantiles: Sequence[float]) -> np.ndarray:
     """Party side of :func:`reveal_counts_and_opening`: its counts and its counts at the
-    opening probe (which it computes itself), one sum upload; returns n_g."""
+    opening probe (which it computes itself), one sum upload, the opening counted as a
+    round of ``columns`` (``X``'s, whose limits the caller agrees once n_g is known);
+    returns n_g."""
     width = X.shape[1]
     opening = opening_probe(width, crypto.ckks.slots - width, quantiles, options)
-    at_most = SortedColumns(X, len(opening.points)).count_at_most(opening)
+    at_most = columns.count_at_most(opening)
     upload = await crypto.encrypt_for_sum(np.concatenate([feature_counts(X), at_most]))
     await crypto.rc.send(SERVER, CountsAndOpening(values=upload, width=width))
     return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count

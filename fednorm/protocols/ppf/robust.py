@@ -104,12 +104,14 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
-    count = await kth.share_counts_and_opening(crypto, X, options, QUARTILES)
+    # The opening (this party's own probe) is the search's first round: it counts.
+    columns = SortedColumns(X, probe_limit(MAX_RANK_PROBES, QUARTILES), max_rounds=1)
+    count = await kth.share_counts_and_opening(crypto, X, columns, options, QUARTILES)
     plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
                           options.quantile_rule)
     probes = default_probes(plan, options, crypto.ckks.slots)
-    await kth.kth_party(crypto, SortedColumns(X, probe_limit(probes, QUARTILES),
-                                              max_rounds=unbounded_round_limit(probes)))
+    columns.agree(probe_limit(probes, QUARTILES), unbounded_round_limit(probes))
+    await kth.kth_party(crypto, columns)
     return await _finish_party(rc, X.shape[1])
 
 

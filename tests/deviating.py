@@ -21,6 +21,7 @@ async def zscore_server_start(rc, options):
     crypto = await ppf_zscore.setup_server(rc, options.preset,
                                            **ppf_zscore.setup_arguments(options))
     sums = await rc.gather(ppf_zscore.EncryptedSums)
+    await crypto.add_all({p: m.total for p, m in sums.items()})  # relayed first
     return crypto, await crypto.add_all({p: m.count for p, m in sums.items()})
 
 

@@ -97,9 +97,9 @@ class PartyWatch(Tracer):
 
 
 def tcp_run(certs: Path, server, *,
-            options: FitOptions = TEST, allowing: Collection[int] = ()
-            ) -> tuple[dict[int, BaseException], PartyWatch, object]:
-    """PPF z-score between a multi-host server playing ``server`` and three real
+            options: FitOptions = TEST, allowing: Collection[int] = (),
+            method: str = "zscore") -> tuple[dict[int, BaseException], PartyWatch, object]:
+    """PPF ``method`` (z-score) between a multi-host server playing ``server`` and three real
     :class:`Party` runs (those in ``allowing`` join the paper's algorithms): each party's
     error, what they sent, the server's outcome."""
     from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
@@ -112,7 +112,7 @@ def tcp_run(certs: Path, server, *,
             return deviating(method, privacy, server=server)
         return get_protocol(method, privacy)
     slow = Timeouts(join=30.0, handshake=10.0, protocol=120.0)
-    config = ServerConfig("127.0.0.1", 0, parties=3, methods=("zscore",), certs=certs,
+    config = ServerConfig("127.0.0.1", 0, parties=3, methods=(method,), certs=certs,
                           privacy="mhe", options=options, timeouts=slow)
     watch, errors = PartyWatch(), {}
     tcp_server = Server(config, protocols=deviating_server)

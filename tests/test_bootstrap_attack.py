@@ -4,15 +4,15 @@ pair sums to ``K·s_i`` plus small noise, and the server reads the party's secre
 share from the ring.
 
 The default protocols never bootstrap, so their parties refuse every bootstrap request
-(their phases declare none): the attack gets no share.  For the paper's algorithms the
-defence (a party recomputes the ciphertext it is asked to refresh from a signed
-transcript, docs/LEAKAGE.md) is not built yet: that test says what must happen — every
-party refuses, the server receives no share — and is expected to fail with
-:class:`KeyShareRead`, raised only when the server really reads a ternary secret, until
-the defence lands.  Until then a multi-host party joins a session of the paper's
-algorithms only if its operator allows it (``--allow-paper-algorithms``): by default it
-refuses in the handshake, before it makes any key share, and the attack gets nothing
-(played over TCP below).
+(their phases declare none): the attack gets no share.  The paper's z-score bootstraps
+its encrypted inverse: each party recomputes the ciphertext it is asked to refresh from
+the relayed, signed uploads (docs/LEAKAGE.md), so every party refuses the crafted
+request and the server reads nothing (:class:`KeyShareRead` is raised only when it
+really reads a ternary secret; on the code before that check, it did, for every party).
+The paper's other algorithms are not recomputed yet, and the paper's z-score does not
+flood its quotients: a multi-host party joins them only if its operator allows it
+(``--allow-paper-algorithms``), and by default refuses in the handshake, before it makes
+any key share (played over TCP below).
 """
 
 from __future__ import annotations
@@ -72,41 +72,61 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str, links: Sta
     assert "bootstrap" in str(refusal)
 
 
-@pytest.mark.xfail(raises=KeyShareRead, strict=True,
-                   reason="bootstrap requests are not yet bound to a recomputed ciphertext")
-def test_a_bootstrap_request_on_a_plus_k_is_refused() -> None:
+def _attack_on_the_paper_zscore(links: StarLinks) -> ProtocolError:
     read: dict[int, np.ndarray] = {}
 
     async def server(rc, options):
         crypto, count = await zscore_server_start(rc, options)
         await attack(read, crypto, rc, count)
 
-    refusal = _run_attack("zscore", server, PAPER_ZSCORE)
+    refusal = _run_attack("zscore", server, PAPER_ZSCORE, links)
     if read:
         raise KeyShareRead(f"the server read the secret-key shares of parties {sorted(read)} "
                            f"(ternary, {len(next(iter(read.values())))} coefficients each)")
-    assert "bootstrap" in str(refusal)
+    return refusal
+
+
+def test_a_bootstrap_request_on_a_plus_k_is_refused(links: StarLinks) -> None:
+    """The paper's z-score, its first bootstrap request replaced by ``c1 = a + K``:
+    each party's own run of the encrypted inverse asks to refresh another ciphertext."""
+    refusal = _attack_on_the_paper_zscore(links)
+    assert "bootstrap request refused: its ciphertext is not the one this party " \
+           "computes" in str(refusal), refusal
 
 
 def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     certs: Path,
 ) -> None:
-    """The attacking server above, as a multi-host server announcing the paper's z-score:
-    parties 1 and 2 were started with ``--allow-paper-algorithms``, party 3 without.
-    Party 3 withdraws in the handshake, every role reports its reason, and no party
-    made a key share or anything the attack could read."""
+    """A multi-host server announcing the paper's MinMax (whose requests a party does not
+    recompute yet): parties 1 and 2 were started with ``--allow-paper-algorithms``,
+    party 3 without.  Party 3 withdraws in the handshake, every role reports its
+    reason, and no party made a key share or anything a server could read."""
+    async def server(rc, options):
+        raise AssertionError("the session never starts")
+
+    options = FitOptions(algorithm="paper", preset="test", vabs=(20.0,))
+    errors, watch, outcome = tcp_run(certs, server, options=options, allowing={1, 2},
+                                     method="minmax")
+    cause = ("party 3 refused the session: minmax-mhe with --algorithm paper answers "
+             "bootstrap or decryption requests a party cannot check")
+    assert isinstance(errors[3], InputError), errors
+    for error in (*errors.values(), outcome.error):
+        assert cause in str(error), error
+    assert not watch.encrypted and not any(watch.sent.values()), watch.sent
+
+
+def test_over_tcp_every_party_refuses_the_bootstrap_attack(certs: Path) -> None:
+    """The paper's z-score between multi-host roles (its parties allowed to join: its
+    quotients are decrypted without flooding): the ``a + K`` attack is refused by every
+    party, and the server reads nothing."""
     read: dict[int, np.ndarray] = {}
 
     async def server(rc, options):
         crypto, count = await zscore_server_start(rc, options)
         await attack(read, crypto, rc, count)
 
-    errors, watch, outcome = tcp_run(certs, server, options=PAPER_ZSCORE,
-                                     allowing={1, 2})
-    cause = ("party 3 refused the session: zscore-mhe with --algorithm paper answers "
-             "bootstrap or decryption requests a party cannot check")
-    assert isinstance(errors[3], InputError), errors
-    for error in (*errors.values(), outcome.error):
-        assert cause in str(error), error
-    assert not read
-    assert not watch.encrypted and not any(watch.sent.values()), watch.sent
+    errors, _, _ = tcp_run(certs, server, options=PAPER_ZSCORE, allowing={1, 2, 3})
+    assert not read, f"the server read the key shares of parties {sorted(read)}"
+    assert sorted(errors) == [1, 2, 3], errors
+    for error in errors.values():
+        assert "bootstrap request refused" in str(error), error

@@ -153,12 +153,13 @@ class RepeatFirstBootstrap(ServerCrypto):
 
     first: openfhe.Ciphertext | None = None
 
-    async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+    async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
+                        ) -> openfhe.Ciphertext:
         if self.first is None:
             self.first = ct
         elif self.bootstraps == 1:
-            await super().bootstrap(self.first)
-        return await super().bootstrap(ct)
+            await super().bootstrap(self.first, forward)
+        return await super().bootstrap(ct, forward)
 
 
 async def test_a_second_bootstrap_of_the_same_ciphertext_is_refused(links: StarLinks) -> None:

@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 import trio
-from deviating import deviating, zscore_server_start
+from deviating import deviating, zscore_server_start, zscore_server_with
 from protocol_cases import CASES, CHEAP_MINMAX, PAPER, YJ_VABS, Case, normal_parts, yeojohnson_plan
 from recording import KEY_SETUP_KINDS, Recorder, SecretKeySpy, plaintext_fields, session_kinds
 
@@ -17,10 +17,9 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
-from fednorm.protocols.collective import BootRequest, serve_until, shared_context
+from fednorm.protocols.collective import ServerCrypto, serve_until, shared_context
 from fednorm.protocols.ledger import PLAINTEXT, undeclared
 from fednorm.protocols.ppf import minmax as ppf_minmax
-from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.minmax_layout import MinMaxSettings
 from fednorm.protocols.ppf.yeojohnson_cores import planned_refreshes
@@ -61,7 +60,7 @@ class PartyPhases(Tracer):
             return
         if event.kind == "ckks.boot_request":
             self._bootstraps += 1
-        elif event.kind not in DECRYPT_KINDS:
+        elif event.kind not in (*DECRYPT_KINDS, "ckks.boot_share"):  # forwarded shares
             self.phases.append((event.kind, self._bootstraps))
             self._bootstraps = 0
 
@@ -120,11 +119,11 @@ def test_only_the_declared_ledger_crosses_the_wire(case: Case) -> None:
         if case.privacy == "mhe" and case.algorithm == "default":
             assert header.kind not in DECRYPT_KINDS or header.kind in FLOODED_KINDS, \
                 f"an unflooded decryption ({header.kind}) in a default protocol"
-    # Bootstraps, sum decryptions and the relinearization key's second round depend on
-    # the protocol and its options.
+    # Bootstraps, sum decryptions, relayed inputs and the relinearization key's second
+    # round depend on the protocol and its options.
     stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
-        "ckks.boot_request", "ckks.decrypt_sum_request", "ckks.decrypt_product_request",
-        "ckks.relin_round2"}
+        "ckks.boot_request", "ckks.boot_share", "ckks.decrypt_sum_request",
+        "ckks.decrypt_product_request", "ckks.relayed_inputs", "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)
     assert requests == parties * len(widths)  # every decryption asks every party once
@@ -143,14 +142,28 @@ async def _run_server(server_role, parts=None):
     await run_federation(cheat, parts, PAPER, timeout=60)
 
 
+class ReusedElement(ServerCrypto):
+    """The inverse's bootstraps, honest, but the second on common element #0 again."""
+
+    async def bootstrap(self, ct, forward: bool = False):
+        if self.bootstraps == 1:
+            self.boot_index -= 1
+        return await super().bootstrap(ct, forward)
+
+
+class ChosenElement(ServerCrypto):
+    """The inverse's first bootstrap, honest, but on a far-off common element."""
+
+    async def bootstrap(self, ct, forward: bool = False):
+        self.boot_index = max(self.boot_index, 12345)
+        return await super().bootstrap(ct, forward)
+
+
 async def test_parties_refuse_a_bootstrap_on_a_reused_common_element() -> None:
     """A server that asks twice for the same common random element (so that it could
     cancel the masks of two answers) is refused: the index must advance."""
     async def server(rc, options):
-        crypto, count = await zscore_server_start(rc, options)
-        await crypto.bootstrap(count)
-        crypto.boot_index -= 1  # replay element #0
-        await crypto.bootstrap(count)
+        return await zscore_server_with(rc, options, ReusedElement)
 
     with pytest.raises(ProtocolError, match="common element #0, expected #1"):
         await _run_server(server)
@@ -160,15 +173,9 @@ async def test_parties_refuse_a_bootstrap_with_a_chosen_element() -> None:
     """The request carries no element; one that names a far-off index (to reach an
     element the server searched for) is refused like any skip."""
     async def server(rc, options):
-        crypto = await ppf.setup_server(rc, options.preset)
-        await rc.gather(ppf.EncryptedSums)
-        c1 = crypto.encrypt(np.ones(2))
-        c1.RemoveElement(0)
-        with rc.subprotocol("bootstrap"):
-            await rc.broadcast(BootRequest(c1=c1, index=12345))
-        await rc.gather(quotient.EncryptedVector)
+        return await zscore_server_with(rc, options, ChosenElement)
 
-    with pytest.raises(ProtocolError, match="expected #0"):
+    with pytest.raises(ProtocolError, match="#12345, expected #0"):
         await _run_server(server)
 
 

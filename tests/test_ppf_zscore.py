@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import trio
-from deviating import deviating, zscore_server_start
+from deviating import deviating, zscore_server_with
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +23,8 @@ from fednorm.protocols.collective import (
     setup_party,
     shared_context,
 )
+from fednorm.protocols.collective.signatures import keyring_of
+from fednorm.protocols.collective.sums import InputUpload, sign_upload
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.keys import key_needs
@@ -149,27 +151,30 @@ async def test_a_ciphertext_under_a_private_key_is_rejected() -> None:
         crypto = await setup_party(rc, options.preset)
         own = ckks.PartyKeys.generate(crypto.ckks)  # not the joint key
         ct = crypto.ckks.encrypt(own.public_key_share, np.ones(2))
-        await rc.send(SERVER, ppf.EncryptedSums(total=ct, count=ct, width=2))
+        total, _ = sign_upload(keyring_of(rc), rc.session, 0, ct, InputUpload)
+        count, _ = sign_upload(keyring_of(rc), rc.session, 1, ct, InputUpload)
+        await rc.send(SERVER, ppf.EncryptedSums(total=total, count=count, width=2))
         await serve_until(crypto, ppf.PpfZScoreResult, decryptions=9)
 
     with pytest.raises(ProtocolError, match="party 3 is not encrypted under the joint"):
         await _run_with_party(party)
 
 
+class OneMoreAfterTheRetry(ServerCrypto):
+    """The honest requests up to the mean's coarse pass and its declared retry (the
+    request at 2^-40, bound to it: answered), then one more decryption."""
+
+    async def decrypt(self, ct, n: int) -> np.ndarray:
+        values = await super().decrypt(ct, n)
+        if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
+            await self.decrypt_shifted(ct, n)
+            await super().decrypt(self.encrypt(np.full(2, 3.0)), n)
+        return values
+
+
 async def test_a_party_asked_for_too_many_decryptions_refuses() -> None:
     async def greedy_server(rc, options):
-        crypto, _ = await zscore_server_start(rc, options)
-        # Before the first scales a party helps with the presence bit and the coarse pass
-        # of μ, and that pass's retry (its request at 2^-40, bound to it: accepted here);
-        # one more is beyond the ledger.  (What a request decrypts a party cannot check:
-        # see docs/LEAKAGE.md, "Threat model"; each is of another ciphertext, as a repeat
-        # is refused as such.)
-        presence, coarse, more = (crypto.encrypt(np.full(2, v)) for v in (1.0, 2.0**45, 3.0))
-        await crypto.decrypt(presence, 2)
-        np.testing.assert_allclose(await crypto.decrypt(coarse, 2), 2.0**45, rtol=1e-9)
-        np.testing.assert_allclose(await crypto.decrypt_shifted(coarse, 2), 2.0**45,
-                                   rtol=1e-6)
-        await crypto.decrypt(more, 2)
+        return await zscore_server_with(rc, options, OneMoreAfterTheRetry)
 
     cheat = deviating("zscore", server=greedy_server)
     parts = [np.ones((4, 2)) * i for i in range(1, 4)]
@@ -213,14 +218,15 @@ def test_standardized_data_split_by_label_is_fitted() -> None:
 
 def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
     async def scaling_server(rc, options):
-        await ppf.setup_server(rc, options.preset)
+        await ppf.setup_server(rc, options.preset, **ppf.setup_arguments(options))
         await rc.gather(ppf.EncryptedSums)
         await rc.broadcast(quotient.Scales(scales=np.full(2, 2.0**60)))
         await rc.gather(quotient.EncryptedVector)
 
-    cheat = deviating("zscore", server=scaling_server)
+    cheat = deviating("zscore", server=scaling_server)  # the default: sums, not relayed
     with pytest.raises(InputError, match="would pass 2\\^50"):
-        trio.run(run_federation, cheat, [np.full((4, 2), 3.0)] * 3, TEST)
+        trio.run(run_federation, cheat, [np.full((4, 2), 3.0)] * 3,
+                 FitOptions(preset="test"))
 
 
 @pytest.mark.parametrize("reveal_counts", [False, True])
@@ -236,14 +242,22 @@ def test_a_feature_without_values_is_nan_as_in_plain_mode(reveal_counts) -> None
                                rtol=1e-6)
 
 
+class OneMoreBootstrap(ServerCrypto):
+    """The encrypted inverse's bootstraps, honest, then one more (of a fresh ciphertext,
+    so neither a repeat nor past the level budget: only more than the plan)."""
+
+    async def bootstrap(self, ct, forward: bool = False):
+        refreshed = await super().bootstrap(ct, forward)
+        if self.bootstraps == ppf.inverse_plan(self.ckks, TEST).bootstraps:
+            await super().bootstrap(self.encrypt(np.ones(2)), forward)
+        return refreshed
+
+
 async def test_a_party_refuses_bootstraps_beyond_the_inverse() -> None:
     """The encrypted inverse's bootstraps are public (its plan); one more, e.g. to refresh
-    a ciphertext the ledger does not list, is refused (each of another ciphertext: a
-    repeat would be refused as such, see test_deviating_server.py)."""
+    a ciphertext the ledger does not list, is refused as beyond the plan."""
     async def server(rc, options):
-        crypto, _ = await zscore_server_start(rc, options)
-        for i in range(ppf.inverse_plan(crypto.ckks, options).bootstraps + 1):
-            await crypto.bootstrap(crypto.encrypt(np.full(2, float(i))))
+        return await zscore_server_with(rc, options, OneMoreBootstrap)
 
     cheat = deviating("zscore", server=server)
     with pytest.raises(ProtocolError, match="more bootstraps"):

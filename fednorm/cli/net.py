@@ -203,8 +203,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument(ALLOW_UNCHECKED, action="store_true",
                        help="join a session running the paper's PPF algorithms "
                             "(--algorithm paper), whose bootstrap and decryption requests "
-                            "this party cannot check: safe against an honest-but-curious "
-                            "server only (docs/LEAKAGE.md); refused by default")
+                            "this party cannot check (or, in z-score, does not flood): "
+                            "safe against an honest-but-curious server only "
+                            "(docs/LEAKAGE.md); refused by default")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="write normalized.csv and params.json here (a session of "
                             "several methods: <method>/normalized.csv, ...); must be empty")

@@ -25,8 +25,9 @@ Fields = Mapping[str, frozenset[str]]
 
 # Every PPF protocol: the key setup names each party's key tag (random identifiers),
 # each share carries its maker's signature and certificate (public), and the server
-# names digests of the evaluation keys it installed; a bootstrap request names the
-# index of the common random element (a counter).
+# names digests of the evaluation keys it installed; a bootstrap request and its
+# shares name the index of the common random element (a counter); a relay of input
+# uploads names their index (a counter).
 _SIGNED = frozenset({"signature", "certificate"})
 COLLECTIVE: Fields = {
     "ckks.lead_keys": _SIGNED,
@@ -35,6 +36,8 @@ COLLECTIVE: Fields = {
     "ckks.relin_round2": _SIGNED,
     "ckks.setup_done": frozenset({"relin_key", "rotation_keys"}),
     "ckks.boot_request": frozenset({"index"}),
+    "ckks.boot_share": _SIGNED | {"index"},
+    "ckks.relayed_inputs": frozenset({"index"}),
     "ckks.decrypt_sum_request": frozenset({"index"}),
     "ckks.decrypt_product_request": frozenset({"index"}),
 }

@@ -266,11 +266,12 @@ class CkksContext:
 
     # -- keys installed on evaluators ----------------------------------------------------
     def install_relin_key(self, key: openfhe.EvalKey, tag: str) -> None:
-        """Make ``key`` (the joint relinearization key for ``tag``) usable by mul."""
+        """Make ``key`` (the joint relinearization key for ``tag``) usable by mul, once."""
         if key.GetKeyTag() != tag:
             raise ProtocolError(f"relinearization key has tag {key.GetKeyTag()!r}, not {tag!r}")
-        with KEY_MAP_LOCK:
-            self.raw.InsertEvalMultKey([key])
+        with KEY_MAP_LOCK:  # the roles of an in-process run share one key map
+            if tag not in self.raw.GetAllEvalMultKeys():
+                self.raw.InsertEvalMultKey([key])
 
     def install_rotation_keys(self, keys: openfhe.EvalKeyMap, tag: str,
                               indices: Sequence[int]) -> None:
@@ -278,8 +279,7 @@ class CkksContext:
         with KEY_MAP_LOCK:
             self.raw.InsertEvalAutomorphismKey(keys, tag)
             present = set(self.raw.GetExistingEvalAutomorphismKeyIndices(tag))
-        missing = [i for i in indices if self.raw.FindAutomorphismIndex(i) not in present]
-        if missing:
+        if missing := [i for i in indices if self.raw.FindAutomorphismIndex(i) not in present]:
             raise ProtocolError(f"rotation keys for indices {missing} missing after aggregation")
 
     # -- validation and bytes ------------------------------------------------------------

@@ -152,8 +152,9 @@ async def setup_party(
             await _party_round_two(rc, setup, keys, round_one, check)
         done = await rc.receive(SERVER, SetupDone)
         await rc.run_sync(check.check_final, done.digests())
+    await rc.run_sync(check.install_relin)
     joint = round_one.joint  # this party's own aggregate, equal to the server's
-    rc.crypto = PartyCrypto(rc, context, keys, joint.public_key, relinearized=relinearize,
+    rc.crypto = PartyCrypto(rc, context, keys, joint, relinearized=relinearize,
                             rotations=tuple(rotations), n_parties=joint.n_parties,
                             flooding_bits=flooding_bits,
                             flooding_decryptions=flooding_decryptions)

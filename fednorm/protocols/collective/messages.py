@@ -9,14 +9,20 @@ and back.  Kinds and fields are the wire format: changing one changes the bytes 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import ClassVar
 
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, message
-from fednorm.protocols.collective.sums import ProductUpload, SumUpload
+from fednorm.protocols.collective.sums import (
+    InputUpload,
+    ProductUpload,
+    SumUpload,
+    upload_digest,
+)
 
 
 # -- key setup -----------------------------------------------------------------------------
@@ -199,15 +205,39 @@ class BootRequest(Message):
 
 
 @message("ckks.boot_share")
-class BootShare(Message):
-    """A party's bootstrap share (h0, h1) of the request it answers."""
+class BootShare(Signed):
+    """A party's bootstrap share (h0, h1) of the ``index``-th bootstrap, signed: the
+    server forwards every party's share to every party, which aggregates them itself
+    into the refreshed ciphertext it goes on recomputing with
+    (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
 
+    index: int
     h0: openfhe.Ciphertext
     h1: openfhe.Ciphertext
+
+    def share_digest(self, parsed: bool = False) -> bytes:
+        if not isinstance(self.index, int) or isinstance(self.index, bool):
+            raise InputError("its bootstrap index is not an integer")
+        # Of each part as a receiver parses it (:func:`.sums.upload_digest`).
+        digest = ckks.object_digest if parsed else upload_digest
+        return hashlib.sha256(b"%d\0" % self.index + digest(self.h0) + digest(self.h1)
+                              ).digest()
 
     def as_share(self, index: int) -> ckks.BootstrapShare:
         return ckks.BootstrapShare(index, self.h0, self.h1)
 
     @classmethod
     def of(cls, share: ckks.BootstrapShare) -> BootShare:
-        return cls(h0=share.h0, h1=share.h1)
+        """The share as a message, not signed yet (:func:`.signatures.signed` signs it)."""
+        return cls(signature=b"", certificate=b"", index=share.index, h0=share.h0,
+                   h1=share.h1)
+
+
+# -- inputs of the server's encrypted computation ------------------------------------------
+@message("ckks.relayed_inputs")
+class RelayedInputs(Message):
+    """Every party's input upload #``index``, in party order, relayed to every party:
+    each checks the signatures and adds them up itself (:mod:`.sums`)."""
+
+    index: int
+    uploads: list[InputUpload]

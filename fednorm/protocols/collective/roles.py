@@ -21,11 +21,13 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.codec import register_ext_type
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.engine.runtime import RoleContext
+from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.collective import bootstrap, decryption, sums
+from fednorm.protocols.collective.messages import RelayedInputs
 from fednorm.protocols.collective.signatures import keyring_of
 from fednorm.protocols.collective.sums import (
     AnUpload,
+    InputUpload,
     PooledUploads,
     ProductUpload,
     SignedUpload,
@@ -101,17 +103,25 @@ class ServerCrypto:
         """
         return await decryption.decrypt_pooled(self, pooled, n)
 
-    async def bootstrap(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
-        """Collective bootstrapping: same values, full level budget, nothing revealed."""
-        return await bootstrap.bootstrap(self, ct)
+    async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
+                        ) -> openfhe.Ciphertext:
+        """Collective bootstrapping: same values, full level budget, nothing revealed;
+        ``forward``: the parties recompute it, so they get every party's share."""
+        return await bootstrap.bootstrap(self, ct, forward)
 
-    async def add_all(self, cts: Mapping[int, openfhe.Ciphertext | SumUpload]
+    async def add_all(self, cts: Mapping[int, openfhe.Ciphertext | SignedUpload]
                       ) -> openfhe.Ciphertext | PooledUploads:
         """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one;
         over signed sum uploads, the :class:`PooledUploads` that keeps them for its
-        decryption."""
+        decryption; over signed input uploads, their sum, once every party was sent them
+        all (:class:`~.messages.RelayedInputs`) to recompute it."""
         if any(isinstance(ct, SumUpload) for ct in cts.values()):
             return await self.rc.run_sync(self._pool, cts, SumUpload)
+        if any(isinstance(ct, InputUpload) for ct in cts.values()):
+            pooled = await self.rc.run_sync(self._pool, cts, InputUpload)
+            await self.rc.broadcast(RelayedInputs(index=pooled.index,
+                                                  uploads=list(pooled.uploads)))
+            return await self.rc.run_sync(pooled.combined, self.ckks)
         for party, ct in cts.items():
             self.check_joint(ct, f"ciphertext from party {party}")
         return await self.rc.run_sync(_sum, self.ckks, list(cts.values()))
@@ -146,7 +156,7 @@ class PartyCrypto:
     rc: RoleContext
     ckks: ckks.CkksContext
     keys: ckks.PartyKeys
-    public_key: openfhe.PublicKey
+    joint: ckks.JointKeys  # its own aggregate of the signed key shares
     relinearized: bool = True
     rotations: tuple[int, ...] = ()
     boot_index: int = 0  # bootstraps answered under these keys: the next expected index
@@ -169,11 +179,16 @@ class PartyCrypto:
         Two shares of one ciphertext with fresh noise let the server average that noise
         away (retrying a multiparty protocol is insecure), so each ciphertext gets one.
         """
+        digest = await self.require_unshared(request, ct)
+        self.shared[digest] = request
+
+    async def require_unshared(self, request: str, ct: openfhe.Ciphertext) -> bytes:
+        """ProtocolError if this party made a share of ``ct`` before; else its digest."""
         digest = await self.rc.run_sync(share_digest, ct)
         if digest in self.shared:
             raise ProtocolError(f"{request} refused: this party already made a share of "
                                 f"that ciphertext (for a {self.shared[digest]})")
-        self.shared[digest] = request
+        return digest
 
     def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
         """InputError unless P × this party's largest count fits ``max_count``.
@@ -212,6 +227,30 @@ class PartyCrypto:
         level = sums.product_level(self.ckks, self.n_parties)
         ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
         return await self._signed(ProductUpload, ct)
+
+    async def encrypt_input(self, values: np.ndarray, level: int = 0) -> InputUpload:
+        """Encrypt an input of the server's encrypted computation (:meth:`encrypt`), signed
+        as this party's next input upload: the server relays every party's, so each can
+        recompute what the server computes from them (:meth:`pooled_input`)."""
+        return await self._signed(InputUpload, await self.encrypt(values, level))
+
+    async def pooled_input(self, upload: InputUpload) -> openfhe.Ciphertext:
+        """The sum of every party's input upload of ``upload``'s index, added up here from
+        the server's relay, each checked (:func:`.sums.verified_combination`)."""
+        relay = await self.rc.receive(SERVER, RelayedInputs)
+        if relay.index != upload.index:
+            raise ProtocolError(f"the server relayed input uploads #{relay.index!r}, "
+                                f"expected #{upload.index}")
+        uploads = relay.uploads if isinstance(relay.uploads, list) else []
+        return await self.rc.run_sync(
+            sums.verified_combination, self.ckks, keyring_of(self.rc), self.rc.session,
+            range(1, self.n_parties + 1), upload.index, uploads,
+            self.own_uploads[InputUpload.KIND][upload.index], InputUpload,
+            "the relay of input uploads")
+
+    @property
+    def public_key(self) -> openfhe.PublicKey:
+        return self.joint.public_key
 
     async def _signed(self, kind: type[AnUpload], ct: openfhe.Ciphertext) -> AnUpload:
         """``ct`` signed as this party's next upload of ``kind``, bound to what the server

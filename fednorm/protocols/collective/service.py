@@ -2,16 +2,18 @@
 
 A party answers decryption and bootstrap requests with :func:`serve_until`, which also
 caps how many of each the server may ask for in each phase, binds a decryption's retry
-to the request it retries, and never shares one ciphertext twice — so a party, not just
-the server, enforces the leakage ledger.
+to the request it retries, never shares one ciphertext twice, and, where the party
+recomputes the server's step (:class:`RequestCheck`), answers only the requests its own
+run of the step makes — so a party, not just the server, enforces the leakage ledger.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -36,28 +38,42 @@ from fednorm.protocols.collective.roles import PartyCrypto
 M = TypeVar("M", bound=Message)
 
 
+class RequestCheck(Protocol):
+    """A party's own run of the server's step (:class:`fednorm.protocols.ppf.driver.
+    Replay`): it refuses a decryption or bootstrap request that is not the run's next,
+    and learns each bootstrap's outcome from every party's forwarded share."""
+
+    async def check(self, crypto: PartyCrypto, request: Message) -> None: ...
+
+    async def answered(self, crypto: PartyCrypto, shares: list[ckks.BootstrapShare]
+                       ) -> None: ...
+
+
 @dataclass(frozen=True)
 class _Service:
     """One kind of request a party answers: its sub-protocol, its name in a refusal,
     and the answer."""
 
     subprotocol: str
-    noun: str
-    answer: Callable[[PartyCrypto, Any], Awaitable[None]]
+    noun: str  # its kind, counted: "bootstraps"
+    request: str  # one request, in a refusal: "bootstrap request"
+    answer: Callable[[PartyCrypto, Any], Awaitable[Any]]
 
 
 _SERVICES: dict[type[Message], _Service] = {
-    BootRequest: _Service(BOOTSTRAP, "bootstraps", answer_bootstrap),
-    DecryptRequest: _Service(DECRYPT, "decryptions", answer_decryption),
-    SumDecryptRequest: _Service(DECRYPT_SUM, "sum decryptions", answer_sum_decryption),
+    BootRequest: _Service(BOOTSTRAP, "bootstraps", "bootstrap request", answer_bootstrap),
+    DecryptRequest: _Service(DECRYPT, "decryptions", "decryption request", answer_decryption),
+    SumDecryptRequest: _Service(DECRYPT_SUM, "sum decryptions", "sum decryption request",
+                                answer_sum_decryption),
     ProductDecryptRequest: _Service(DECRYPT_PRODUCT, "product decryptions",
-                                    answer_product_decryption),
+                                    "product decryption request", answer_product_decryption),
 }
 
 
 async def serve_until(
     crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
     bootstraps: int = 0, sums: int = 0, products: int = 0, retries: int = 0,
+    checked: RequestCheck | None = None,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
@@ -69,7 +85,9 @@ async def serve_until(
     ``retries`` more are honoured, each only as the retry of the decryption request just
     before (:func:`~.decryption.require_retry_of`).  A bootstrap request must name the next
     common random element of these keys (never one used before), and no request may
-    ask for a second share of a ciphertext (:meth:`PartyCrypto.claim_share`).
+    ask for a second share of a ciphertext (:meth:`PartyCrypto.claim_share`).  With
+    ``checked``, every decryption and bootstrap request but a retry must be the next of
+    the party's own run of the step (a bootstrap's shares are then forwarded to it).
     """
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
@@ -81,17 +99,28 @@ async def serve_until(
         if isinstance(msg, kinds):
             return msg  # type: ignore[return-value]
         service = _SERVICES[type(msg)]
+        retry = False
         if left[type(msg)] > 0:
             left[type(msg)] -= 1
         elif isinstance(msg, DecryptRequest) and retries > 0:
             await require_retry_of(crypto, previous, msg)
-            retries -= 1
+            retries, retry = retries - 1, True
         else:
             raise ProtocolError(f"the server asked for more {service.noun} than the "
                                 "protocol step declares")
         if isinstance(msg, DecryptRequest):
             previous = msg.ciphertext
-        await service.answer(crypto, msg)
+        if checked is None or retry or not isinstance(msg, DecryptRequest | BootRequest):
+            await service.answer(crypto, msg)  # sums and products check themselves
+            continue
+        repeat = msg.ciphertext if isinstance(msg, DecryptRequest) else msg.c1
+        await crypto.require_unshared(service.request, repeat)  # a repeat named first
+        await checked.check(crypto, msg)
+        if isinstance(msg, BootRequest):
+            await checked.answered(crypto, await answer_bootstrap(crypto, msg, forwarded=True))
+        else:
+            await service.answer(crypto, msg)
+            await checked.answered(crypto, [])
 
 
 async def _next_request_or(rc: RoleContext, kinds: tuple[type[Message], ...]) -> Message:

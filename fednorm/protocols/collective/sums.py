@@ -59,17 +59,22 @@ class SignedUpload(ABC):
 
 
 @dataclass(frozen=True, eq=False)
-class SumUpload(SignedUpload):
-    """An upload the server only adds up and decrypts as a sum."""
-
-    KIND = "ckks.sum_upload"
-    NOUN = "sum"
-    EXT = 24
+class _AddedUp(SignedUpload):
+    """An upload the server only adds up with the other parties' of its kind."""
 
     @staticmethod
     def combined(context: ckks.CkksContext, ciphertexts: Sequence[openfhe.Ciphertext]
                  ) -> openfhe.Ciphertext:
         return total_of(context, ciphertexts)
+
+
+@dataclass(frozen=True, eq=False)
+class SumUpload(_AddedUp):
+    """An upload the server only adds up and decrypts as a sum."""
+
+    KIND = "ckks.sum_upload"
+    NOUN = "sum"
+    EXT = 24
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,8 +92,21 @@ class ProductUpload(SignedUpload):
         return product_of(context, ciphertexts)
 
 
+@dataclass(frozen=True, eq=False)
+class InputUpload(_AddedUp):
+    """An input of the server's encrypted computation (the paper's algorithms: a count
+    to invert, a numerator to divide): added up like a sum upload, but never decrypted
+    as one.  The server relays every party's (:class:`~.messages.RelayedInputs`), so each
+    party recomputes the pooled input, and from it every ciphertext the server will ask
+    it to decrypt or refresh (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
+
+    KIND = "ckks.input_upload"
+    NOUN = "input"
+    EXT = 26
+
+
 AnUpload = TypeVar("AnUpload", bound=SignedUpload)
-UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload)
+UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload, InputUpload)
 
 
 @dataclass(frozen=True)
@@ -219,14 +237,15 @@ def product_level(context: ckks.CkksContext, factors: int) -> int:
 
 def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, session: str,
                          parties: Sequence[int], index: int, uploads: Sequence[object],
-                         own: OwnUpload, kind: type[SignedUpload] = SumUpload
+                         own: OwnUpload, kind: type[SignedUpload] = SumUpload,
+                         request: str = ""
                          ) -> openfhe.Ciphertext:
     """Party: the combination to decrypt, recomputed from the relayed ``uploads`` after
     checking that there is one per party, each a ``kind`` upload signed by its party for
     ``index`` of this session after the server messages this party had received when it
     made its own (``own.transcript``), and this party's own entry is the one it sent
-    (``own.digest``)."""
-    request = f"a {kind.NOUN} decryption request"
+    (``own.digest``); ``request`` names what relayed them in a refusal."""
+    request = request or f"a {kind.NOUN} decryption request"
     if len(uploads) != len(parties):
         raise ProtocolError(f"{request} relays {len(uploads)} uploads for "
                             f"{len(parties)} parties")

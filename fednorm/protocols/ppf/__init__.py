@@ -34,7 +34,7 @@ async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> 
 register("zscore", "mhe",
          Kind(_zscore_server, _zscore_party, zscore.setup_arguments),
          Kind(zscore.server, zscore.party, zscore.setup_arguments,
-              unchecked=zscore.requests_unchecked))
+              unchecked=zscore.unflooded_decryptions))
 register("minmax", "mhe",
          Kind(extremes.server, extremes.party, extremes.setup_arguments),
          Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True,

@@ -19,9 +19,17 @@ from typing import Any, TypeVar
 import numpy as np
 import openfhe
 
+from fednorm.engine import ckks
 from fednorm.engine.ckks.cores import Core
 from fednorm.engine.ckks.levels import Levels
-from fednorm.protocols.collective import ServerCrypto
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message
+from fednorm.protocols.collective import (
+    BootRequest,
+    DecryptRequest,
+    PartyCrypto,
+    ServerCrypto,
+)
 from fednorm.protocols.ledger import Allowance
 
 T = TypeVar("T")
@@ -64,18 +72,86 @@ class _Resume:
             return _Step(done=True, value=finished.value)
 
 
-async def run_core(crypto: ServerCrypto, core: Core[T], phase: str) -> T:
+async def run_core(crypto: ServerCrypto, core: Core[T], phase: str, replayed: bool = False
+                   ) -> T:
     """``core``'s result, its arithmetic off the event loop, each of its requests answered
     by the federation (a bootstrap for a ciphertext, a decryption for :class:`Decrypt`);
-    tracers see it as the protocol step ``phase``."""
+    tracers see it as the protocol step ``phase``.  ``replayed``: the parties run the same
+    core (:class:`Replay`), so each bootstrap's shares are forwarded to them."""
     advance, answer = _Resume(core), None
     with crypto.rc.phase(phase):
         while not (step := await crypto.rc.run_sync(advance, answer)).done:
             if isinstance(step.request, Decrypt):
                 answer = await crypto.decrypt(step.request.ct, step.request.width)
             else:
-                answer = await crypto.bootstrap(step.request)
+                answer = await crypto.bootstrap(step.request, forward=replayed)
     return step.value
+
+
+class Replay:
+    """Party: the server's core for one phase, run here on inputs this party checked
+    (every party's signed uploads, relayed; the bootstraps' signed shares, forwarded),
+    so that each decryption or bootstrap the server asks for must be the very one this
+    core asks for next — or the party refuses it (docs/LEAKAGE.md).
+
+    A decryption's values never reach a party, so the core is answered with zeros: a
+    core replayed here must not branch on what it decrypts before its last request.
+    """
+
+    def __init__(self, core: Core[Any]) -> None:
+        self._advance = _Resume(core)
+        self._answer: Any = None  # what resumes the core: the last request's outcome
+        self._kept: Any = None  # what the party keeps of the request it is answering
+
+    async def check(self, crypto: PartyCrypto, request: Message) -> None:
+        """ProtocolError naming ``request`` unless it is the core's next request."""
+        step = await crypto.rc.run_sync(self._advance, self._answer)
+        expected = step.request
+        noun = "decryption" if isinstance(request, DecryptRequest) else "bootstrap"
+        if step.done:
+            raise ProtocolError(f"{noun} request refused: this party's own run of the step "
+                                "makes no more requests")
+        if isinstance(request, DecryptRequest) and isinstance(expected, Decrypt):
+            prepared = await crypto.rc.run_sync(
+                ckks.Decryption(crypto.ckks).prepare, expected.ct)
+            if await crypto.rc.run_sync(_same, prepared, request.ciphertext):
+                self._kept = np.zeros(expected.width)
+                return
+        elif isinstance(request, BootRequest) and not isinstance(expected, Decrypt):
+            rnd = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).prepare, crypto.joint,
+                                           expected, request.index)
+            if await crypto.rc.run_sync(_same, rnd.c1, request.c1):
+                self._kept = rnd
+                return
+        raise ProtocolError(f"{noun} request refused: its ciphertext is not the one this "
+                            "party computes for the step from the signed uploads")
+
+    async def answered(self, crypto: PartyCrypto, shares: list[ckks.BootstrapShare]
+                       ) -> None:
+        """The checked request was answered; for a bootstrap, ``shares`` are every party's
+        checked share, which this party aggregates itself into the refreshed ciphertext."""
+        if not isinstance(self._kept, ckks.BootRound):
+            self._answer = self._kept
+            return
+        operation, rnd = ckks.Bootstrap(crypto.ckks), self._kept
+        aggregate = await crypto.rc.run_sync(operation.aggregate_shares, crypto.joint, rnd,
+                                             shares)
+        self._answer = await crypto.rc.run_sync(operation.finalize, crypto.joint, rnd,
+                                                aggregate)
+
+    async def finish(self, crypto: PartyCrypto) -> Any:
+        """The core's result, once the phase ended; ProtocolError if the server ended it
+        before every request the core makes."""
+        step = await crypto.rc.run_sync(self._advance, self._answer)
+        if not step.done:
+            raise ProtocolError("the server ended the step before the requests this "
+                                "party's own run of it makes")
+        return step.value
+
+
+def _same(expected: openfhe.Ciphertext, received: object) -> bool:
+    return isinstance(received, openfhe.Ciphertext) and openfhe.Serialize(
+        expected, openfhe.BINARY) == openfhe.Serialize(received, openfhe.BINARY)
 
 
 def planned_requests(core: Core[T]) -> tuple[T, Allowance]:

@@ -12,15 +12,17 @@ from typing import TypeVar
 
 from fednorm.engine.messages import Message
 from fednorm.protocols.collective import PartyCrypto, serve_until
+from fednorm.protocols.collective.service import RequestCheck
 from fednorm.protocols.ledger import Allowance
 
 M = TypeVar("M", bound=Message)
 
 
 async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...],
-                      allowance: Allowance) -> M:
-    """Answer the server's requests within ``allowance`` until ``expected`` arrives."""
+                      allowance: Allowance, checked: RequestCheck | None = None) -> M:
+    """Answer the server's requests within ``allowance`` (each checked by ``checked``, the
+    party's own run of the step, if given) until ``expected`` arrives."""
     return await serve_until(crypto, expected, decryptions=allowance.decryptions,
                              sums=allowance.sums, products=allowance.products,
                              bootstraps=allowance.bootstraps,
-                             retries=allowance.retries)
+                             retries=allowance.retries, checked=checked)

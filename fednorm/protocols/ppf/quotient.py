@@ -18,6 +18,7 @@ Yeo-Johnson (:mod:`.yeojohnson`) both run it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,13 +26,15 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
+from fednorm.engine.ckks.cores import Core
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
-from fednorm.protocols.collective.sums import SumUpload
+from fednorm.protocols.collective.sums import InputUpload, SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
+from fednorm.protocols.ppf.driver import Replay, decrypted
 from fednorm.protocols.ppf.phases import serve_phase
 
 M = TypeVar("M", bound=Message)
@@ -57,10 +60,10 @@ PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
 
 @message("ppf_zscore.encrypted_vector")
 class EncryptedVector(Message):
-    """A party's per-feature vector, encrypted (possibly scaled by the server's scales);
-    a signed sum upload with revealed counts."""
+    """A party's per-feature vector, encrypted (possibly scaled by the server's scales):
+    a signed input upload, or a signed sum upload with revealed counts."""
 
-    values: openfhe.Ciphertext | SumUpload
+    values: InputUpload | SumUpload
 
 
 @message("ppf_zscore.scales")
@@ -158,15 +161,46 @@ async def _decrypt_quotient(
 async def _encrypted_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertext,
                               scaled_inverse: openfhe.Ciphertext, options: FitOptions
                               ) -> openfhe.Ciphertext:
-    """⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩."""
-    context = crypto.ckks
+    return await crypto.rc.run_sync(encrypted_quotient, crypto.ckks, numerator,
+                                    scaled_inverse, options.max_count)
+
+
+def encrypted_quotient(context: ckks.CkksContext, numerator: openfhe.Ciphertext,
+                       scaled_inverse: openfhe.Ciphertext, max_count: int
+                       ) -> openfhe.Ciphertext:
+    """⟨numerator / n_g⟩ = (numerator · 1/max_count) ⊙ ⟨max_count / n_g⟩: deterministic,
+    so a party recomputing it gets the server's bytes (:class:`QuotientReplay`)."""
     # 1/max_count is applied after the product: before it, the numerator would be tiny
     # and the product's absolute noise would swamp small-valued features.
-    return await crypto.rc.run_sync(
-        lambda: context.mul(context.mul(numerator, scaled_inverse), 1.0 / options.max_count))
+    return context.mul(context.mul(numerator, scaled_inverse), 1.0 / max_count)
 
 
 # -- party --------------------------------------------------------------------------------
+@dataclass
+class QuotientReplay:
+    """Party: the server's side of the passes, recomputed here from the relayed input
+    uploads (:meth:`~fednorm.protocols.collective.PartyCrypto.pooled_input`), so that
+    each decryption and bootstrap request is checked against it (:class:`.driver.Replay`):
+    every phase decrypts the quotient of the latest pooled numerator, the first after
+    ``inverse_core`` (the encrypted inverse, with its bootstraps and decryptions)."""
+
+    context: ckks.CkksContext
+    width: int
+    max_count: int
+    inverse_core: Callable[[], Core[openfhe.Ciphertext]]
+    inverse: openfhe.Ciphertext | None = None
+    numerator: openfhe.Ciphertext | None = None
+
+    def phase(self) -> Core[None]:
+        """One phase's requests, as the server's :func:`precise_quotient` makes them."""
+        if self.inverse is None:
+            self.inverse = yield from self.inverse_core()
+        if self.numerator is None:
+            raise ProtocolError("a quotient pass before this party's numerator was pooled")
+        yield from decrypted(encrypted_quotient(self.context, self.numerator, self.inverse,
+                                                self.max_count), self.width)
+
+
 @dataclass(frozen=True)
 class Passes:
     """How a party's side of the quotient passes travels.
@@ -183,13 +217,14 @@ class Passes:
 
     revealed: bool = False
     inverse_bootstraps: int = 0
+    replay: QuotientReplay | None = None
 
     @property
     def coarse(self) -> Allowance:
         return COARSE_FLOODED if self.revealed else COARSE
 
     async def upload(self, crypto: PartyCrypto, values: np.ndarray
-                     ) -> openfhe.Ciphertext | SumUpload:
+                     ) -> InputUpload | SumUpload:
         if self.revealed:
             if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
                 raise InputError(
@@ -197,11 +232,21 @@ class Passes:
                     f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
                     "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
             return await crypto.encrypt_for_sum(values)
-        return await crypto.encrypt(values, numerator_level(crypto.ckks))
+        return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
 
     async def send(self, crypto: PartyCrypto, values: np.ndarray) -> None:
         """``values`` to the server as this run's kind of :class:`EncryptedVector`."""
-        await crypto.rc.send(SERVER, EncryptedVector(values=await self.upload(crypto, values)))
+        upload = await self.upload(crypto, values)
+        await crypto.rc.send(SERVER, EncryptedVector(values=upload))
+        await self.pooled(crypto, upload)
+
+    async def pooled(self, crypto: PartyCrypto, upload: InputUpload | SumUpload) -> None:
+        """An input upload's relay, received and checked; its pool the next numerator of
+        the replay (a sum upload is checked when it is decrypted)."""
+        if isinstance(upload, InputUpload):
+            numerator = await crypto.pooled_input(upload)
+            if self.replay is not None:
+                self.replay.numerator = numerator
 
     async def serve(self, crypto: PartyCrypto, expected: type[M], allowance: Allowance,
                     first: bool = False) -> M:
@@ -209,8 +254,14 @@ class Passes:
         counts, plus the inverse's bootstraps if this is the ``first`` phase) until
         ``expected`` arrives."""
         allowance = allowance.with_bootstraps(self.inverse_bootstraps if first else 0)
-        return await serve_phase(crypto, expected,
-                                 allowance.as_sums() if self.revealed else allowance)
+        if self.revealed:
+            return await serve_phase(crypto, expected, allowance.as_sums())
+        if self.replay is None:
+            return await serve_phase(crypto, expected, allowance)
+        replay = Replay(self.replay.phase())
+        msg = await serve_phase(crypto, expected, allowance, replay)
+        await replay.finish(crypto)
+        return msg
 
 
 ENCRYPTED = Passes()

@@ -33,6 +33,7 @@ fresh numerator.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import openfhe
@@ -68,6 +69,7 @@ from fednorm.protocols.ppf.quotient import (
     PRECISE,
     Denominator,
     Passes,
+    QuotientReplay,
     pooled_quotient,
     precise_quotient,
     precise_quotient_party,
@@ -139,9 +141,10 @@ def counts_revealed(options: FitOptions) -> bool:
     return options.reveal_counts or options.algorithm == "default"
 
 
-def requests_unchecked(options: FitOptions) -> bool:
-    """The encrypted inverse's bootstraps and its plain decryptions are requests a party
-    cannot recompute; with revealed counts every decryption is a checked sum."""
+def unflooded_decryptions(options: FitOptions) -> bool:
+    """With the encrypted inverse the quotients are plain decryptions: each party checks
+    them against its own run of the server's step, but does not flood them
+    (docs/LEAKAGE.md), so a multi-host party joins only if its operator allows it."""
     return not counts_revealed(options)
 
 
@@ -186,7 +189,7 @@ async def _count_inverse(
         pooled = np.rint(await crypto.decrypt_sum(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
     return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options),
-                          "inverse")
+                          "inverse", replayed=True)
 
 
 def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.InversePlan:
@@ -211,28 +214,49 @@ def _inverse_and_presence(context: ckks.CkksContext, count: openfhe.Ciphertext, 
     return inverse, (yield from decrypted(product, width)) > 0.5
 
 
+def _inverse(context: ckks.CkksContext, count: openfhe.Ciphertext, width: int,
+             options: FitOptions) -> Core[openfhe.Ciphertext]:
+    """A party's run of :func:`_inverse_and_presence`: the same requests; the inverse."""
+    inverse, _ = yield from _inverse_and_presence(context, count, width, options)
+    return inverse
+
+
 # -- party --------------------------------------------------------------------------------
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
     X = check_ppf_values(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
-    passes = Passes(revealed=counts_revealed(options),
-                    inverse_bootstraps=0 if counts_revealed(options)
-                    else inverse_plan(crypto.ckks, options).bootstraps)
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
-    if not counts_revealed(options):
+    passes = Passes(revealed=counts_revealed(options))
+    if not passes.revealed:
         crypto.require_pooled_count_within(counts, options.max_count)
-    await rc.send(SERVER, EncryptedSums(
+    sums = EncryptedSums(
         total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
-        count=await (crypto.encrypt_for_sum(counts) if counts_revealed(options)
-                     else crypto.encrypt(counts)), width=width))
+        count=await (crypto.encrypt_for_sum(counts) if passes.revealed
+                     else crypto.encrypt_input(counts)), width=width)
+    await rc.send(SERVER, sums)
+    if not passes.revealed:
+        passes = await _replaying(crypto, sums, width, options)
     await share_moments(crypto, X, total, passes, before=PRESENCE)
     result = await passes.serve(crypto, PpfZScoreResult, PRECISE)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))
+
+
+async def _replaying(crypto: PartyCrypto, sums: EncryptedSums, width: int,
+                     options: FitOptions) -> Passes:
+    """The encrypted inverse's passes, each request checked against this party's own run
+    of the server's step (:class:`~.quotient.QuotientReplay`) from the relayed uploads."""
+    total = await crypto.pooled_input(sums.total)
+    count = await crypto.pooled_input(sums.count)
+    replay = QuotientReplay(crypto.ckks, width, options.max_count,
+                            partial(_inverse, crypto.ckks, count, width, options),
+                            numerator=total)
+    return Passes(inverse_bootstraps=inverse_plan(crypto.ckks, options).bootstraps,
+                  replay=replay)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,

@@ -97,7 +97,11 @@ class Bootstrap:
                                     f"expected #{rnd.index}")
             for part, towers in zip((share.h0, share.h1), expected, strict=True):
                 self._check_part(part, towers, joint.party_tags[i], what)
-        return self.ctx.raw.IntMPBootAdd([[share.h0, share.h1] for share in shares])
+        # IntMPBootAdd adds into the first pair in place: a copy, so the parties' shares
+        # stay as they were sent (every party aggregates them too, in the paper's z-score).
+        pairs = [[share.h0, share.h1] for share in shares]
+        pairs[0] = [part.Clone() for part in pairs[0]]
+        return self.ctx.raw.IntMPBootAdd(pairs)
 
     def finalize(self, joint: JointKeys, rnd: BootRound,
                  aggregate: Sequence[openfhe.Ciphertext]) -> openfhe.Ciphertext:

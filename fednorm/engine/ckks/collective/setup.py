@@ -251,6 +251,12 @@ class KeyCheck:
                                     f"{'differ' if what.endswith('s') else 'differs'} from "
                                     "this party's own aggregate of the signed shares")
 
+    def install_relin(self) -> None:
+        """Install this party's own relinearization key, checked equal to the server's
+        (:meth:`check_final`): a party recomputing the server's products needs it."""
+        if self.joint is not None and self.round_two is not None:
+            self.setup.install_relin(self.joint, self.round_two)
+
 
 def _require_same(what: str, theirs: object, ours: object, why: str) -> None:
     if type(theirs) is not type(ours) or object_digest(theirs) != object_digest(ours):

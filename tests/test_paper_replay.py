@@ -1,0 +1,120 @@
+"""The paper's z-score against a server that deviates, through the real party roles:
+each party recomputes, from every party's signed uploads (relayed to it) and every
+bootstrap's signed shares (forwarded to it), the ciphertext of each decryption and
+bootstrap request, and refuses one that is not its own run's next (docs/LEAKAGE.md).
+Each attack runs over memory channels and over TCP + TLS (the ``links`` fixture); the
+wire shows that the server got no share of the refused request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import openfhe
+import pytest
+from deviating import deviating, zscore_server_with
+
+from fednorm.engine import ckks
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.tracing import FrameEvent, Tracer
+from fednorm.protocols import FitOptions
+from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto
+from fednorm.protocols.collective.messages import RelayedInputs
+from fednorm.protocols.collective.rounds import request_shares
+from fednorm.protocols.collective.sums import InputUpload
+from fednorm.sim.federation import run_federation
+from fednorm.transport.memory import StarLinks
+
+PAPER = FitOptions(algorithm="paper", preset="test")
+
+
+@dataclass
+class SharesSent(Tracer):
+    """The kinds of the frames every party sent."""
+
+    kinds: list[str] = field(default_factory=list)
+
+    def frame(self, event: FrameEvent) -> None:
+        if event.direction == "sent":
+            self.kinds.append(event.kind)
+
+
+async def _refused(crypto_class: type[ServerCrypto], match: str, links: StarLinks
+                   ) -> SharesSent:
+    async def server(rc, options):
+        return await zscore_server_with(rc, options, crypto_class)
+
+    rng = np.random.default_rng(5)
+    parts = [rng.normal(3, 2, size=(5, 2)) for _ in range(3)]
+    sent = SharesSent()
+    with pytest.raises(ProtocolError, match=match):
+        await run_federation(deviating("zscore", server=server), parts, PAPER, timeout=120,
+                             party_tracer=sent, links=links)
+    return sent
+
+
+class OwnUploadDecrypted(ServerCrypto):
+    """The presence bits' decryption (after the inverse's bootstraps) asked for party 1's
+    own Σx upload instead: the server would read that party's sums."""
+
+    own: openfhe.Ciphertext | None = None
+
+    async def add_all(self, cts):
+        if self.own is None:
+            self.own = cts[1].ciphertext
+        return await super().add_all(cts)
+
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+        return await super().decrypt(self.own if self.decryptions == 0 else ct, n)
+
+
+async def test_a_decryption_of_a_partys_own_upload_is_refused(links: StarLinks) -> None:
+    sent = await _refused(OwnUploadDecrypted, "decryption request refused: its ciphertext "
+                          "is not the one this party computes", links)
+    assert "ckks.boot_share" in sent.kinds  # the inverse's bootstraps were answered
+    assert "ckks.decrypt_share" not in sent.kinds
+
+
+class SwappedShare(ServerCrypto):
+    """The first bootstrap run honestly, but party 2's share forwarded as party 1's: a
+    party aggregating what it is sent would go on from a refreshed ciphertext of the
+    server's making."""
+
+    async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
+                        ) -> openfhe.Ciphertext:
+        index, self.boot_index = self.boot_index, self.boot_index + 1
+        rnd = ckks.Bootstrap(self.ckks).prepare(self.joint, ct, index)
+        replies = await request_shares(self.rc, "bootstrap",
+                                       BootRequest(c1=rnd.c1, index=index), BootShare)
+        with self.rc.subprotocol("bootstrap"):
+            for reply in [replies[1], *replies[1:]]:
+                await self.rc.broadcast(reply)
+        return await self.rc.receive(1, BootShare)  # the parties refuse first
+
+
+async def test_a_share_forwarded_in_another_partys_name_is_refused(links: StarLinks
+                                                                   ) -> None:
+    sent = await _refused(SwappedShare, "not made by party 1", links)
+    assert sent.kinds.count("ckks.boot_share") == 3  # the one bootstrap, then nothing
+    assert "ckks.decrypt_share" not in sent.kinds
+
+
+class ForgedRelay(ServerCrypto):
+    """The count's relay with party 2's upload in party 1's place, so that the parties'
+    pooled count (and every request made from it) would be the server's choice."""
+
+    async def add_all(self, cts):
+        uploads = list(cts.values())
+        if not isinstance(uploads[0], InputUpload) or uploads[0].index == 0:
+            return await super().add_all(cts)
+        await self.rc.broadcast(RelayedInputs(index=1, uploads=[uploads[1], *uploads[1:]]))
+        return await self.rc.run_sync(InputUpload.combined, self.ckks,
+                                      [u.ciphertext for u in uploads])
+
+
+async def test_an_upload_relayed_in_another_partys_name_is_refused(links: StarLinks
+                                                                   ) -> None:
+    sent = await _refused(ForgedRelay, "the relay of input uploads relays",
+                          links)
+    assert "ckks.boot_share" not in sent.kinds
+    assert "ckks.decrypt_share" not in sent.kinds

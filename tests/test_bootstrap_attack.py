@@ -9,8 +9,9 @@ its encrypted inverse: each party recomputes the ciphertext it is asked to refre
 the relayed, signed uploads (docs/LEAKAGE.md), so every party refuses the crafted
 request and the server reads nothing (:class:`KeyShareRead` is raised only when it
 really reads a ternary secret; on the code before that check, it did, for every party).
-The paper's other algorithms are not recomputed yet, and the paper's z-score does not
-flood its quotients: a multi-host party joins them only if its operator allows it
+The paper's MinMax is recomputed too (``tests/test_paper_replay.py``), its Yeo-Johnson not
+yet, and none of them floods its plain decryptions: a multi-host party joins them only if
+its operator allows it
 (``--allow-paper-algorithms``), and by default refuses in the handshake, before it makes
 any key share (played over TCP below).
 """
@@ -97,8 +98,8 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused(links: StarLinks) -> None:
 def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     certs: Path,
 ) -> None:
-    """A multi-host server announcing the paper's MinMax (whose requests a party does not
-    recompute yet): parties 1 and 2 were started with ``--allow-paper-algorithms``,
+    """A multi-host server announcing the paper's MinMax (whose decryptions a party does
+    not flood): parties 1 and 2 were started with ``--allow-paper-algorithms``,
     party 3 without.  Party 3 withdraws in the handshake, every role reports its
     reason, and no party made a key share or anything a server could read."""
     async def server(rc, options):
@@ -107,8 +108,8 @@ def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     options = FitOptions(algorithm="paper", preset="test", vabs=(20.0,))
     errors, watch, outcome = tcp_run(certs, server, options=options, allowing={1, 2},
                                      method="minmax")
-    cause = ("party 3 refused the session: minmax-mhe with --algorithm paper answers "
-             "bootstrap or decryption requests a party cannot check")
+    cause = "party 3 refused the session: minmax-mhe with --algorithm paper decrypts " \
+            "without flooding"
     assert isinstance(errors[3], InputError), errors
     for error in (*errors.values(), outcome.error):
         assert cause in str(error), error

@@ -12,16 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import openfhe
 import pytest
-from deviating import deviating, zscore_server_with
+from deviating import deviating, deviating_crypto, zscore_server_with
+from key_share_attack import KeyShareRead, attack
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions
-from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto
+from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto, setup_server
 from fednorm.protocols.collective.messages import RelayedInputs
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import InputUpload
+from fednorm.protocols.normalizers import MinMaxNormalizer
+from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks
 
@@ -118,3 +122,57 @@ async def test_an_upload_relayed_in_another_partys_name_is_refused(links: StarLi
                           links)
     assert "ckks.boot_share" not in sent.kinds
     assert "ckks.decrypt_share" not in sent.kinds
+
+
+# -- the paper's MinMax: every party replays each pass's comparisons --------------------
+MINMAX = FitOptions(algorithm="paper", preset="test", vabs=(20.0,), minmax_bits=4,
+                    minmax_passes=1)
+
+
+async def _minmax_refused(crypto_class: type[ServerCrypto], match: str, links: StarLinks
+                          ) -> SharesSent:
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, **setup_arguments(options))
+        low, high = await ppf_minmax.minmax_server(deviating_crypto(crypto, crypto_class),
+                                                   None, options)
+        return MinMaxNormalizer(low, high)
+
+    rng = np.random.default_rng(6)
+    sent = SharesSent()
+    with pytest.raises(ProtocolError, match=match):
+        await run_federation(deviating("minmax", server=server),
+                             [rng.normal(1, 2, size=(6, 2)) for _ in range(3)], MINMAX,
+                             timeout=300, party_tracer=sent, links=links)
+    return sent
+
+
+class LocalMaxDecrypted(OwnUploadDecrypted):
+    """The pass's decryption asked for party 1's own upload: its local max and −min."""
+
+
+async def test_minmax_refuses_to_decrypt_a_partys_own_upload(links: StarLinks) -> None:
+    sent = await _minmax_refused(LocalMaxDecrypted, "decryption request refused: its "
+                                 "ciphertext is not the one this party computes", links)
+    assert "ckks.boot_share" in sent.kinds  # the comparisons' bootstraps were answered
+    assert "ckks.decrypt_share" not in sent.kinds
+
+
+class KeyShareBootstrap(ServerCrypto):
+    """The first comparison's bootstrap request replaced by ``c1 = a + K``."""
+
+    read: dict[int, np.ndarray]
+
+    async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
+                        ) -> openfhe.Ciphertext:
+        self.read = {}
+        try:
+            await attack(self.read, self, self.rc, ct)
+        finally:
+            if self.read:
+                raise KeyShareRead(f"the server read parties {sorted(self.read)}' shares")
+
+
+async def test_minmax_refuses_the_bootstrap_attack(links: StarLinks) -> None:
+    sent = await _minmax_refused(KeyShareBootstrap, "bootstrap request refused: its "
+                                 "ciphertext is not the one this party computes", links)
+    assert "ckks.boot_share" not in sent.kinds

@@ -202,8 +202,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
     party.add_argument(ALLOW_UNCHECKED, action="store_true",
                        help="join a session running the paper's PPF algorithms "
-                            "(--algorithm paper), whose bootstrap and decryption requests "
-                            "this party cannot check (or, in z-score, does not flood): "
+                            "(--algorithm paper), whose decryptions this party does not "
+                            "flood (and, in Yeo-Johnson, whose requests it cannot check): "
                             "safe against an honest-but-curious server only "
                             "(docs/LEAKAGE.md); refused by default")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",

@@ -159,6 +159,12 @@ def every_request_checked(options: FitOptions) -> bool:
     return False
 
 
+def some_decryptions_unflooded(options: FitOptions) -> bool:
+    """True: this kind's parties help with plain decryptions which they check against
+    their own run of the server's step but do not flood (docs/LEAKAGE.md)."""
+    return True
+
+
 def some_requests_unchecked(options: FitOptions) -> bool:
     """True: this kind's parties answer bootstrap or plain decryption requests whose
     ciphertext they cannot recompute (docs/LEAKAGE.md)."""
@@ -229,18 +235,19 @@ def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOpti
                      allowed: bool) -> None:
     """:class:`SessionRefused` if ``party`` may not join a run of ``protocols``.
 
-    A party decides this, not the server: with the paper's algorithms a party answers
-    bootstrap and decryption requests whose ciphertext it cannot recompute (a deviating
-    server reads its secret-key share from one such bootstrap, tests/test_bootstrap_
-    attack.py), or, in the paper's z-score, which it recomputes but does not flood.  The
-    reason names no data, so every role may report it."""
+    A party decides this, not the server: with the paper's algorithms a party helps with
+    decryptions it does not flood (z-score, MinMax, robust scaling: it recomputes each
+    request, but the values carry unflooded noise) or answers bootstrap and decryption
+    requests whose ciphertext it cannot recompute (Yeo-Johnson: a deviating server
+    reads a secret-key share from one such bootstrap, tests/test_bootstrap_attack.py).
+    The reason names no data, so every role may report it."""
     names = [p.name for p in protocols if p.unchecked(options)]
     if names and not allowed:
         raise SessionRefused(
             f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
-            f"{options.algorithm} answers bootstrap or decryption requests a party cannot "
-            "check against a deviating server, or decryptions it does not flood "
-            "(docs/LEAKAGE.md); a party joins it only if "
+            f"{options.algorithm} decrypts without flooding, or answers requests a party "
+            "cannot check against a deviating server (docs/LEAKAGE.md); a party joins it "
+            "only if "
             f"its operator allows it (fednorm party {ALLOW_UNCHECKED}, PartyConfig("
             "allow_unchecked=True), or a Flower node's fednorm-allow-paper-algorithms)")
 

@@ -152,7 +152,7 @@ async def setup_party(
             await _party_round_two(rc, setup, keys, round_one, check)
         done = await rc.receive(SERVER, SetupDone)
         await rc.run_sync(check.check_final, done.digests())
-    await rc.run_sync(check.install_relin)
+    await rc.run_sync(check.install)
     joint = round_one.joint  # this party's own aggregate, equal to the server's
     rc.crypto = PartyCrypto(rc, context, keys, joint, relinearized=relinearize,
                             rotations=tuple(rotations), n_parties=joint.n_parties,

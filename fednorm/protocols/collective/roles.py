@@ -11,7 +11,7 @@ party makes at most one share of any ciphertext (:meth:`PartyCrypto.claim_share`
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -117,8 +117,8 @@ class ServerCrypto:
         all (:class:`~.messages.RelayedInputs`) to recompute it."""
         if any(isinstance(ct, SumUpload) for ct in cts.values()):
             return await self.rc.run_sync(self._pool, cts, SumUpload)
-        if any(isinstance(ct, InputUpload) for ct in cts.values()):
-            pooled = await self.rc.run_sync(self._pool, cts, InputUpload)
+        if any(isinstance(ct, InputUpload) for ct in cts.values()):  # any group of parties
+            pooled = await self.rc.run_sync(self._pool, cts, InputUpload, False)
             await self.rc.broadcast(RelayedInputs(index=pooled.index,
                                                   uploads=list(pooled.uploads)))
             return await self.rc.run_sync(pooled.combined, self.ckks)
@@ -131,9 +131,9 @@ class ServerCrypto:
         fixed tree every party repeats (:func:`.sums.product_of`)."""
         return await self.rc.run_sync(self._pool, uploads, ProductUpload)
 
-    def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload]
-              ) -> PooledUploads:
-        if sorted(uploads) != list(self.rc.parties):
+    def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload],
+              every_party: bool = True) -> PooledUploads:
+        if every_party and sorted(uploads) != list(self.rc.parties):
             raise ProtocolError(f"a {kind.NOUN} needs one upload from every party")
         for party, upload in uploads.items():
             if isinstance(upload, SignedUpload):
@@ -234,9 +234,11 @@ class PartyCrypto:
         recompute what the server computes from them (:meth:`pooled_input`)."""
         return await self._signed(InputUpload, await self.encrypt(values, level))
 
-    async def pooled_input(self, upload: InputUpload) -> openfhe.Ciphertext:
-        """The sum of every party's input upload of ``upload``'s index, added up here from
-        the server's relay, each checked (:func:`.sums.verified_combination`)."""
+    async def pooled_input(self, upload: InputUpload, parties: Sequence[int] | None = None
+                           ) -> openfhe.Ciphertext:
+        """The sum of every party's (or every one of ``parties``') input upload of
+        ``upload``'s index, added up here from the server's relay, each checked
+        (:func:`.sums.verified_combination`)."""
         relay = await self.rc.receive(SERVER, RelayedInputs)
         if relay.index != upload.index:
             raise ProtocolError(f"the server relayed input uploads #{relay.index!r}, "
@@ -244,7 +246,7 @@ class PartyCrypto:
         uploads = relay.uploads if isinstance(relay.uploads, list) else []
         return await self.rc.run_sync(
             sums.verified_combination, self.ckks, keyring_of(self.rc), self.rc.session,
-            range(1, self.n_parties + 1), upload.index, uploads,
+            parties or range(1, self.n_parties + 1), upload.index, uploads,
             self.own_uploads[InputUpload.KIND][upload.index], InputUpload,
             "the relay of input uploads")
 

@@ -10,7 +10,13 @@ roles.
 import numpy as np
 
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import FitOptions, Kind, register, some_requests_unchecked
+from fednorm.protocols.base import (
+    FitOptions,
+    Kind,
+    register,
+    some_decryptions_unflooded,
+    some_requests_unchecked,
+)
 from fednorm.protocols.normalizers import Normalizer
 from fednorm.protocols.ppf import (
     extremes,
@@ -38,11 +44,11 @@ register("zscore", "mhe",
 register("minmax", "mhe",
          Kind(extremes.server, extremes.party, extremes.setup_arguments),
          Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True,
-              unchecked=some_requests_unchecked))
+              unchecked=some_decryptions_unflooded))
 register("robust", "mhe",
          Kind(robust.server, robust.party, robust.setup_arguments),
          Kind(robust.paper_server, robust.paper_party, minmax_layout.setup_arguments,
-              needs_vabs=True, unchecked=some_requests_unchecked))
+              needs_vabs=True, unchecked=some_decryptions_unflooded))
 register("yeojohnson", "mhe",
          Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
          Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,

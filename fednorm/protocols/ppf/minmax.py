@@ -65,11 +65,12 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
+from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import checks
 from fednorm.protocols.ppf.checks import vabs_vector
-from fednorm.protocols.ppf.driver import decrypted, planned_requests, run_core
+from fednorm.protocols.ppf.driver import Replay, decrypted, planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
     HEADROOM,
     Layout,
@@ -92,7 +93,7 @@ class EncryptedExtremes(Message):
     """A party's max and −min per feature, mapped onto the pass's interval, encrypted in
     its slot block: one ciphertext per chunk of features."""
 
-    chunks: list[openfhe.Ciphertext]
+    chunks: list[InputUpload]
     width: int
 
 
@@ -173,13 +174,14 @@ def _check_party_ids(parties: list[int]) -> None:
 async def _global_top(crypto: ServerCrypto, layout: Layout,
                       replies: dict[int, EncryptedExtremes], settings: MinMaxSettings
                       ) -> np.ndarray:
-    """Decrypted max over the parties of every slot (scaled), chunk by chunk."""
+    """Decrypted max over the parties of every slot (scaled), chunk by chunk, once every
+    chunk's uploads were relayed to the parties (who replay each chunk's core)."""
+    packed = [await _packed(crypto, layout, replies, chunk) for chunk in range(layout.chunks)]
     parts = []
     for chunk in range(layout.chunks):
-        packed = await _packed(crypto, layout, replies, chunk)
         parts.append(await run_core(crypto, top_of_blocks_core(
-            crypto.ckks, layout, packed, chunk, len(crypto.rc.parties), settings.plan),
-            "extremes"))
+            crypto.ckks, layout, packed[chunk], chunk, len(crypto.rc.parties),
+            settings.plan), "extremes", replayed=True))
     return layout.put(parts)
 
 
@@ -194,10 +196,14 @@ async def _packed(crypto: ServerCrypto, layout: Layout, replies: dict[int, Encry
     packed = []
     for group in party_groups(sorted(replies)):
         ct = await crypto.add_all({p: replies[p].chunks[chunk] for p in group})
-        if len(group) < layout.blocks:
-            ct = crypto.ckks.add(ct, layout.padding(len(group)))
-        packed.append(ct)
+        packed.append(padded(crypto.ckks, layout, ct, len(group)))
     return packed
+
+
+def padded(context: ckks.CkksContext, layout: Layout, ct: openfhe.Ciphertext,
+           members: int) -> openfhe.Ciphertext:
+    """A group's packed ciphertext, its empty blocks neutral."""
+    return ct if members >= layout.blocks else context.add(ct, layout.padding(members))
 
 
 def _count(chunks: object) -> object:
@@ -250,16 +256,38 @@ async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
     with rc.subprotocol("minmax"):
         for pass_ in range(settings.passes):
             scaled = window.encode(top)
-            chunks = [await crypto.encrypt(layout.place(position, layout.take(scaled, c)))
+            chunks = [await crypto.encrypt_input(layout.place(position, layout.take(scaled, c)))
                       for c in range(layout.chunks)]
             await rc.send(SERVER, EncryptedExtremes(chunks=chunks, width=width))
+            packed = await _pooled(crypto, layout, chunks)
+            replay = Replay(_pass_core(crypto.ckks, layout, packed, crypto.n_parties, settings))
             last = pass_ + 1 == settings.passes
             reply = await serve_phase(crypto, MinMaxExtremes if last else MinMaxWindow,
-                                      allowance)
+                                      allowance, replay)
+            await replay.finish(crypto)
             if not last:
                 window = window.received(reply.low, reply.high)
     return (as_float_vector(reply.min, width, "global min"),
             as_float_vector(reply.max, width, "global max"))
+
+
+async def _pooled(crypto: PartyCrypto, layout: Layout, chunks: list[InputUpload]
+                  ) -> list[list[openfhe.Ciphertext]]:
+    """Per chunk, every group's packed ciphertext, as the server packs it (:func:`_packed`),
+    from the relayed uploads this party checks."""
+    groups, packed = party_groups(list(range(1, crypto.n_parties + 1))), []
+    for chunk in chunks:
+        pooled = [await crypto.pooled_input(chunk, group) for group in groups]
+        packed.append([padded(crypto.ckks, layout, ct, len(group))
+                       for ct, group in zip(pooled, groups, strict=True)])
+    return packed
+
+
+def _pass_core(context: ckks.CkksContext, layout: Layout, packed: list[list[openfhe.Ciphertext]],
+               parties: int, settings: MinMaxSettings) -> Core[None]:
+    """A party's run of a pass's requests: every chunk's :func:`top_of_blocks_core`."""
+    for chunk, groups in enumerate(packed):
+        yield from top_of_blocks_core(context, layout, groups, chunk, parties, settings.plan)
 
 
 # -- the registered protocol ------------------------------------------------------------------

@@ -251,11 +251,15 @@ class KeyCheck:
                                     f"{'differ' if what.endswith('s') else 'differs'} from "
                                     "this party's own aggregate of the signed shares")
 
-    def install_relin(self) -> None:
-        """Install this party's own relinearization key, checked equal to the server's
-        (:meth:`check_final`): a party recomputing the server's products needs it."""
-        if self.joint is not None and self.round_two is not None:
+    def install(self) -> None:
+        """Install this party's own evaluation keys, checked equal to the server's
+        (:meth:`check_final`): a party recomputing the server's products and rotations
+        needs them."""
+        if self.joint is None:
+            return
+        if self.round_two is not None:
             self.setup.install_relin(self.joint, self.round_two)
+        self.round_one.finalize_rotations(self.joint)
 
 
 def _require_same(what: str, theirs: object, ours: object, why: str) -> None:

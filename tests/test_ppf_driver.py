@@ -44,7 +44,7 @@ class FakeCrypto:
         self.rc = FakeContext()
         self.log: list[tuple[str, object, bool]] = []
 
-    async def bootstrap(self, ct):
+    async def bootstrap(self, ct, forward=False):
         self.log.append(("bootstrap", ct, _on_main_thread()))
         return f"fresh {ct}"
 

@@ -374,7 +374,7 @@ def test_without_flower_the_core_still_imports_and_the_error_says_what_to_instal
 
 
 
-def test_a_ppf_key_setup_takes_two_flower_rounds_whatever_the_number_of_nodes(
+def test_a_ppf_key_setup_takes_two_flower_rounds_at_five_nodes(
     pipe_dir: Path, tmp_path: Path,
 ) -> None:
     """A node sends its key shares as soon as it has made them: over TCP a party waits

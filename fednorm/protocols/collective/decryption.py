@@ -23,7 +23,6 @@ import trio
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
-from fednorm.protocols.collective import sums
 from fednorm.protocols.collective.messages import (
     DecryptRequest,
     DecryptShare,
@@ -31,7 +30,6 @@ from fednorm.protocols.collective.messages import (
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.rounds import request_shares, send_share
-from fednorm.protocols.collective.signatures import keyring_of
 from fednorm.protocols.collective.sums import (
     PooledUploads,
     ProductUpload,
@@ -155,9 +153,7 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
         raise ProtocolError(f"{noun} asks again for {kind.NOUN} uploads #{index}, already "
                             "decrypted")
     uploads = request.uploads if isinstance(request.uploads, list) else []
-    combined = await crypto.rc.run_sync(
-        sums.verified_combination, crypto.ckks, keyring_of(crypto.rc), crypto.rc.session,
-        range(1, crypto.n_parties + 1), index, uploads, sent[index], kind)
+    combined = await crypto.recombined(kind, index, uploads)
     crypto.count_flooded_share()
     crypto.decrypted_uploads.add((kind.KIND, index))
     flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)
@@ -188,11 +184,15 @@ async def require_retry_of(crypto: PartyCrypto, previous: openfhe.Ciphertext | N
 
 def _is_shifted(context: ckks.CkksContext, previous: openfhe.Ciphertext,
                 retry: object) -> bool:
-    if not isinstance(retry, openfhe.Ciphertext):
-        return False
     try:
         expected = shifted(context, previous)
     except ProtocolError:  # no level left to shift: nothing can be its retry
         return False
-    return openfhe.Serialize(expected, openfhe.BINARY) == \
-        openfhe.Serialize(retry, openfhe.BINARY)
+    return same_ciphertext(expected, retry)
+
+
+def same_ciphertext(expected: openfhe.Ciphertext, received: object) -> bool:
+    """Whether ``received`` (off the wire) is, byte for byte, the ciphertext this party
+    computed itself with the server's deterministic operations."""
+    return isinstance(received, openfhe.Ciphertext) and openfhe.Serialize(
+        expected, openfhe.BINARY) == openfhe.Serialize(received, openfhe.BINARY)

@@ -244,11 +244,19 @@ class PartyCrypto:
             raise ProtocolError(f"the server relayed input uploads #{relay.index!r}, "
                                 f"expected #{upload.index}")
         uploads = relay.uploads if isinstance(relay.uploads, list) else []
+        return await self.recombined(InputUpload, upload.index, uploads, parties,
+                                     "the relay of input uploads")
+
+    async def recombined(self, kind: type[SignedUpload], index: int, uploads: list[object],
+                         parties: Sequence[int] | None = None, request: str = ""
+                         ) -> openfhe.Ciphertext:
+        """The combination of the relayed ``uploads`` of ``kind`` #``index`` (of every
+        party, or of ``parties``), made here once each is checked against this party's
+        own upload #``index`` (:func:`.sums.verified_combination`)."""
         return await self.rc.run_sync(
             sums.verified_combination, self.ckks, keyring_of(self.rc), self.rc.session,
-            parties or range(1, self.n_parties + 1), upload.index, uploads,
-            self.own_uploads[InputUpload.KIND][upload.index], InputUpload,
-            "the relay of input uploads")
+            parties or range(1, self.n_parties + 1), index, uploads,
+            self.own_uploads[kind.KIND][index], kind, request)
 
     @property
     def public_key(self) -> openfhe.PublicKey:

@@ -30,6 +30,7 @@ from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
 )
+from fednorm.protocols.collective.decryption import same_ciphertext
 from fednorm.protocols.ledger import Allowance
 
 T = TypeVar("T")
@@ -114,13 +115,13 @@ class Replay:
         if isinstance(request, DecryptRequest) and isinstance(expected, Decrypt):
             prepared = await crypto.rc.run_sync(
                 ckks.Decryption(crypto.ckks).prepare, expected.ct)
-            if await crypto.rc.run_sync(_same, prepared, request.ciphertext):
+            if await crypto.rc.run_sync(same_ciphertext, prepared, request.ciphertext):
                 self._kept = np.zeros(expected.width)
                 return
         elif isinstance(request, BootRequest) and not isinstance(expected, Decrypt):
             rnd = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).prepare, crypto.joint,
                                            expected, request.index)
-            if await crypto.rc.run_sync(_same, rnd.c1, request.c1):
+            if await crypto.rc.run_sync(same_ciphertext, rnd.c1, request.c1):
                 self._kept = rnd
                 return
         raise ProtocolError(f"{noun} request refused: its ciphertext is not the one this "
@@ -147,11 +148,6 @@ class Replay:
             raise ProtocolError("the server ended the step before the requests this "
                                 "party's own run of it makes")
         return step.value
-
-
-def _same(expected: openfhe.Ciphertext, received: object) -> bool:
-    return isinstance(received, openfhe.Ciphertext) and openfhe.Serialize(
-        expected, openfhe.BINARY) == openfhe.Serialize(received, openfhe.BINARY)
 
 
 def planned_requests(core: Core[T]) -> tuple[T, Allowance]:

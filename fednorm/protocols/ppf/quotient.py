@@ -61,9 +61,10 @@ PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
 @message("ppf_zscore.encrypted_vector")
 class EncryptedVector(Message):
     """A party's per-feature vector, encrypted (possibly scaled by the server's scales):
-    a signed input upload, or a signed sum upload with revealed counts."""
+    a ciphertext, a signed input upload (relayed), or a signed sum upload with revealed
+    counts."""
 
-    values: InputUpload | SumUpload
+    values: openfhe.Ciphertext | InputUpload | SumUpload
 
 
 @message("ppf_zscore.scales")
@@ -213,10 +214,16 @@ class Passes:
     ``inverse_bootstraps``: the collective bootstraps of the encrypted inverse, all run
     before the first pass (the ledger's count; none at all later, none with revealed
     counts, none where the inverse was computed earlier).
+
+    ``relayed``: numerators travel as input uploads the server relays to every party
+    (the paper's z-score, whose parties recompute the passes: ``replay``); otherwise as
+    plain ciphertexts (the paper's Yeo-Johnson, whose parties do not yet, so a relay
+    would only cost P² uploads).
     """
 
     revealed: bool = False
     inverse_bootstraps: int = 0
+    relayed: bool = False
     replay: QuotientReplay | None = None
 
     @property
@@ -224,7 +231,7 @@ class Passes:
         return COARSE_FLOODED if self.revealed else COARSE
 
     async def upload(self, crypto: PartyCrypto, values: np.ndarray
-                     ) -> InputUpload | SumUpload:
+                     ) -> openfhe.Ciphertext | InputUpload | SumUpload:
         if self.revealed:
             if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
                 raise InputError(
@@ -232,7 +239,9 @@ class Passes:
                     f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
                     "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
             return await crypto.encrypt_for_sum(values)
-        return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
+        if self.relayed:
+            return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
+        return await crypto.encrypt(values, numerator_level(crypto.ckks))
 
     async def send(self, crypto: PartyCrypto, values: np.ndarray) -> None:
         """``values`` to the server as this run's kind of :class:`EncryptedVector`."""
@@ -240,7 +249,8 @@ class Passes:
         await crypto.rc.send(SERVER, EncryptedVector(values=upload))
         await self.pooled(crypto, upload)
 
-    async def pooled(self, crypto: PartyCrypto, upload: InputUpload | SumUpload) -> None:
+    async def pooled(self, crypto: PartyCrypto,
+                     upload: openfhe.Ciphertext | InputUpload | SumUpload) -> None:
         """An input upload's relay, received and checked; its pool the next numerator of
         the replay (a sum upload is checked when it is decrypted)."""
         if isinstance(upload, InputUpload):

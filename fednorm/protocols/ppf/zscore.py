@@ -57,7 +57,7 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.collective.sums import SumUpload
+from fednorm.protocols.collective.sums import InputUpload, SumUpload
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
@@ -102,11 +102,11 @@ the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass 
 
 @message("ppf_zscore.encrypted_sums")
 class EncryptedSums(Message):
-    """Σx and the count per feature: ciphertexts, or signed sum uploads with revealed
-    counts."""
+    """Σx and the count per feature: signed input uploads (relayed to every party), or
+    signed sum uploads with revealed counts."""
 
-    total: openfhe.Ciphertext | SumUpload
-    count: openfhe.Ciphertext | SumUpload
+    total: InputUpload | SumUpload
+    count: InputUpload | SumUpload
     width: int
 
 
@@ -229,7 +229,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
-    passes = Passes(revealed=counts_revealed(options))
+    passes = Passes(revealed=counts_revealed(options), relayed=True)
     if not passes.revealed:
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
@@ -256,7 +256,7 @@ async def _replaying(crypto: PartyCrypto, sums: EncryptedSums, width: int,
                             partial(_inverse, crypto.ckks, count, width, options),
                             numerator=total)
     return Passes(inverse_bootstraps=inverse_plan(crypto.ckks, options).bootstraps,
-                  replay=replay)
+                  relayed=True, replay=replay)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,

@@ -9,9 +9,9 @@ its encrypted inverse: each party recomputes the ciphertext it is asked to refre
 the relayed, signed uploads (docs/LEAKAGE.md), so every party refuses the crafted
 request and the server reads nothing (:class:`KeyShareRead` is raised only when it
 really reads a ternary secret; on the code before that check, it did, for every party).
-The paper's MinMax is recomputed too (``tests/test_paper_replay.py``), its Yeo-Johnson not
-yet, and none of them floods its plain decryptions: a multi-host party joins them only if
-its operator allows it
+The paper's MinMax and Yeo-Johnson are recomputed too (``tests/test_paper_replay.py``),
+but none of the paper's algorithms floods its plain decryptions: a multi-host party joins
+them only if its operator allows it
 (``--allow-paper-algorithms``), and by default refuses in the handshake, before it makes
 any key share (played over TCP below).
 """

@@ -1,4 +1,5 @@
-"""The paper's z-score against a server that deviates, through the real party roles:
+"""The paper's z-score, MinMax and Yeo-Johnson against a server that deviates, through
+the real party roles:
 each party recomputes, from every party's signed uploads (relayed to it) and every
 bootstrap's signed shares (forwarded to it), the ciphertext of each decryption and
 bootstrap request, and refuses one that is not its own run's next (docs/LEAKAGE.md).
@@ -25,6 +26,7 @@ from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.ppf import yeojohnson as ppf_yeojohnson
 from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks
@@ -129,21 +131,32 @@ MINMAX = FitOptions(algorithm="paper", preset="test", vabs=(20.0,), minmax_bits=
                     minmax_passes=1)
 
 
-async def _minmax_refused(crypto_class: type[ServerCrypto], match: str, links: StarLinks
-                          ) -> SharesSent:
+async def _paper_refused(method: str, options: FitOptions, serve, setup_arguments,
+                         crypto_class: type[ServerCrypto], match: str, links: StarLinks
+                         ) -> SharesSent:
+    """The paper's ``method`` after the key setup (``serve``), its collective calls made
+    by ``crypto_class``, refused with ``match``; what the parties sent."""
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, **setup_arguments(options))
-        low, high = await ppf_minmax.minmax_server(deviating_crypto(crypto, crypto_class),
-                                                   None, options)
-        return MinMaxNormalizer(low, high)
+        return await serve(deviating_crypto(crypto, crypto_class), options)
 
     rng = np.random.default_rng(6)
     sent = SharesSent()
     with pytest.raises(ProtocolError, match=match):
-        await run_federation(deviating("minmax", server=server),
-                             [rng.normal(1, 2, size=(6, 2)) for _ in range(3)], MINMAX,
+        await run_federation(deviating(method, server=server),
+                             [rng.normal(1, 2, size=(6, 2)) for _ in range(3)], options,
                              timeout=300, party_tracer=sent, links=links)
     return sent
+
+
+async def _minmax_serve(crypto: ServerCrypto, options: FitOptions) -> MinMaxNormalizer:
+    return MinMaxNormalizer(*await ppf_minmax.minmax_server(crypto, None, options))
+
+
+async def _minmax_refused(crypto_class: type[ServerCrypto], match: str, links: StarLinks
+                          ) -> SharesSent:
+    return await _paper_refused("minmax", MINMAX, _minmax_serve, setup_arguments,
+                                crypto_class, match, links)
 
 
 class LocalMaxDecrypted(OwnUploadDecrypted):
@@ -175,4 +188,32 @@ class KeyShareBootstrap(ServerCrypto):
 async def test_minmax_refuses_the_bootstrap_attack(links: StarLinks) -> None:
     sent = await _minmax_refused(KeyShareBootstrap, "bootstrap request refused: its "
                                  "ciphertext is not the one this party computes", links)
+    assert "ckks.boot_share" not in sent.kinds
+
+
+# -- the paper's Yeo-Johnson: every party replays the flags, the inverse, each round --------
+YEOJOHNSON = FitOptions(algorithm="paper", preset="test", vabs=(20.0,))
+
+
+async def _yeojohnson_refused(crypto_class: type[ServerCrypto], match: str,
+                              links: StarLinks) -> SharesSent:
+    return await _paper_refused("yeojohnson", YEOJOHNSON, ppf_yeojohnson.yeojohnson_server,
+                                ppf_yeojohnson.setup_arguments, crypto_class, match, links)
+
+
+class OwnFlagsDecrypted(OwnUploadDecrypted):
+    """The sign flags' decryption asked for party 1's own "absent" flags: which features
+    it holds no value, no negative, no positive value of."""
+
+
+async def test_yeojohnson_refuses_to_decrypt_a_partys_own_flags(links: StarLinks) -> None:
+    sent = await _yeojohnson_refused(OwnFlagsDecrypted, "decryption request refused: its "
+                                     "ciphertext is not the one this party computes", links)
+    assert "ckks.decrypt_share" not in sent.kinds
+
+
+async def test_yeojohnson_refuses_the_bootstrap_attack(links: StarLinks) -> None:
+    """``c1 = a + K`` on the first of its bootstraps (the encrypted inverse's)."""
+    sent = await _yeojohnson_refused(KeyShareBootstrap, "bootstrap request refused: its "
+                                     "ciphertext is not the one this party computes", links)
     assert "ckks.boot_share" not in sent.kinds

@@ -243,12 +243,16 @@ def test_ppf_yeojohnson_needs_the_agreed_bound() -> None:
 
 # -- a misbehaving server ------------------------------------------------------------------
 async def test_parties_refuse_sign_flags_their_data_contradict() -> None:
-    """False flags would break the bound |t| ≤ 1 (and with it the sign's meaning)."""
+    """False flags would break the bound |t| ≤ 1 (and with it the sign's meaning): the
+    server runs the flags' step as the parties check it, then broadcasts other flags."""
+    from fednorm.protocols.ppf.driver import run_core
     from fednorm.sim.federation import run_federation
 
     async def lying_server(rc, options):
         crypto = await ppf.setup_server(rc, options.preset, **ppf.setup_arguments(options))
-        await rc.gather(ppf.EncryptedStart)
+        absent, _, _ = await ppf._relayed_start(crypto, await rc.gather(ppf.EncryptedStart))
+        await run_core(crypto, ppf.sign_flags_core(crypto.ckks, absent, 1), "sign flags",
+                       replayed=True)
         none = np.zeros(1)
         await rc.broadcast(ppf.Flags(empty=none, negative=none, positive=np.ones(1)))
         await rc.gather(ppf.EncryptedMoments)  # never comes

@@ -203,9 +203,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument(ALLOW_UNCHECKED, action="store_true",
                        help="join a session running the paper's PPF algorithms "
                             "(--algorithm paper), whose decryptions this party does not "
-                            "flood (and, in Yeo-Johnson, whose requests it cannot check): "
-                            "safe against an honest-but-curious server only "
-                            "(docs/LEAKAGE.md); refused by default")
+                            "flood (it checks every request, but the server sees the "
+                            "values with the ciphertexts' own noise, docs/LEAKAGE.md); "
+                            "refused by default")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="write normalized.csv and params.json here (a session of "
                             "several methods: <method>/normalized.csv, ...); must be empty")

@@ -50,7 +50,7 @@ class InputRefused(InputError):
 
 class SessionRefused(InputError):
     """A party will not take part in what the server announced (e.g. protocols whose
-    requests it cannot check).  Its reason is about the session, not the party's data,
+    decryptions it does not flood).  Its reason is about the session, not the party's data,
     so every role reports it as it is."""
 
     about_data = False

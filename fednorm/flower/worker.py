@@ -129,7 +129,7 @@ class RelayLink:
 @dataclass(frozen=True)
 class Setup:
     """What the first ClientApp run tells the worker: the session, the role, the data,
-    and the node's own settings (certificates to sign with, consent to unchecked requests)."""
+    and the node's own settings (certificates to sign with, consent to unflooded decryptions)."""
 
     party: int
     session: str

@@ -82,9 +82,10 @@ class PartyConfig:
     key shares in a PPF session.  ``tls``: a TLS context of the caller's own (their
     PKI's settings; it must present party ``party``'s certificate from the federation's
     CA) in place of the one built from ``certs``; a plain session needs nothing else.
-    ``allow_unchecked``: join sessions whose protocols answer requests this party cannot
-    check (the paper's PPF algorithms), i.e. trust the server to be honest-but-curious;
-    by default such a session is refused before any key is made."""
+    ``allow_unchecked``: join sessions whose protocols decrypt without flooding (the
+    paper's PPF algorithms: every request is checked, but the server sees the values
+    with the ciphertexts' own noise); by default such a session is refused before any
+    key is made."""
 
     host: str
     port: int

@@ -165,19 +165,14 @@ def some_decryptions_unflooded(options: FitOptions) -> bool:
     return True
 
 
-def some_requests_unchecked(options: FitOptions) -> bool:
-    """True: this kind's parties answer bootstrap or plain decryption requests whose
-    ciphertext they cannot recompute (docs/LEAKAGE.md)."""
-    return True
-
-
 @dataclass(frozen=True)
 class Kind:
     """One algorithm of a protocol, declared in one place: its two roles, the joint keys
     it needs (for a PPF session's one key setup), whether it needs an agreed V_abs, and
-    whether, with given options, its parties answer requests they cannot check
-    (``unchecked``: safe against an honest-but-curious server only, so a multi-host
-    party joins such a session only if its operator allows it)."""
+    whether, with given options, its parties help with decryptions they do not flood
+    (``unchecked``: each is checked against the party's own run of the server's step, but
+    the server sees the ciphertext's own noise, so a multi-host party joins such a
+    session only if its operator allows it)."""
 
     server: ServerRole
     party: PartyRole
@@ -216,7 +211,7 @@ class Protocol:
         return self.kinds[options.algorithm if self.privacy == "mhe" else "default"]
 
     def unchecked(self, options: FitOptions) -> bool:
-        """Whether, with ``options``, a party answers requests it cannot recompute."""
+        """Whether, with ``options``, a party helps with decryptions it does not flood."""
         return self.kind(options).unchecked(options)
 
     async def server(self, ctx: RoleContext, options: FitOptions) -> Normalizer:
@@ -228,7 +223,7 @@ class Protocol:
 
 
 ALLOW_UNCHECKED = "--allow-paper-algorithms"
-"""How a party's operator accepts protocols whose requests it cannot check."""
+"""How a party's operator accepts protocols whose decryptions it does not flood."""
 
 
 def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOptions,
@@ -236,20 +231,17 @@ def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOpti
     """:class:`SessionRefused` if ``party`` may not join a run of ``protocols``.
 
     A party decides this, not the server: with the paper's algorithms a party helps with
-    decryptions it does not flood (z-score, MinMax, robust scaling: it recomputes each
-    request, but the values carry unflooded noise) or answers bootstrap and decryption
-    requests whose ciphertext it cannot recompute (Yeo-Johnson: a deviating server
-    reads a secret-key share from one such bootstrap, tests/test_bootstrap_attack.py).
-    The reason names no data, so every role may report it."""
+    decryptions it does not flood (it recomputes each request, so a deviating server
+    gets no other ciphertext decrypted, but the values carry the ciphertext's own noise,
+    docs/LEAKAGE.md).  The reason names no data, so every role may report it."""
     names = [p.name for p in protocols if p.unchecked(options)]
     if names and not allowed:
         raise SessionRefused(
             f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
-            f"{options.algorithm} decrypts without flooding, or answers requests a party "
-            "cannot check against a deviating server (docs/LEAKAGE.md); a party joins it "
-            "only if "
-            f"its operator allows it (fednorm party {ALLOW_UNCHECKED}, PartyConfig("
-            "allow_unchecked=True), or a Flower node's fednorm-allow-paper-algorithms)")
+            f"{options.algorithm} decrypts without flooding (docs/LEAKAGE.md); a party "
+            f"joins it only if its operator allows it (fednorm party {ALLOW_UNCHECKED}, "
+            "PartyConfig(allow_unchecked=True), or a Flower node's "
+            "fednorm-allow-paper-algorithms)")
 
 
 def input_rejected(party: int, what: str = "") -> str:

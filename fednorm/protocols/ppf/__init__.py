@@ -15,7 +15,6 @@ from fednorm.protocols.base import (
     Kind,
     register,
     some_decryptions_unflooded,
-    some_requests_unchecked,
 )
 from fednorm.protocols.normalizers import Normalizer
 from fednorm.protocols.ppf import (
@@ -52,4 +51,4 @@ register("robust", "mhe",
 register("yeojohnson", "mhe",
          Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
          Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,
-              needs_vabs=True, unchecked=some_requests_unchecked))
+              needs_vabs=True, unchecked=some_decryptions_unflooded))

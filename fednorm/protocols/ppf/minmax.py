@@ -70,7 +70,7 @@ from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import checks
 from fednorm.protocols.ppf.checks import vabs_vector
-from fednorm.protocols.ppf.driver import Replay, decrypted, planned_requests, run_core
+from fednorm.protocols.ppf.driver import decrypted, planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
     HEADROOM,
     Layout,
@@ -84,7 +84,7 @@ from fednorm.protocols.ppf.minmax_layout import (
     party_groups,
     setup_arguments,
 )
-from fednorm.protocols.ppf.phases import serve_phase
+from fednorm.protocols.ppf.phases import serve_replayed
 
 
 # -- messages -----------------------------------------------------------------------------
@@ -260,11 +260,10 @@ async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
                       for c in range(layout.chunks)]
             await rc.send(SERVER, EncryptedExtremes(chunks=chunks, width=width))
             packed = await _pooled(crypto, layout, chunks)
-            replay = Replay(_pass_core(crypto.ckks, layout, packed, crypto.n_parties, settings))
             last = pass_ + 1 == settings.passes
-            reply = await serve_phase(crypto, MinMaxExtremes if last else MinMaxWindow,
-                                      allowance, replay)
-            await replay.finish(crypto)
+            reply, _ = await serve_replayed(
+                crypto, _pass_core(crypto.ckks, layout, packed, crypto.n_parties, settings),
+                MinMaxExtremes if last else MinMaxWindow, allowance)
             if not last:
                 window = window.received(reply.low, reply.high)
     return (as_float_vector(reply.min, width, "global min"),

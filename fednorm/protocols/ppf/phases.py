@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from fednorm.engine.ckks.cores import Core
 from fednorm.engine.messages import Message
 from fednorm.protocols.collective import PartyCrypto, serve_until
 from fednorm.protocols.collective.service import RequestCheck
 from fednorm.protocols.ledger import Allowance
+from fednorm.protocols.ppf.driver import Replay
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...],
@@ -26,3 +29,14 @@ async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Messag
                              sums=allowance.sums, products=allowance.products,
                              bootstraps=allowance.bootstraps,
                              retries=allowance.retries, checked=checked)
+
+
+async def serve_replayed(crypto: PartyCrypto, core: Core[T],
+                         expected: type[M] | tuple[type[Message], ...], allowance: Allowance
+                         ) -> tuple[M, T]:
+    """:func:`serve_phase`, each request checked against this party's own run of the
+    server's ``core`` for the step (:class:`~.driver.Replay`); with the core's result
+    (what the server goes on with), once the server has made every request it makes."""
+    replay = Replay(core)
+    msg = await serve_phase(crypto, expected, allowance, replay)
+    return msg, await replay.finish(crypto)

@@ -34,8 +34,8 @@ from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
 from fednorm.protocols.collective.sums import InputUpload, SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
-from fednorm.protocols.ppf.driver import Replay, decrypted
-from fednorm.protocols.ppf.phases import serve_phase
+from fednorm.protocols.ppf.driver import decrypted
+from fednorm.protocols.ppf.phases import serve_phase, serve_replayed
 
 M = TypeVar("M", bound=Message)
 QUOTIENT_EXPONENT = 16  # the precise pass works on quotients of order 2^16
@@ -183,18 +183,21 @@ class QuotientReplay:
     uploads (:meth:`~fednorm.protocols.collective.PartyCrypto.pooled_input`), so that
     each decryption and bootstrap request is checked against it (:class:`.driver.Replay`):
     every phase decrypts the quotient of the latest pooled numerator, the first after
-    ``inverse_core`` (the encrypted inverse, with its bootstraps and decryptions)."""
+    ``inverse_core`` (the encrypted inverse, with its bootstraps and decryptions), unless
+    the ``inverse`` was computed before (the paper's Yeo-Johnson: its replayed search's)."""
 
     context: ckks.CkksContext
     width: int
     max_count: int
-    inverse_core: Callable[[], Core[openfhe.Ciphertext]]
+    inverse_core: Callable[[], Core[openfhe.Ciphertext]] | None = None
     inverse: openfhe.Ciphertext | None = None
     numerator: openfhe.Ciphertext | None = None
 
     def phase(self) -> Core[None]:
         """One phase's requests, as the server's :func:`precise_quotient` makes them."""
         if self.inverse is None:
+            if self.inverse_core is None:
+                raise ProtocolError("a quotient pass without the encrypted inverse")
             self.inverse = yield from self.inverse_core()
         if self.numerator is None:
             raise ProtocolError("a quotient pass before this party's numerator was pooled")
@@ -215,10 +218,9 @@ class Passes:
     before the first pass (the ledger's count; none at all later, none with revealed
     counts, none where the inverse was computed earlier).
 
-    ``relayed``: numerators travel as input uploads the server relays to every party
-    (the paper's z-score, whose parties recompute the passes: ``replay``); otherwise as
-    plain ciphertexts (the paper's Yeo-Johnson, whose parties do not yet, so a relay
-    would only cost P² uploads).
+    ``relayed``: numerators travel as input uploads the server relays to every party,
+    whose ``replay`` recomputes the passes (the paper's z-score and Yeo-Johnson);
+    otherwise as plain ciphertexts.
     """
 
     revealed: bool = False
@@ -268,9 +270,7 @@ class Passes:
             return await serve_phase(crypto, expected, allowance.as_sums())
         if self.replay is None:
             return await serve_phase(crypto, expected, allowance)
-        replay = Replay(self.replay.phase())
-        msg = await serve_phase(crypto, expected, allowance, replay)
-        await replay.finish(crypto)
+        msg, _ = await serve_replayed(crypto, self.replay.phase(), expected, allowance)
         return msg
 
 

@@ -73,13 +73,14 @@ from fednorm.protocols.base import (
     feature_counts,
 )
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto, setup_party, setup_server
+from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
 from fednorm.protocols.ppf import checks, quotient
 from fednorm.protocols.ppf import zscore as ppf_zscore
 from fednorm.protocols.ppf.driver import run_core
-from fednorm.protocols.ppf.phases import serve_phase
-from fednorm.protocols.ppf.quotient import EncryptedVector
+from fednorm.protocols.ppf.phases import serve_phase, serve_replayed
+from fednorm.protocols.ppf.quotient import Passes, QuotientReplay
 from fednorm.protocols.ppf.yeojohnson_cores import (
     Pooled,
     planned_refreshes,
@@ -131,11 +132,11 @@ z-score's quotients (:data:`~.quotient.COARSE`, :data:`~.quotient.PRECISE`)."""
 @message("ppf_yeojohnson.start")
 class EncryptedStart(Message):
     """A party's counts (tiled over the probe layout), Σ s̃ and its "absent" flags
-    (:meth:`SignFlags.absent`)."""
+    (:meth:`SignFlags.absent`): signed input uploads, relayed to every party."""
 
-    counts: openfhe.Ciphertext
-    log_sums: openfhe.Ciphertext
-    absent: openfhe.Ciphertext
+    counts: InputUpload
+    log_sums: InputUpload
+    absent: InputUpload
     width: int
 
 
@@ -157,9 +158,10 @@ class Probes(Message):
 
 @message("ppf_yeojohnson.moments")
 class EncryptedMoments(Message):
-    """Σψ̃, Σψ̃², Σψ̃ψ̃', Σψ̃' per (feature, probe), one slot block each."""
+    """Σψ̃, Σψ̃², Σψ̃ψ̃', Σψ̃' per (feature, probe), one slot block each: a signed input
+    upload, relayed to every party."""
 
-    values: openfhe.Ciphertext
+    values: InputUpload
 
 
 @message("ppf_yeojohnson.lambdas")
@@ -194,20 +196,25 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 # -- server ---------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
+    return await yeojohnson_server(crypto, options)
+
+
+async def yeojohnson_server(crypto: ServerCrypto, options: FitOptions
+                            ) -> YeoJohnsonNormalizer:
+    """The server's side after the key setup: steps 2-4 of the module doc."""
+    rc = crypto.rc
     start = await rc.gather(EncryptedStart)
     width = agreed_width(start)
-    for party, msg in start.items():
-        crypto.check_joint(msg.absent, f"ciphertext from party {party}")
-    flags = await run_core(crypto, sign_flags_core(
-        crypto.ckks, [m.absent for m in start.values()], width), "sign flags")
+    absent, count, logs = await _relayed_start(crypto, start)
+    flags = await run_core(crypto, sign_flags_core(crypto.ckks, absent, width), "sign flags",
+                           replayed=True)
     await rc.broadcast(Flags(empty=flags.empty.astype(np.float64),
                              negative=flags.negative.astype(np.float64),
                              positive=flags.positive.astype(np.float64)))
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
-    count = await crypto.add_all({p: m.counts for p, m in start.items()})
-    logs = await crypto.add_all({p: m.log_sums for p, m in start.items()})
     pooled = await run_core(crypto, pooled_core(crypto.ckks, count, logs, plan.layout,
-                                                flags.empty, options.max_count), "inverse")
+                                                flags.empty, options.max_count), "inverse",
+                            replayed=True)
 
     search = SignBisection(plan, ~flags.empty)
     sign = sign_plan(options)
@@ -218,7 +225,7 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
             moments = await crypto.add_all({p: m.values for p, m in replies.items()})
             search.update(await run_core(crypto, soft_signs_core(
                 crypto.ckks, moments, pooled, plan.layout, sign, options.max_count),
-                "soft signs"))
+                "soft signs", replayed=True))
     lambdas = search.lambdas
     await rc.broadcast(Lambdas(lambdas=lambdas))
 
@@ -229,6 +236,18 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     lambdas, mean, var = conventions(lambdas, mean, var, flags.empty, values)
     await rc.broadcast(PpfYeoJohnsonResult(lambdas=lambdas, mean=mean, var=var))
     return YeoJohnsonNormalizer(lambdas, mean, var)
+
+
+async def _relayed_start(crypto: ServerCrypto, start: dict[int, EncryptedStart]
+                         ) -> tuple[list[openfhe.Ciphertext], openfhe.Ciphertext,
+                                    openfhe.Ciphertext]:
+    """Every party's "absent" flags (each relayed on its own: the flags are multiplied,
+    not added), then the pooled counts and Σ s̃, each relayed to every party, which
+    recomputes the server's steps from them (:class:`~.driver.Replay`)."""
+    absent = [await crypto.add_all({p: start[p].absent}) for p in sorted(start)]
+    count = await crypto.add_all({p: m.counts for p, m in start.items()})
+    logs = await crypto.add_all({p: m.log_sums for p, m in start.items()})
+    return absent, count, logs
 
 
 async def _zscore_server(crypto: ServerCrypto, pooled: Pooled, width: int,
@@ -263,20 +282,26 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     width = X.shape[1]
     mine = SignFlags.local(X)
     layout = Layout(crypto.ckks.slots, width, probe_count(width, crypto.ckks.slots))
-    refreshes = planned_refreshes(crypto.ckks, crypto.n_parties, layout, sign_plan(options),
+    sign = sign_plan(options)
+    refreshes = planned_refreshes(crypto.ckks, crypto.n_parties, layout, sign,
                                   options.max_count)
     log_sums = np.nansum(np.sign(X) * np.log1p(np.abs(X)), axis=0)
-    await rc.send(SERVER, EncryptedStart(
-        counts=await crypto.encrypt(layout.tiled(feature_counts(X))),
-        log_sums=await crypto.encrypt(
+    start = EncryptedStart(
+        counts=await crypto.encrypt_input(layout.tiled(feature_counts(X))),
+        log_sums=await crypto.encrypt_input(
             layout.tiled(log_sums / np.log1p(checks.vabs_vector(options, width)), blocks=1)),
-        absent=await crypto.encrypt(mine.absent()),
-        width=width))
-    flags = _received_flags(await serve_phase(
-        crypto, Flags, FLAGS.with_bootstraps(refreshes.flags)), mine)
+        absent=await crypto.encrypt_input(mine.absent()),
+        width=width)
+    await rc.send(SERVER, start)
+    absent, count, logs = await _pooled_start(crypto, start)
+    received, _ = await serve_replayed(crypto, sign_flags_core(crypto.ckks, absent, width),
+                                       Flags, FLAGS.with_bootstraps(refreshes.flags))
+    flags = _received_flags(received, mine)
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
-    msg = await serve_phase(crypto, (Probes, Lambdas),
-                            POOLING.with_bootstraps(refreshes.pooling))
+    msg, pooled = await serve_replayed(
+        crypto, pooled_core(crypto.ckks, count, logs, plan.layout, flags.empty,
+                            options.max_count),
+        (Probes, Lambdas), POOLING.with_bootstraps(refreshes.pooling))
     rounds = 0
     with rc.phase("λ search", planned_rounds=plan.rounds):
         while isinstance(msg, Probes):
@@ -284,26 +309,41 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
             if rounds > plan.rounds:
                 raise ProtocolError(f"the server's λ search exceeds {plan.rounds} rounds")
             sums = plan.scaled_sums(X, _checked_probes(msg.lambdas, plan))
-            await rc.send(SERVER, EncryptedMoments(
-                values=await crypto.encrypt(layout.packed(list(sums)))))
-            msg = await serve_phase(crypto, (Probes, Lambdas),
-                                    SEARCH_ROUND.with_bootstraps(refreshes.round))
+            upload = await crypto.encrypt_input(layout.packed(list(sums)))
+            await rc.send(SERVER, EncryptedMoments(values=upload))
+            moments = await crypto.pooled_input(upload)
+            msg, _ = await serve_replayed(
+                crypto, soft_signs_core(crypto.ckks, moments, pooled, plan.layout, sign,
+                                        options.max_count),
+                (Probes, Lambdas), SEARCH_ROUND.with_bootstraps(refreshes.round))
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
-    await _zscore_party(crypto, yeo_johnson(X, lambdas), width)
-    scaled = await serve_phase(crypto, ppf_zscore.PpfZScoreResult, quotient.PRECISE)
+    passes = Passes(relayed=True, replay=QuotientReplay(
+        crypto.ckks, width, options.max_count, inverse=pooled.inverse.product(crypto.ckks)))
+    await _zscore_party(crypto, yeo_johnson(X, lambdas), width, passes)
+    scaled = await passes.serve(crypto, ppf_zscore.PpfZScoreResult, quotient.PRECISE)
     constant = constant_features(as_float_vector(scaled.mean, width, "mean"),
                                  as_float_vector(scaled.var, width, "variance"), flags.empty)
-    owed = Allowance()
     if constant.any():  # the values of constant features, as the server needs them
         raw = np.where(constant, np.nansum(X, axis=0), 0.0)
-        await rc.send(SERVER, EncryptedVector(values=await crypto.encrypt(raw)))
-        await quotient.precise_quotient_party(crypto, raw, width)
-        owed = quotient.PRECISE
-    result = await serve_phase(crypto, PpfYeoJohnsonResult, owed)
+        await passes.send(crypto, raw)
+        await quotient.precise_quotient_party(crypto, raw, width, passes=passes)
+        result = await passes.serve(crypto, PpfYeoJohnsonResult, quotient.PRECISE)
+    else:
+        result = await serve_phase(crypto, PpfYeoJohnsonResult, Allowance())
     return YeoJohnsonNormalizer(as_float_vector(result.lambdas, width, "lambdas"),
                                 as_float_vector(result.mean, width, "mean"),
                                 as_float_vector(result.var, width, "variance"))
+
+
+async def _pooled_start(crypto: PartyCrypto, start: EncryptedStart
+                        ) -> tuple[list[openfhe.Ciphertext], openfhe.Ciphertext,
+                                   openfhe.Ciphertext]:
+    """The server's inputs, from its relays (:func:`_relayed_start`), each checked."""
+    absent = [await crypto.pooled_input(start.absent, [p])
+              for p in range(1, crypto.n_parties + 1)]
+    return absent, await crypto.pooled_input(start.counts), \
+        await crypto.pooled_input(start.log_sums)
 
 
 def _received_flags(msg: Flags, mine: SignFlags) -> SignFlags:
@@ -334,10 +374,11 @@ def _check_in_range(lambdas: np.ndarray, plan: SearchPlan) -> None:
         raise ProtocolError("the server sent λ's outside the agreed range")
 
 
-async def _zscore_party(crypto: PartyCrypto, Y: np.ndarray, width: int) -> None:
+async def _zscore_party(crypto: PartyCrypto, Y: np.ndarray, width: int, passes: Passes
+                        ) -> None:
     """Party side of the PPF z-score of the transformed data (:func:`ppf_zscore.party`
     without the count, which the server already holds)."""
     total = np.nansum(Y, axis=0)
-    await quotient.ENCRYPTED.send(crypto, total)
-    await ppf_zscore.share_moments(crypto, Y, total)
+    await passes.send(crypto, total)
+    await ppf_zscore.share_moments(crypto, Y, total, passes)
 

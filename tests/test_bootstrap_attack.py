@@ -18,6 +18,7 @@ any key share (played over TCP below).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -116,17 +117,22 @@ def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     assert not watch.encrypted and not any(watch.sent.values()), watch.sent
 
 
-def test_over_tcp_every_party_refuses_the_bootstrap_attack(certs: Path) -> None:
+@pytest.mark.parametrize("replay", [True, False], ids=["server says replay",
+                                                       "server says replay=False"])
+def test_over_tcp_every_party_refuses_the_bootstrap_attack(certs: Path, replay: bool
+                                                           ) -> None:
     """The paper's z-score between multi-host roles (its parties allowed to join: its
     quotients are decrypted without flooding): the ``a + K`` attack is refused by every
-    party, and the server reads nothing."""
+    party, and the server reads nothing — also from a server whose options turn the
+    parties' replay off (``FitOptions.replay`` never travels: each party decides)."""
     read: dict[int, np.ndarray] = {}
 
     async def server(rc, options):
         crypto, count = await zscore_server_start(rc, options)
         await attack(read, crypto, rc, count)
 
-    errors, _, _ = tcp_run(certs, server, options=PAPER_ZSCORE, allowing={1, 2, 3})
+    errors, _, _ = tcp_run(certs, server, options=replace(PAPER_ZSCORE, replay=replay),
+                           allowing={1, 2, 3})
     assert not read, f"the server read the key shares of parties {sorted(read)}"
     assert sorted(errors) == [1, 2, 3], errors
     for error in errors.values():

@@ -29,7 +29,7 @@ from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.ppf import yeojohnson as ppf_yeojohnson
 from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
-from fednorm.transport.memory import StarLinks
+from fednorm.transport.memory import StarLinks, memory_star
 
 PAPER = FitOptions(algorithm="paper", preset="test")
 
@@ -217,3 +217,45 @@ async def test_yeojohnson_refuses_the_bootstrap_attack(links: StarLinks) -> None
     sent = await _yeojohnson_refused(KeyShareBootstrap, "bootstrap request refused: its "
                                      "ciphertext is not the one this party computes", links)
     assert "ckks.boot_share" not in sent.kinds
+
+
+# -- FitOptions.replay: a simulation may take the server's steps on trust -----------------
+async def test_without_replay_the_parties_answer_on_trust() -> None:
+    """``replay=False`` (every role in one process) skips the parties' recomputation: the
+    crafted MinMax bootstrap is answered, so the option does switch the check off, which
+    is why a party that takes its options from a server never lets it (test below and
+    tests/test_bootstrap_attack.py)."""
+    from dataclasses import replace
+
+    with pytest.raises(KeyShareRead):
+        await _paper_refused("minmax", replace(MINMAX, replay=False), _minmax_serve,
+                             setup_arguments, KeyShareBootstrap, "never", memory_star)
+
+
+@pytest.mark.parametrize("method", ["zscore", "minmax", "yeojohnson"])
+def test_on_trust_or_replayed_the_paper_algorithms_fit_the_pooled_data(method: str) -> None:
+    """The same fit either way: the pooled statistics (Yeo-Johnson: of the data as
+    transformed with the λ's found, which the two runs agree on)."""
+    from dataclasses import replace
+
+    from fednorm.protocols import fit_local
+    from fednorm.protocols.normalizers import yeo_johnson
+    from fednorm.sim.federation import simulate
+
+    options = {"zscore": PAPER, "minmax": replace(MINMAX, minmax_bits=None, minmax_passes=None),
+               "yeojohnson": YEOJOHNSON}[method]  # MinMax at its own precision
+    rng = np.random.default_rng(8)
+    parts = [rng.normal(1, 2, size=(6, 2)) for _ in range(3)]
+    pooled = np.vstack(parts)
+    runs = [simulate(parts, method, "mhe", replace(options, replay=replay),
+                     timeout=600).normalizer for replay in (True, False)]
+    for fitted in runs:
+        if method == "yeojohnson":
+            np.testing.assert_allclose(fitted.lambdas, runs[0].lambdas, rtol=1e-4)
+            pooled = yeo_johnson(np.vstack(parts), runs[0].lambdas)
+            expected = {"mean": pooled.mean(axis=0), "var": pooled.var(axis=0)}
+        else:
+            expected = fit_local(method, pooled, options).params()
+        for name, value in expected.items():
+            np.testing.assert_allclose(fitted.params()[name], value, rtol=1e-3, atol=1e-3,
+                                       err_msg=f"{method}: {name}")

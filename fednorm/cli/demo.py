@@ -60,7 +60,8 @@ def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: 
         dataset=args.dataset, target=None, parties=args.parties, split="iid", seed=0,
         method=methods, privacy=privacy, algorithm="default", epsilon=None,
         ckks_preset=args.preset,
-        rank_probes=None, reveal_counts=False, vabs=None, json=False, quiet=args.quiet,
+        rank_probes=None, reveal_counts=False, vabs=None, no_replay=False, json=False,
+        quiet=args.quiet,
         command="demo")
 
 

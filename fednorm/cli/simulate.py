@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -120,7 +120,7 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     runs alone (in mhe mode its report includes its key setup); several run as a session:
     in mhe mode one key setup, reported apart, then every method on those keys."""
     split = SplitSpec.parse(args.split)
-    options = fit_options(args)
+    options = replace(fit_options(args), replay=not args.no_replay)
     check_options_used(SessionPlan(tuple(args.method), args.privacy).protocols, options)
     dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
@@ -231,6 +231,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "with --privacy mhe they share one joint key setup (default zscore)")
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")
     add_fit_options(p)
+    p.add_argument("--no-replay", action="store_true",
+                   help="mhe --algorithm paper: the parties take the server's steps on "
+                        "trust instead of recomputing each to check its requests (every "
+                        "role runs in this process; a multi-host party always checks)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object on stdout; errors are against the pooled rows the "
                         "parties hold, max_rel_error in units of max(|pooled value|, the "

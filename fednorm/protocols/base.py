@@ -67,6 +67,14 @@ class FitOptions:
     serve: each party's share of a decrypted sum carries an integer Gaussian of std
     √(12τ)·2^(s/2)·t per coefficient, t the sum's noise bound, and a party refuses a
     decryption past τ (docs/LEAKAGE.md, "Decryption noise").
+
+    ``replay``: whether a party of the paper's algorithms recomputes each step of the
+    server's from the relayed uploads and refuses a request its own run does not make
+    (docs/LEAKAGE.md).  It is a party's own choice and never travels (:data:`LOCAL`):
+    a party that takes its options from a server (multi-host, Flower) always replays,
+    whatever the server says; a simulation, whose roles share one process and so one
+    trust, may turn it off to save the parties' repeat of the server's arithmetic (the
+    wire stays the same: uploads are still relayed, shares still forwarded).
     """
 
     algorithm: Algorithm = "default"
@@ -83,6 +91,7 @@ class FitOptions:
     yeojohnson_sign_bits: float | None = None
     flooding_bits: int = DEFAULT_SECURITY_BITS
     flooding_decryptions: int = DEFAULT_DECRYPTIONS
+    replay: bool = True
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -107,9 +116,14 @@ class FitOptions:
             )
 
 
+LOCAL = frozenset({"replay"})
+"""Options each role decides for itself: never sent, ignored if a server sends them."""
+
+
 def options_to_wire(options: FitOptions) -> dict[str, Any]:
     """The server's options as a welcome carries them; unsendable options are bad input."""
-    wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)}
+    wire = {f.name: getattr(options, f.name) for f in fields(FitOptions)
+            if f.name not in LOCAL}
     try:
         msgpack.packb(wire, use_bin_type=True)
     except (TypeError, ValueError) as exc:
@@ -118,7 +132,9 @@ def options_to_wire(options: FitOptions) -> dict[str, Any]:
 
 
 def options_from_wire(wire: Mapping[str, Any]) -> FitOptions:
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()}
+    """The options a server sent, each :data:`LOCAL` one this party's default."""
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()
+              if k not in LOCAL}
     try:
         return FitOptions(**values)
     except (TypeError, InputError) as exc:

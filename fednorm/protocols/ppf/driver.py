@@ -150,6 +150,22 @@ class Replay:
         return step.value
 
 
+class Trusted:
+    """Party: the server's step taken on trust (``FitOptions.replay`` off, in a simulation
+    whose roles share one process): every request within the phase's allowance is
+    answered unchecked, and each bootstrap's forwarded shares are read and dropped."""
+
+    async def check(self, crypto: PartyCrypto, request: Message) -> None:
+        return None
+
+    async def answered(self, crypto: PartyCrypto, shares: list[ckks.BootstrapShare]
+                       ) -> None:
+        return None
+
+    async def finish(self, crypto: PartyCrypto) -> None:
+        return None
+
+
 def planned_requests(core: Core[T]) -> tuple[T, Allowance]:
     """``core`` built on level counts (:class:`~fednorm.engine.ckks.LevelArithmetic`, its
     inputs :class:`~fednorm.engine.ckks.Levels`), run to the end: its result, and the

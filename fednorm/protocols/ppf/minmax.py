@@ -261,9 +261,10 @@ async def minmax_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
             await rc.send(SERVER, EncryptedExtremes(chunks=chunks, width=width))
             packed = await _pooled(crypto, layout, chunks)
             last = pass_ + 1 == settings.passes
-            reply, _ = await serve_replayed(
-                crypto, _pass_core(crypto.ckks, layout, packed, crypto.n_parties, settings),
-                MinMaxExtremes if last else MinMaxWindow, allowance)
+            core = _pass_core(crypto.ckks, layout, packed, crypto.n_parties, settings)
+            reply, _ = await serve_replayed(crypto, core if options.replay else None,
+                                            MinMaxExtremes if last else MinMaxWindow,
+                                            allowance)
             if not last:
                 window = window.received(reply.low, reply.high)
     return (as_float_vector(reply.min, width, "global min"),

@@ -15,7 +15,7 @@ from fednorm.engine.messages import Message
 from fednorm.protocols.collective import PartyCrypto, serve_until
 from fednorm.protocols.collective.service import RequestCheck
 from fednorm.protocols.ledger import Allowance
-from fednorm.protocols.ppf.driver import Replay
+from fednorm.protocols.ppf.driver import Replay, Trusted
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
@@ -31,12 +31,14 @@ async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Messag
                              retries=allowance.retries, checked=checked)
 
 
-async def serve_replayed(crypto: PartyCrypto, core: Core[T],
+async def serve_replayed(crypto: PartyCrypto, core: Core[T] | None,
                          expected: type[M] | tuple[type[Message], ...], allowance: Allowance
-                         ) -> tuple[M, T]:
+                         ) -> tuple[M, T | None]:
     """:func:`serve_phase`, each request checked against this party's own run of the
     server's ``core`` for the step (:class:`~.driver.Replay`); with the core's result
-    (what the server goes on with), once the server has made every request it makes."""
-    replay = Replay(core)
-    msg = await serve_phase(crypto, expected, allowance, replay)
-    return msg, await replay.finish(crypto)
+    (what the server goes on with), once the server has made every request it makes.
+    ``core`` None: the step taken on trust (``FitOptions.replay`` off,
+    :class:`~.driver.Trusted`), and the result is None."""
+    checked = Trusted() if core is None else Replay(core)
+    msg = await serve_phase(crypto, expected, allowance, checked)
+    return msg, await checked.finish(crypto)

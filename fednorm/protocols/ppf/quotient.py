@@ -219,8 +219,8 @@ class Passes:
     counts, none where the inverse was computed earlier).
 
     ``relayed``: numerators travel as input uploads the server relays to every party,
-    whose ``replay`` recomputes the passes (the paper's z-score and Yeo-Johnson);
-    otherwise as plain ciphertexts.
+    whose ``replay`` recomputes the passes (the paper's z-score and Yeo-Johnson; None
+    with ``FitOptions.replay`` off: taken on trust); otherwise as plain ciphertexts.
     """
 
     revealed: bool = False
@@ -268,9 +268,10 @@ class Passes:
         allowance = allowance.with_bootstraps(self.inverse_bootstraps if first else 0)
         if self.revealed:
             return await serve_phase(crypto, expected, allowance.as_sums())
-        if self.replay is None:
+        if not self.relayed:
             return await serve_phase(crypto, expected, allowance)
-        msg, _ = await serve_replayed(crypto, self.replay.phase(), expected, allowance)
+        core = None if self.replay is None else self.replay.phase()
+        msg, _ = await serve_replayed(crypto, core, expected, allowance)
         return msg
 
 

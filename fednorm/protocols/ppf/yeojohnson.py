@@ -294,13 +294,15 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
         width=width)
     await rc.send(SERVER, start)
     absent, count, logs = await _pooled_start(crypto, start)
-    received, _ = await serve_replayed(crypto, sign_flags_core(crypto.ckks, absent, width),
-                                       Flags, FLAGS.with_bootstraps(refreshes.flags))
+    checked = options.replay  # or each step taken on trust (every role in one process)
+    received, _ = await serve_replayed(
+        crypto, sign_flags_core(crypto.ckks, absent, width) if checked else None, Flags,
+        FLAGS.with_bootstraps(refreshes.flags))
     flags = _received_flags(received, mine)
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
     msg, pooled = await serve_replayed(
         crypto, pooled_core(crypto.ckks, count, logs, plan.layout, flags.empty,
-                            options.max_count),
+                            options.max_count) if checked else None,
         (Probes, Lambdas), POOLING.with_bootstraps(refreshes.pooling))
     rounds = 0
     with rc.phase("λ search", planned_rounds=plan.rounds):
@@ -314,12 +316,13 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
             moments = await crypto.pooled_input(upload)
             msg, _ = await serve_replayed(
                 crypto, soft_signs_core(crypto.ckks, moments, pooled, plan.layout, sign,
-                                        options.max_count),
+                                        options.max_count) if pooled is not None else None,
                 (Probes, Lambdas), SEARCH_ROUND.with_bootstraps(refreshes.round))
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
     passes = Passes(relayed=True, replay=QuotientReplay(
-        crypto.ckks, width, options.max_count, inverse=pooled.inverse.product(crypto.ckks)))
+        crypto.ckks, width, options.max_count, inverse=pooled.inverse.product(crypto.ckks))
+        if pooled is not None else None)
     await _zscore_party(crypto, yeo_johnson(X, lambdas), width, passes)
     scaled = await passes.serve(crypto, ppf_zscore.PpfZScoreResult, quotient.PRECISE)
     constant = constant_features(as_float_vector(scaled.mean, width, "mean"),

@@ -256,7 +256,7 @@ async def _replaying(crypto: PartyCrypto, sums: EncryptedSums, width: int,
                             partial(_inverse, crypto.ckks, count, width, options),
                             numerator=total)
     return Passes(inverse_bootstraps=inverse_plan(crypto.ckks, options).bootstraps,
-                  relayed=True, replay=replay)
+                  relayed=True, replay=replay if options.replay else None)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,

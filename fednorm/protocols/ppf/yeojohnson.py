@@ -238,9 +238,12 @@ async def yeojohnson_server(crypto: ServerCrypto, options: FitOptions
     return YeoJohnsonNormalizer(lambdas, mean, var)
 
 
+StartInputs = tuple[list[openfhe.Ciphertext], openfhe.Ciphertext, openfhe.Ciphertext]
+"""Every party's absent flags, the pooled counts, the pooled Σ s̃."""
+
+
 async def _relayed_start(crypto: ServerCrypto, start: dict[int, EncryptedStart]
-                         ) -> tuple[list[openfhe.Ciphertext], openfhe.Ciphertext,
-                                    openfhe.Ciphertext]:
+                         ) -> StartInputs:
     """Every party's "absent" flags (each relayed on its own: the flags are multiplied,
     not added), then the pooled counts and Σ s̃, each relayed to every party, which
     recomputes the server's steps from them (:class:`~.driver.Replay`)."""
@@ -279,6 +282,19 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     X = check_ppf_yeojohnson_input(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options))
     crypto.require_pooled_count_within(feature_counts(X), options.max_count)
+    flags, lambdas, pooled = await _search_party(crypto, X, options)
+    passes = Passes(relayed=True, replay=None if pooled is None else QuotientReplay(
+        crypto.ckks, X.shape[1], options.max_count,
+        inverse=pooled.inverse.product(crypto.ckks)))
+    result = await _moments_party(crypto, X, lambdas, flags, passes)
+    return YeoJohnsonNormalizer(*(as_float_vector(getattr(result, v), X.shape[1], v)
+                                  for v in ("lambdas", "mean", "var")))
+
+
+async def _search_party(crypto: PartyCrypto, X: np.ndarray, options: FitOptions
+                        ) -> tuple[SignFlags, np.ndarray, Pooled | None]:
+    """Steps 2-3 on this party's side, each of the server's steps replayed (or, with
+    ``FitOptions.replay`` off, taken on trust: then no pooled state comes back)."""
     width = X.shape[1]
     mine = SignFlags.local(X)
     layout = Layout(crypto.ckks.slots, width, probe_count(width, crypto.ckks.slots))
@@ -286,33 +302,31 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     refreshes = planned_refreshes(crypto.ckks, crypto.n_parties, layout, sign,
                                   options.max_count)
     log_sums = np.nansum(np.sign(X) * np.log1p(np.abs(X)), axis=0)
-    start = EncryptedStart(
-        counts=await crypto.encrypt_input(layout.tiled(feature_counts(X))),
-        log_sums=await crypto.encrypt_input(
-            layout.tiled(log_sums / np.log1p(checks.vabs_vector(options, width)), blocks=1)),
-        absent=await crypto.encrypt_input(mine.absent()),
-        width=width)
-    await rc.send(SERVER, start)
+    scaled_logs = layout.tiled(log_sums / np.log1p(checks.vabs_vector(options, width)), 1)
+    start = EncryptedStart(counts=await crypto.encrypt_input(layout.tiled(feature_counts(X))),
+                           log_sums=await crypto.encrypt_input(scaled_logs),
+                           absent=await crypto.encrypt_input(mine.absent()), width=width)
+    await crypto.rc.send(SERVER, start)
     absent, count, logs = await _pooled_start(crypto, start)
-    checked = options.replay  # or each step taken on trust (every role in one process)
+    replay = options.replay
     received, _ = await serve_replayed(
-        crypto, sign_flags_core(crypto.ckks, absent, width) if checked else None, Flags,
+        crypto, sign_flags_core(crypto.ckks, absent, width) if replay else None, Flags,
         FLAGS.with_bootstraps(refreshes.flags))
     flags = _received_flags(received, mine)
     plan = SearchPlan.build(options, width, crypto.ckks.slots, flags)
     msg, pooled = await serve_replayed(
         crypto, pooled_core(crypto.ckks, count, logs, plan.layout, flags.empty,
-                            options.max_count) if checked else None,
+                            options.max_count) if replay else None,
         (Probes, Lambdas), POOLING.with_bootstraps(refreshes.pooling))
     rounds = 0
-    with rc.phase("λ search", planned_rounds=plan.rounds):
+    with crypto.rc.phase("λ search", planned_rounds=plan.rounds):
         while isinstance(msg, Probes):
             rounds += 1
             if rounds > plan.rounds:
                 raise ProtocolError(f"the server's λ search exceeds {plan.rounds} rounds")
             sums = plan.scaled_sums(X, _checked_probes(msg.lambdas, plan))
             upload = await crypto.encrypt_input(layout.packed(list(sums)))
-            await rc.send(SERVER, EncryptedMoments(values=upload))
+            await crypto.rc.send(SERVER, EncryptedMoments(values=upload))
             moments = await crypto.pooled_input(upload)
             msg, _ = await serve_replayed(
                 crypto, soft_signs_core(crypto.ckks, moments, pooled, plan.layout, sign,
@@ -320,28 +334,27 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
                 (Probes, Lambdas), SEARCH_ROUND.with_bootstraps(refreshes.round))
     lambdas = as_float_vector(msg.lambdas, width, "Yeo-Johnson lambdas from the server")
     _check_in_range(lambdas, plan)
-    passes = Passes(relayed=True, replay=QuotientReplay(
-        crypto.ckks, width, options.max_count, inverse=pooled.inverse.product(crypto.ckks))
-        if pooled is not None else None)
+    return flags, lambdas, pooled
+
+
+async def _moments_party(crypto: PartyCrypto, X: np.ndarray, lambdas: np.ndarray,
+                         flags: SignFlags, passes: Passes) -> PpfYeoJohnsonResult:
+    """Step 4 on this party's side: the z-score of yj(x, λ), then, if some feature came
+    out constant, the pooled mean of its values; the result."""
+    width = X.shape[1]
     await _zscore_party(crypto, yeo_johnson(X, lambdas), width, passes)
     scaled = await passes.serve(crypto, ppf_zscore.PpfZScoreResult, quotient.PRECISE)
     constant = constant_features(as_float_vector(scaled.mean, width, "mean"),
                                  as_float_vector(scaled.var, width, "variance"), flags.empty)
-    if constant.any():  # the values of constant features, as the server needs them
-        raw = np.where(constant, np.nansum(X, axis=0), 0.0)
-        await passes.send(crypto, raw)
-        await quotient.precise_quotient_party(crypto, raw, width, passes=passes)
-        result = await passes.serve(crypto, PpfYeoJohnsonResult, quotient.PRECISE)
-    else:
-        result = await serve_phase(crypto, PpfYeoJohnsonResult, Allowance())
-    return YeoJohnsonNormalizer(as_float_vector(result.lambdas, width, "lambdas"),
-                                as_float_vector(result.mean, width, "mean"),
-                                as_float_vector(result.var, width, "variance"))
+    if not constant.any():
+        return await serve_phase(crypto, PpfYeoJohnsonResult, Allowance())
+    raw = np.where(constant, np.nansum(X, axis=0), 0.0)  # what the server needs of them
+    await passes.send(crypto, raw)
+    await quotient.precise_quotient_party(crypto, raw, width, passes=passes)
+    return await passes.serve(crypto, PpfYeoJohnsonResult, quotient.PRECISE)
 
 
-async def _pooled_start(crypto: PartyCrypto, start: EncryptedStart
-                        ) -> tuple[list[openfhe.Ciphertext], openfhe.Ciphertext,
-                                   openfhe.Ciphertext]:
+async def _pooled_start(crypto: PartyCrypto, start: EncryptedStart) -> StartInputs:
     """The server's inputs, from its relays (:func:`_relayed_start`), each checked."""
     absent = [await crypto.pooled_input(start.absent, [p])
               for p in range(1, crypto.n_parties + 1)]

@@ -225,3 +225,18 @@ def test_study_section_runs_the_real_grid_and_times_it(tmp_path) -> None:
     text = out.read_text()
     assert "a smoke run" in text and "not the study" in text
     assert "| study grid, 2 runs, --jobs 1 |" in text
+
+
+def test_the_paper_on_trust_runs_beside_its_replayed_run_on_the_same_wire() -> None:
+    """The cost of the parties' request checks: the paper's z-score with the parties
+    replaying the server's steps and on trust (``FitOptions.replay`` off), side by side
+    in one run, the same frames either way."""
+    from fednorm.bench import protocols
+
+    section, _ = protocols.totals(["zscore_paper_on_trust"], repeats=1, parties=3,
+                                  preset="test")
+    assert [r["method"] for r in section.rows] == ["zscore_paper", "zscore_paper_on_trust"]
+    replayed, trusted = section.rows
+    assert trusted["bytes_total"] == replayed["bytes_total"]
+    assert trusted["x_faster"] == pytest.approx(replayed["median_s"] / trusted["median_s"])
+    assert max(trusted["errors"].values()) < 1e-6

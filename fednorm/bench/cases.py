@@ -99,8 +99,17 @@ CASES: dict[str, Case] = {c.name: c for c in (
          {**_PAPER, **_E}),
     Case("yeojohnson", "yeojohnson", "PPF Yeo-Johnson", versus="yeojohnson_paper"),
     Case("yeojohnson_paper", "yeojohnson", "PPF Yeo-Johnson, paper", _PAPER),
+    *(Case(f"{method}_paper_on_trust", method,
+           f"PPF {label}, paper, parties on trust (`--no-replay`)",
+           {**_PAPER, **extra, "replay": False}, versus=f"{method}_paper", paper_figure=False)
+      for method, label, extra in (("zscore", "z-score", {}), ("minmax", "MinMax", {}),
+                                   ("robust", f"robust, ε={TABLE_V_ROBUST_EPSILON:g}", _E),
+                                   ("yeojohnson", "Yeo-Johnson", {}))),
 )}
-"""Every case, in the order the totals run and show them."""
+"""Every case, in the order the totals run and show them.  The ``_on_trust`` cases are the
+paper's algorithms with every party taking the server's steps on trust
+(``FitOptions.replay`` off): beside their replayed counterparts, the cost of the parties'
+request checks (docs/LEAKAGE.md)."""
 
 OTHER_NAMES = {"kth": "PPF k-th (median)"}
 """Runs named outside :data:`CASES` (the k-th search of the ε sweep)."""

@@ -259,3 +259,29 @@ def test_on_trust_or_replayed_the_paper_algorithms_fit_the_pooled_data(method: s
         for name, value in expected.items():
             np.testing.assert_allclose(fitted.params()[name], value, rtol=1e-3, atol=1e-3,
                                        err_msg=f"{method}: {name}")
+
+
+def test_across_processes_each_party_replays_with_keys_of_its_own(
+    spawn, certs, csvs, tmp_path
+) -> None:
+    """``fednorm serve`` and three ``fednorm party`` processes, the paper's MinMax: no
+    role shares memory with another, so each party recomputes the server's comparisons
+    (products, rotations, bootstraps) with the evaluation keys it installed itself from
+    the checked joint keys; the run fits the pooled min and max."""
+    import json
+
+    from federation_processes import finish, party_arrays, start_party, start_server
+
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "minmax", outs[0], "--privacy", "mhe",
+                                "--preset", "test", "--algorithm", "paper", "--vabs", "100")
+    parties = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p], timeout=300)
+               for p in (1, 2, 3)]
+    for proc in [server, *parties]:
+        code, err = finish(proc, timeout=300)
+        assert code == 0, err
+    pooled = np.vstack(party_arrays())
+    for out in outs:
+        params = json.loads((out / "params.json").read_text())["params"]
+        np.testing.assert_allclose(params["min"], np.nanmin(pooled, axis=0), atol=0.1)
+        np.testing.assert_allclose(params["max"], np.nanmax(pooled, axis=0), atol=0.1)

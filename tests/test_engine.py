@@ -56,6 +56,16 @@ def test_frames_round_trip_numpy_arrays(values: np.ndarray, note: str) -> None:
     assert msg.note == note
 
 
+def test_the_body_of_a_frame_larger_than_msgpacks_buffer_is_found() -> None:
+    """A frame's body is found past its header without feeding the whole frame to an
+    unpacker, whose buffer holds 100 MiB: a relay of 30 input uploads at the paper
+    preset is larger."""
+    from fednorm.engine.codec import encode_body, frame_body
+
+    payload = Payload(values=np.zeros(14 * 2**20), note="")  # 112 MiB
+    assert frame_body(encode_frame(HEADER, payload)) == encode_body(payload)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_are_protocol_errors(data: bytes) -> None:

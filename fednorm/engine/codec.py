@@ -117,11 +117,14 @@ def encode_frame(header: Header, msg: Message, body: bytes | None = None) -> byt
     return b"\x97" + head + (body if body is not None else encode_body(msg))
 
 
+HEADER_BYTES = 64 * 2**10  # more than any header: short strings and integers
+
+
 def frame_body(data: bytes) -> bytes:
     """The packed body of a well-formed frame (what :func:`encode_frame` appends to the
     header), as it travelled: the same bytes for every receiver of one message."""
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(data)
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=HEADER_BYTES)
+    unpacker.feed(data[:HEADER_BYTES])  # not the body: it may pass the unpacker's limit
     unpacker.read_array_header()
     for _ in range(6):  # the header fields
         unpacker.skip()

@@ -236,8 +236,10 @@ class BootShare(Signed):
 # -- inputs of the server's encrypted computation ------------------------------------------
 @message("ckks.relayed_inputs")
 class RelayedInputs(Message):
-    """Every party's input upload #``index``, in party order, relayed to every party:
-    each checks the signatures and adds them up itself (:mod:`.sums`)."""
+    """Input uploads #``index``, in party order, relayed to every party: each checks the
+    signatures and adds them up itself (:mod:`.sums`).  One upload per frame (the server
+    sends one of these per party whose upload it relays), so a frame stays the size of an
+    upload at any P, within a TCP link's frame limit."""
 
     index: int
     uploads: list[InputUpload]

@@ -119,8 +119,8 @@ class ServerCrypto:
             return await self.rc.run_sync(self._pool, cts, SumUpload)
         if any(isinstance(ct, InputUpload) for ct in cts.values()):  # any group of parties
             pooled = await self.rc.run_sync(self._pool, cts, InputUpload, False)
-            await self.rc.broadcast(RelayedInputs(index=pooled.index,
-                                                  uploads=list(pooled.uploads)))
+            for upload in pooled.uploads:
+                await self.rc.broadcast(RelayedInputs(index=pooled.index, uploads=[upload]))
             return await self.rc.run_sync(pooled.combined, self.ckks)
         for party, ct in cts.items():
             self.check_joint(ct, f"ciphertext from party {party}")
@@ -239,11 +239,15 @@ class PartyCrypto:
         """The sum of every party's (or every one of ``parties``') input upload of
         ``upload``'s index, added up here from the server's relay, each checked
         (:func:`.sums.verified_combination`)."""
-        relay = await self.rc.receive(SERVER, RelayedInputs)
-        if relay.index != upload.index:
-            raise ProtocolError(f"the server relayed input uploads #{relay.index!r}, "
-                                f"expected #{upload.index}")
-        uploads = relay.uploads if isinstance(relay.uploads, list) else []
+        parties = parties or range(1, self.n_parties + 1)
+        uploads: list[object] = []
+        for _ in parties:  # one upload per frame
+            relay = await self.rc.receive(SERVER, RelayedInputs)
+            if relay.index != upload.index or not (isinstance(relay.uploads, list)
+                                                   and len(relay.uploads) == 1):
+                raise ProtocolError("the server relayed something other than one input "
+                                    f"upload #{upload.index} in a frame")
+            uploads += relay.uploads
         return await self.recombined(InputUpload, upload.index, uploads, parties,
                                      "the relay of input uploads")
 

@@ -222,7 +222,7 @@ async def test_parties_refuse_search_rounds_beyond_the_agreed_precision() -> Non
         low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
         plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
         finer = replace(options, epsilon=options.epsilon * 1e-6)
-        await kth.kth_server(crypto, start_search(plan, count, low, high, finer))
+        await kth.kth_server(crypto, start_search(plan, count, low, high, finer), count)
 
     cheat = deviating("robust", server=server)
     rng = np.random.default_rng(4)

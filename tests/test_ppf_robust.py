@@ -112,7 +112,8 @@ async def test_a_default_ppf_robust_party_refuses_rounds_past_the_agreed_plan() 
         crypto = await setup_server(rc, options.preset, relinearize=False)  # counts only
         count, _, _ = await kth.reveal_counts_and_opening(crypto, options, QUARTILES)
         plan = plan_quantiles(count, QUARTILES)
-        await kth.kth_server(crypto, start_unbounded_search(plan, count, options, probes=1))
+        await kth.kth_server(crypto, start_unbounded_search(plan, count, options, probes=1),
+                             count)
 
     rng = np.random.default_rng(4)
     with pytest.raises(ProtocolError, match="more search rounds"):
@@ -184,13 +185,15 @@ async def test_the_opening_counts_as_one_of_the_agreed_search_rounds() -> None:
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, relinearize=False)  # counts only
         count, _, _ = await kth.reveal_counts_and_opening(crypto, options, QUARTILES)
-        probes = default_probes(plan_quantiles(count, QUARTILES), options, crypto.ckks.slots)
+        probes = default_probes(plan_quantiles(count, QUARTILES), options,
+                                kth.probe_capacity(crypto, count))
+        counts = kth.EncryptedCountAggregator(crypto, count)
         points = np.linspace(-1.0, 1.0, probes)
         with rc.subprotocol("kth"):
             for _ in range(unbounded_round_limit(probes)):
                 await rc.broadcast(RankProbe(features=np.zeros(probes, dtype=np.int64),
                                              points=points))
-                await kth.pooled_counts(crypto, probes)
+                await counts.pooled(rc, probes)
                 answered.append(probes)
 
     rng = np.random.default_rng(4)

@@ -63,17 +63,18 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, found: KthRounds) -> Protoco
         crypto = await setup_server(rc, options.preset, relinearize=False)
         count = await ppf_kth.reveal_pooled_counts(crypto)
         plan = plan_quantiles(count, MEDIAN, options.quantile_rule)
-        search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
-        values = await ppf_kth.kth_server(crypto, search)
+        search = start_search(plan, count, low, high, options,
+                              max_points=ppf_kth.probe_capacity(crypto, count))
+        values = await ppf_kth.kth_server(crypto, search, count)
         found.rounds = search.rounds
         median = plan.combine(values)[0]
         return RobustNormalizer(q1=median, median=median, q3=median)
 
     async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
         crypto = await setup_party(rc, options.preset, relinearize=False)
-        await ppf_kth.share_pooled_counts(crypto, feature_counts(X))
+        count = await ppf_kth.share_pooled_counts(crypto, feature_counts(X))
         limit = probe_limit(options_probes(options), MEDIAN)
-        await ppf_kth.kth_party(crypto, SortedColumns(X, limit))
+        await ppf_kth.kth_party(crypto, SortedColumns(X, limit), count)
         nothing = np.full(X.shape[1], np.nan)
         return RobustNormalizer(q1=nothing, median=nothing, q3=nothing)
 

@@ -5,7 +5,8 @@ a party's sorted columns and its refusals); here each round every party encrypts
 counts of values ≤ each probe point as a sum upload, the server adds the ciphertexts
 and the parties decrypt the pooled counts collectively (flooded): the server learns
 only the pooled counts at its probes.  All features and all ranks share one
-ciphertext per round.
+ciphertext per round, their counts packed several to a slot once n_g bounds them
+(:class:`~fednorm.protocols.ppf.pooled.CountPacking`).
 
 Algorithm 4 plans its ranks from the pooled count n_g, which this module also pools
 (:func:`reveal_pooled_counts` / :func:`share_pooled_counts`, Algorithm 3 lines 10–12).
@@ -123,20 +124,33 @@ async def share_counts_and_opening(crypto: PartyCrypto, X: np.ndarray,
     return (await serve_phase(crypto, PooledCounts, POOLED_COUNT)).count
 
 
+def count_packing(count: np.ndarray) -> pooled.CountPacking:
+    """How the search's counts travel, from n_g per feature (public): no pooled count
+    exceeds the largest."""
+    return pooled.CountPacking.for_bound(np.max(count, initial=0.0))
+
+
+def probe_capacity(crypto: ServerCrypto | PartyCrypto, count: np.ndarray) -> int:
+    """The most counts one search round's ciphertext carries, packed."""
+    return count_packing(count).capacity(crypto.ckks.slots)
+
+
 class EncryptedCountAggregator:
     """The k-th search's counts, pooled under encryption (one decryption per round)."""
 
-    def __init__(self, crypto: ServerCrypto | PartyCrypto) -> None:
+    def __init__(self, crypto: ServerCrypto | PartyCrypto, count: np.ndarray) -> None:
         self._crypto = crypto
+        self._packing = count_packing(count)
         self._owed = Allowance()  # nothing before the first probe, then one round's
 
     async def pooled(self, ctx: RoleContext, width: int) -> np.ndarray:
         assert isinstance(self._crypto, ServerCrypto)
-        return await pooled_counts(self._crypto, width)
+        values = await pooled.pooled_sum(self._crypto, self._packing.slots(width))
+        return self._packing.unpack(values, width)
 
     async def contribute(self, ctx: RoleContext, counts: np.ndarray) -> None:
         assert isinstance(self._crypto, PartyCrypto)
-        await pooled.send_sum(self._crypto, counts)
+        await pooled.send_sum(self._crypto, self._packing.pack(counts))
         self._owed = SEARCH_ROUND
 
     async def next_probe(self, ctx: RoleContext) -> RankProbe | RankDone:
@@ -145,11 +159,13 @@ class EncryptedCountAggregator:
         return await serve_phase(self._crypto, (RankProbe, RankDone), owed)
 
 
-async def kth_server(crypto: ServerCrypto, search: RankSearch) -> np.ndarray:
-    """Server: every target of ``search`` found, on encrypted pooled counts."""
-    return await search_server(crypto.rc, search, EncryptedCountAggregator(crypto))
+async def kth_server(crypto: ServerCrypto, search: RankSearch, count: np.ndarray
+                     ) -> np.ndarray:
+    """Server: every target of ``search`` found, on encrypted pooled counts (``count``:
+    n_g per feature, which bounds them)."""
+    return await search_server(crypto.rc, search, EncryptedCountAggregator(crypto, count))
 
 
-async def kth_party(crypto: PartyCrypto, columns: SortedColumns) -> None:
+async def kth_party(crypto: PartyCrypto, columns: SortedColumns, count: np.ndarray) -> None:
     """Party: answer the server's probes with encrypted counts until it is done."""
-    await search_party(crypto.rc, columns, EncryptedCountAggregator(crypto))
+    await search_party(crypto.rc, columns, EncryptedCountAggregator(crypto, count))

@@ -8,11 +8,12 @@ polynomial and no bootstrap; every decryption is a flooded sum of the parties' s
 count uploads (n_g with the first search round's counts, at an opening probe every role
 computes alone, :func:`~fednorm.protocols.rank.opening_probe`; then one per round).  An
 absolute ``epsilon`` stops a target once its bracket is that narrow (``relative_epsilon``
-has no range to apply to).  Each round probes
-``rank_probes`` points per target (default: as many as one ciphertext's slots hold, at
-most 255), so a target takes at most ⌈64 / log2(K + 1)⌉ rounds and reveals K pooled counts
-a round; a party refuses more points per feature (:func:`~fednorm.protocols.rank.
-probe_limit`) or more rounds (:func:`~fednorm.protocols.rank_rounds.unbounded_round_limit`).
+has no range to apply to).  Each round probes ``rank_probes`` points per target
+(default: as many counts as one ciphertext holds, packed several to a slot once n_g
+bounds them, :class:`~fednorm.protocols.ppf.pooled.CountPacking`; at most 255), so a
+target takes at most ⌈64 / log2(K + 1)⌉ rounds and reveals K pooled counts a round; a
+party refuses more points per feature (:func:`~fednorm.protocols.rank.probe_limit`) or
+more rounds (:func:`~fednorm.protocols.rank_rounds.unbounded_round_limit`).
 
 **Paper algorithm**, step by step with Algorithm 3:
 
@@ -84,9 +85,10 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 
 
 # -- default: the search from the whole float order ----------------------------------
-def default_probes(plan: QuantilePlan, options: FitOptions, slots: int) -> int:
-    """Points per target and round: ``rank_probes``, else as many as fit one ciphertext."""
-    return search_probes(options, len(plan.features), slots, default=MAX_RANK_PROBES)
+def default_probes(plan: QuantilePlan, options: FitOptions, capacity: int) -> int:
+    """Points per target and round: ``rank_probes``, else as many as fit one ciphertext
+    (``capacity`` counts: :func:`~.kth.probe_capacity`)."""
+    return search_probes(options, len(plan.features), capacity, default=MAX_RANK_PROBES)
 
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
@@ -94,10 +96,10 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
     count, opening, at_opening = await kth.reveal_counts_and_opening(crypto, options,
                                                                      QUARTILES)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
-    search = start_unbounded_search(plan, count, options,
-                                    default_probes(plan, options, crypto.ckks.slots))
+    probes = default_probes(plan, options, kth.probe_capacity(crypto, count))
+    search = start_unbounded_search(plan, count, options, probes)
     search.narrow(opening, at_opening)
-    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search))
+    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search, count))
 
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
@@ -109,9 +111,9 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNo
     count = await kth.share_counts_and_opening(crypto, X, columns, options, QUARTILES)
     plan = plan_quantiles(np.asarray(count, dtype=np.float64), QUARTILES,
                           options.quantile_rule)
-    probes = default_probes(plan, options, crypto.ckks.slots)
+    probes = default_probes(plan, options, kth.probe_capacity(crypto, count))
     columns.agree(probe_limit(probes, QUARTILES), unbounded_round_limit(probes))
-    await kth.kth_party(crypto, columns)
+    await kth.kth_party(crypto, columns, count)
     return await _finish_party(rc, X.shape[1])
 
 
@@ -137,8 +139,9 @@ async def paper_server(rc: RoleContext, options: FitOptions) -> RobustNormalizer
     count = await kth.reveal_pooled_counts(crypto)
     low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
-    search = start_search(plan, count, low, high, options, max_points=crypto.ckks.slots)
-    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search))
+    search = start_search(plan, count, low, high, options,
+                          max_points=kth.probe_capacity(crypto, count))
+    return await _finish_server(rc, plan, count, await kth.kth_server(crypto, search, count))
 
 
 async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
@@ -147,10 +150,10 @@ async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
     crypto = await setup_party(rc, options.preset, **ppf_minmax.setup_arguments(options),
                                **flooding_arguments(options))
     width = X.shape[1]
-    await kth.share_pooled_counts(crypto, feature_counts(X))
+    count = await kth.share_pooled_counts(crypto, feature_counts(X))
     low, high = await ppf_minmax.minmax_party(crypto, X, options)
     columns = SortedColumns(X, probe_limit(options_probes(options), QUARTILES), bounds=(low, high),
                             max_rounds=round_limit(low, high, options))
-    await kth.kth_party(crypto, columns)
+    await kth.kth_party(crypto, columns, count)
     return await _finish_party(rc, width)
 

@@ -61,10 +61,9 @@ PLAINTEXT = {"ppf_zscore.scales": ("scales",)}
 @message("ppf_zscore.encrypted_vector")
 class EncryptedVector(Message):
     """A party's per-feature vector, encrypted (possibly scaled by the server's scales):
-    a ciphertext, a signed input upload (relayed), or a signed sum upload with revealed
-    counts."""
+    a signed input upload (relayed), or a signed sum upload with revealed counts."""
 
-    values: openfhe.Ciphertext | InputUpload | SumUpload
+    values: InputUpload | SumUpload
 
 
 @message("ppf_zscore.scales")
@@ -218,14 +217,13 @@ class Passes:
     before the first pass (the ledger's count; none at all later, none with revealed
     counts, none where the inverse was computed earlier).
 
-    ``relayed``: numerators travel as input uploads the server relays to every party,
-    whose ``replay`` recomputes the passes (the paper's z-score and Yeo-Johnson; None
-    with ``FitOptions.replay`` off: taken on trust); otherwise as plain ciphertexts.
+    Over the encrypted inverse, numerators travel as input uploads the server relays to
+    every party, whose ``replay`` recomputes the passes (None with ``FitOptions.replay``
+    off: taken on trust).
     """
 
     revealed: bool = False
     inverse_bootstraps: int = 0
-    relayed: bool = False
     replay: QuotientReplay | None = None
 
     @property
@@ -233,7 +231,7 @@ class Passes:
         return COARSE_FLOODED if self.revealed else COARSE
 
     async def upload(self, crypto: PartyCrypto, values: np.ndarray
-                     ) -> openfhe.Ciphertext | InputUpload | SumUpload:
+                     ) -> InputUpload | SumUpload:
         if self.revealed:
             if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
                 raise InputError(
@@ -241,9 +239,7 @@ class Passes:
                     f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
                     "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
             return await crypto.encrypt_for_sum(values)
-        if self.relayed:
-            return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
-        return await crypto.encrypt(values, numerator_level(crypto.ckks))
+        return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
 
     async def send(self, crypto: PartyCrypto, values: np.ndarray) -> None:
         """``values`` to the server as this run's kind of :class:`EncryptedVector`."""
@@ -251,8 +247,7 @@ class Passes:
         await crypto.rc.send(SERVER, EncryptedVector(values=upload))
         await self.pooled(crypto, upload)
 
-    async def pooled(self, crypto: PartyCrypto,
-                     upload: openfhe.Ciphertext | InputUpload | SumUpload) -> None:
+    async def pooled(self, crypto: PartyCrypto, upload: InputUpload | SumUpload) -> None:
         """An input upload's relay, received and checked; its pool the next numerator of
         the replay (a sum upload is checked when it is decrypted)."""
         if isinstance(upload, InputUpload):
@@ -268,20 +263,13 @@ class Passes:
         allowance = allowance.with_bootstraps(self.inverse_bootstraps if first else 0)
         if self.revealed:
             return await serve_phase(crypto, expected, allowance.as_sums())
-        if not self.relayed:
-            return await serve_phase(crypto, expected, allowance)
         core = None if self.replay is None else self.replay.phase()
         msg, _ = await serve_replayed(crypto, core, expected, allowance)
         return msg
 
 
-ENCRYPTED = Passes()
-"""Numerators over an encrypted inverse computed before (no bootstraps in the passes)."""
-
-
 async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: int,
-                                 before: Allowance = NOTHING, passes: Passes = ENCRYPTED
-                                 ) -> None:
+                                 passes: Passes, before: Allowance = NOTHING) -> None:
     """Party side of a two-pass quotient, once ``local`` (its numerator) was sent: help
     decrypt the coarse pass (after ``before``, the decryptions the server makes first),
     re-encrypt scaled."""

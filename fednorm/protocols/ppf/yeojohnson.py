@@ -283,7 +283,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     crypto = await setup_party(rc, options.preset, **setup_arguments(options))
     crypto.require_pooled_count_within(feature_counts(X), options.max_count)
     flags, lambdas, pooled = await _search_party(crypto, X, options)
-    passes = Passes(relayed=True, replay=None if pooled is None else QuotientReplay(
+    passes = Passes(replay=None if pooled is None else QuotientReplay(
         crypto.ckks, X.shape[1], options.max_count,
         inverse=pooled.inverse.product(crypto.ckks)))
     result = await _moments_party(crypto, X, lambdas, flags, passes)

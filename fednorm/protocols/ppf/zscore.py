@@ -65,7 +65,6 @@ from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import require_counts_within
 from fednorm.protocols.ppf.driver import decrypted, run_core
 from fednorm.protocols.ppf.quotient import (
-    ENCRYPTED,
     PRECISE,
     Denominator,
     Passes,
@@ -229,7 +228,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     width = X.shape[1]
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
-    passes = Passes(revealed=counts_revealed(options), relayed=True)
+    passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
@@ -256,21 +255,21 @@ async def _replaying(crypto: PartyCrypto, sums: EncryptedSums, width: int,
                             partial(_inverse, crypto.ckks, count, width, options),
                             numerator=total)
     return Passes(inverse_bootstraps=inverse_plan(crypto.ckks, options).bootstraps,
-                  relayed=True, replay=replay if options.replay else None)
+                  replay=replay if options.replay else None)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
-                        passes: Passes = ENCRYPTED, before: Allowance = NOTHING) -> None:
+                        passes: Passes, before: Allowance = NOTHING) -> None:
     """Party side of :func:`pooled_moments`, once ``total`` (Σx) has been sent: the mean's
     two passes (after ``before``, the decryptions the server makes first), then
     ⟨Σ(x − μ)²⟩ and its two passes.  The variance's precise pass is decrypted before the
     result arrives (:data:`PRECISE` when awaiting it)."""
     width = X.shape[1]
-    await precise_quotient_party(crypto, total, width, before, passes)
+    await precise_quotient_party(crypto, total, width, passes, before)
     # The precise pass is decrypted before the mean arrives.
     mean = as_float_vector((await passes.serve(crypto, PpfMean, PRECISE)).mean,
                            width, "mean from the server")
     squared, _ = deviation_sums(X, mean)
     await passes.send(crypto, squared)
-    await precise_quotient_party(crypto, squared, width, passes=passes)
+    await precise_quotient_party(crypto, squared, width, passes)
 

@@ -119,7 +119,7 @@ def tcp_run(certs: Path, server, *,
 
     async def party(p: int, port: int) -> None:
         config = PartyConfig("127.0.0.1", port, p, certs, slow,
-                             allow_unchecked=p in allowing)
+                             allow_unflooded=p in allowing)
         try:
             await Party(config, tracer=watch).run(parts()[p - 1], ["a", "b"])
         except FednormError as exc:

@@ -37,7 +37,7 @@ from recording import KEY_SETUP_KINDS, Recorder, session_kinds
 
 from fednorm.engine.errors import InputError, PartyDropped, RunAborted
 from fednorm.flower import fitted_normalizer, normalize, register_party
-from fednorm.flower.client import ALLOW_UNCHECKED_KEY, CERTS_ENV, CERTS_KEY
+from fednorm.flower.client import ALLOW_UNFLOODED_KEY, CERTS_ENV, CERTS_KEY
 from fednorm.flower.localpipe import PIPE_DIR_ENV, array_to_wire, exchange
 from fednorm.protocols import FitOptions
 from fednorm.transport.tls import init_certs
@@ -131,7 +131,7 @@ def test_a_node_with_values_beyond_vabs_names_them_in_its_log_and_the_remedy_to_
     grid = loopback(load)
     for context in grid.contexts.values():
         context.node_config[CERTS_KEY] = str(certs)
-        context.node_config[ALLOW_UNCHECKED_KEY] = True
+        context.node_config[ALLOW_UNFLOODED_KEY] = True
     options = FitOptions(algorithm="paper", preset="test", vabs=(4e3,))
     with pytest.raises(RunAborted) as refused:
         normalize(grid, NODE_IDS, "minmax", "mhe", options, features=bcw_features())
@@ -294,7 +294,7 @@ def test_a_flower_session_of_several_ppf_methods_generates_the_joint_keys_once(
     grid = loopback(partition_of)
     for context in grid.contexts.values():  # each party signs its key shares
         context.node_config[CERTS_KEY] = str(certs)
-        context.node_config[ALLOW_UNCHECKED_KEY] = True
+        context.node_config[ALLOW_UNFLOODED_KEY] = True
     fitted = normalize(grid, NODE_IDS, ["zscore", "minmax"], "mhe", options, tracer=recorder)
     assert list(fitted.traffic) == ["keys-mhe", "zscore-mhe", "minmax-mhe"]
     kinds = session_kinds(recorder, "paper")  # every frame within its step's ledger
@@ -320,7 +320,7 @@ def test_a_node_joins_the_paper_algorithms_only_when_its_config_allows(
     grid = loopback(partition_of)
     for node, context in grid.contexts.items():
         context.node_config[CERTS_KEY] = str(certs)
-        context.node_config[ALLOW_UNCHECKED_KEY] = "true" if node != NODE_IDS[1] else "no"
+        context.node_config[ALLOW_UNFLOODED_KEY] = "true" if node != NODE_IDS[1] else "no"
     options = FitOptions(algorithm="paper", preset="test")
     with pytest.raises(PartyDropped, match="party 2 refused the session: zscore-mhe with "
                        "--algorithm paper decrypts without flooding"):

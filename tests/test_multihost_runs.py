@@ -158,7 +158,7 @@ async def test_a_tcp_session_of_several_ppf_methods_generates_the_joint_keys_onc
     runs: dict[int, PartyRun] = {}
 
     async def party(p: int, port: int) -> None:
-        config = PartyConfig("127.0.0.1", port, p, certs, slow, allow_unchecked=True)
+        config = PartyConfig("127.0.0.1", port, p, certs, slow, allow_unflooded=True)
         runs[p] = await Party(config, tracer=spy).run(arrays[p - 1], FEATURES)
 
     async with trio.open_nursery() as nursery:

@@ -35,7 +35,7 @@ from fednorm.multihost.files import (
 from fednorm.multihost.party import Party
 from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
-from fednorm.protocols.base import ALLOW_UNCHECKED, UNUSABLE_DATA
+from fednorm.protocols.base import ALLOW_UNFLOODED, UNUSABLE_DATA
 from fednorm.session import root_cause
 from fednorm.transport.tcp import parse_address
 from fednorm.transport.tls import init_certs
@@ -121,7 +121,7 @@ def party_command(args: argparse.Namespace) -> int:
     check_data_path(args.data)
     progress = progress_for(args, f"fednorm party {args.id}")
     party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args),
-                              allow_unchecked=args.allow_paper_algorithms),
+                              allow_unflooded=args.allow_paper_algorithms),
                   log=_logger(f"party {args.id}", progress), tracer=progress)
     try:
         data = load_party_data(args.data, args.target)
@@ -200,7 +200,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--data", type=Path, required=True, metavar="FILE.csv")
     party.add_argument("--target", help="target column (kept, not normalized)")
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
-    party.add_argument(ALLOW_UNCHECKED, action="store_true",
+    party.add_argument(ALLOW_UNFLOODED, action="store_true",
                        help="join a session running the paper's PPF algorithms "
                             "(--algorithm paper), whose decryptions this party does not "
                             "flood (it checks every request, but the server sees the "

@@ -65,7 +65,7 @@ CERTS_KEY = "fednorm-certs"
 CERTS_ENV = "FEDNORM_FLOWER_CERTS"
 # Node config: true to let this node's party join sessions of the paper's PPF algorithms,
 # whose decryptions it does not flood (refused by default).
-ALLOW_UNCHECKED_KEY = "fednorm-allow-paper-algorithms"
+ALLOW_UNFLOODED_KEY = "fednorm-allow-paper-algorithms"
 WORKER_START_SECONDS = 120.0
 # The worker answers once the party waits again; allow for the party's own work on top.
 _RELAY_MARGIN_SECONDS = 30.0
@@ -182,7 +182,7 @@ def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, objec
             "options": request.start.options, "timeout": request.timeout,
             "X": array_to_wire(X), "certs": None if certs is None else str(certs),
             "features": request.start.features,
-            "allow_unchecked": _true(context.node_config.get(ALLOW_UNCHECKED_KEY, False))}
+            "allow_unflooded": _true(context.node_config.get(ALLOW_UNFLOODED_KEY, False))}
 
 
 def _true(value: object) -> bool:

@@ -46,7 +46,7 @@ from fednorm.flower.localpipe import (
     receive_packet,
 )
 from fednorm.protocols import Normalizer
-from fednorm.protocols.base import check_party_data, options_from_wire, refuse_unchecked
+from fednorm.protocols.base import check_party_data, options_from_wire, refuse_unflooded
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -139,7 +139,7 @@ class Setup:
     timeout: float
     X: np.ndarray
     certs: str | None
-    allow_unchecked: bool = False
+    allow_unflooded: bool = False
     features: tuple[str, ...] | None = None
 
     @classmethod
@@ -150,7 +150,7 @@ class Setup:
                        tuple(map(str, setup["methods"])),
                        str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
                        array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]),
-                       setup.get("allow_unchecked") is True, optional_names(setup.get("features")))
+                       setup.get("allow_unflooded") is True, optional_names(setup.get("features")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed setup on the party pipe: {exc}") from None
 
@@ -273,7 +273,7 @@ class PartyWorker:
     async def _party_role(self, setup: Setup) -> list[Normalizer]:
         plan = SessionPlan(setup.methods, setup.privacy)
         options = options_from_wire(setup.options)
-        refuse_unchecked(setup.party, plan.protocols, options, setup.allow_unchecked)
+        refuse_unflooded(setup.party, plan.protocols, options, setup.allow_unflooded)
         keyring = party_keyring(Path(setup.certs), setup.party) if setup.certs else None
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)

@@ -82,7 +82,7 @@ class PartyConfig:
     key shares in a PPF session.  ``tls``: a TLS context of the caller's own (their
     PKI's settings; it must present party ``party``'s certificate from the federation's
     CA) in place of the one built from ``certs``; a plain session needs nothing else.
-    ``allow_unchecked``: join sessions whose protocols decrypt without flooding (the
+    ``allow_unflooded``: join sessions whose protocols decrypt without flooding (the
     paper's PPF algorithms: every request is checked, but the server sees the values
     with the ciphertexts' own noise); by default such a session is refused before any
     key is made."""
@@ -93,5 +93,5 @@ class PartyConfig:
     certs: Credentials | None
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_frame: int = DEFAULT_MAX_FRAME
-    allow_unchecked: bool = False
+    allow_unflooded: bool = False
     tls: ssl.SSLContext | None = None

@@ -39,7 +39,7 @@ from fednorm.protocols.base import (
     RejectedInput,
     check_party_data,
     options_from_wire,
-    refuse_unchecked,
+    refuse_unflooded,
 )
 from fednorm.session import (
     SessionPlan,
@@ -91,7 +91,7 @@ class Party:
                 (columns the federation does not share, values beyond V_abs); the server
                 learns only the category, before any protocol message.
             SessionRefused: the session runs the paper's PPF algorithms and
-                ``allow_unchecked`` is off (refused before any key is made).
+                ``allow_unflooded`` is off (refused before any key is made).
             ProtocolError: the server broke the protocol.
             PartyDropped: the server went away or stalled.
             RunAborted: another role stopped the run; the message says why.
@@ -110,7 +110,7 @@ class Party:
         try:
             plan, options = _agreed_plan(welcome)
             try:
-                refuse_unchecked(config.party, plan.protocols, options, config.allow_unchecked)
+                refuse_unflooded(config.party, plan.protocols, options, config.allow_unflooded)
             except SessionRefused as exc:
                 await _withdraw(link, str(exc), exc)
             await _check_or_withdraw(link, welcome.session, config.party, X, features,

@@ -167,10 +167,10 @@ def no_keys(options: FitOptions) -> dict[str, object]:
     return {}
 
 
-Unchecked = Callable[[FitOptions], bool]
+Unflooded = Callable[[FitOptions], bool]
 
 
-def every_request_checked(options: FitOptions) -> bool:
+def every_decryption_flooded(options: FitOptions) -> bool:
     """False: every request this kind's parties answer is one they recompute."""
     return False
 
@@ -186,7 +186,7 @@ class Kind:
     """One algorithm of a protocol, declared in one place: its two roles, the joint keys
     it needs (for a PPF session's one key setup), whether it needs an agreed V_abs, and
     whether, with given options, its parties help with decryptions they do not flood
-    (``unchecked``: each is checked against the party's own run of the server's step, but
+    (``unflooded``: each is checked against the party's own run of the server's step, but
     the server sees the ciphertext's own noise, so a multi-host party joins such a
     session only if its operator allows it)."""
 
@@ -194,7 +194,7 @@ class Kind:
     party: PartyRole
     key_needs: KeyNeeds = no_keys
     needs_vabs: bool = False
-    unchecked: Unchecked = every_request_checked
+    unflooded: Unflooded = every_decryption_flooded
 
 
 @dataclass(frozen=True)
@@ -226,9 +226,9 @@ class Protocol:
     def kind(self, options: FitOptions) -> Kind:
         return self.kinds[options.algorithm if self.privacy == "mhe" else "default"]
 
-    def unchecked(self, options: FitOptions) -> bool:
+    def unflooded(self, options: FitOptions) -> bool:
         """Whether, with ``options``, a party helps with decryptions it does not flood."""
-        return self.kind(options).unchecked(options)
+        return self.kind(options).unflooded(options)
 
     async def server(self, ctx: RoleContext, options: FitOptions) -> Normalizer:
         return await self.kind(options).server(ctx, options)
@@ -238,11 +238,11 @@ class Protocol:
         return await self.kind(options).party(ctx, X, options)
 
 
-ALLOW_UNCHECKED = "--allow-paper-algorithms"
+ALLOW_UNFLOODED = "--allow-paper-algorithms"
 """How a party's operator accepts protocols whose decryptions it does not flood."""
 
 
-def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOptions,
+def refuse_unflooded(party: int, protocols: Sequence[Protocol], options: FitOptions,
                      allowed: bool) -> None:
     """:class:`SessionRefused` if ``party`` may not join a run of ``protocols``.
 
@@ -250,13 +250,13 @@ def refuse_unchecked(party: int, protocols: Sequence[Protocol], options: FitOpti
     decryptions it does not flood (it recomputes each request, so a deviating server
     gets no other ciphertext decrypted, but the values carry the ciphertext's own noise,
     docs/LEAKAGE.md).  The reason names no data, so every role may report it."""
-    names = [p.name for p in protocols if p.unchecked(options)]
+    names = [p.name for p in protocols if p.unflooded(options)]
     if names and not allowed:
         raise SessionRefused(
             f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
             f"{options.algorithm} decrypts without flooding (docs/LEAKAGE.md); a party "
-            f"joins it only if its operator allows it (fednorm party {ALLOW_UNCHECKED}, "
-            "PartyConfig(allow_unchecked=True), or a Flower node's "
+            f"joins it only if its operator allows it (fednorm party {ALLOW_UNFLOODED}, "
+            "PartyConfig(allow_unflooded=True), or a Flower node's "
             "fednorm-allow-paper-algorithms)")
 
 

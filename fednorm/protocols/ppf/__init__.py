@@ -39,16 +39,16 @@ async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> 
 register("zscore", "mhe",
          Kind(_zscore_server, _zscore_party, zscore.setup_arguments),
          Kind(zscore.server, zscore.party, zscore.setup_arguments,
-              unchecked=zscore.unflooded_decryptions))
+              unflooded=zscore.unflooded_decryptions))
 register("minmax", "mhe",
          Kind(extremes.server, extremes.party, extremes.setup_arguments),
          Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True,
-              unchecked=some_decryptions_unflooded))
+              unflooded=some_decryptions_unflooded))
 register("robust", "mhe",
          Kind(robust.server, robust.party, robust.setup_arguments),
          Kind(robust.paper_server, robust.paper_party, minmax_layout.setup_arguments,
-              needs_vabs=True, unchecked=some_decryptions_unflooded))
+              needs_vabs=True, unflooded=some_decryptions_unflooded))
 register("yeojohnson", "mhe",
          Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
          Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,
-              needs_vabs=True, unchecked=some_decryptions_unflooded))
+              needs_vabs=True, unflooded=some_decryptions_unflooded))

@@ -24,7 +24,7 @@ from fednorm.protocols.base import agreed_width
 from fednorm.protocols.collective import setup_server
 from fednorm.protocols.plain.robust import QUARTILES
 from fednorm.protocols.ppf import quotient, zscore
-from fednorm.protocols.ppf.kth import pooled_counts, reveal_counts_and_opening
+from fednorm.protocols.ppf.kth import EncryptedCountAggregator, reveal_counts_and_opening
 from fednorm.protocols.rank import RankProbe
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks
@@ -80,14 +80,15 @@ def test_probe_points_sent_to_one_party_alone_are_refused(links: StarLinks) -> N
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, relinearize=False)
-        await reveal_counts_and_opening(crypto, options, QUARTILES)
+        count, _, _ = await reveal_counts_and_opening(crypto, options, QUARTILES)
+        counts = EncryptedCountAggregator(crypto, count)  # packed, as the parties send
         with rc.subprotocol("kth"):
             features = np.array([0, 1])
             for party in rc.parties:
                 point = 3.0 if party == 1 else np.inf
                 await rc.send(party, RankProbe(features=features,
                                                points=np.array([point, point])))
-            read["party 1 at or below 3"] = await pooled_counts(crypto, 2)
+            read["party 1 at or below 3"] = await counts.pooled(rc, 2)
         raise ProtocolError("the attacking server stops here")
 
     with pytest.raises(ProtocolError) as refusal:

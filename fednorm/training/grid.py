@@ -21,7 +21,7 @@ import io
 import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Literal
 
@@ -123,8 +123,10 @@ DATASETS: dict[str, DatasetDefaults] = {
                                select="f1"),
 }
 # Parkinson's split by patient is the main reading, the paper's row-random split the
-# "paper" one (fednorm.training.data); both share Parkinson's settings.
-DATASETS["parkinsons_patients"] = DATASETS["parkinsons"]
+# "paper" one (fednorm.training.data). By patient, the tuning rows chose the squared loss
+# at step 3e-3 (tuning R² -0.506 against -0.617 for the absolute loss the row-random
+# split still uses: every candidate scores below the tuning patients' mean).
+DATASETS["parkinsons_patients"] = replace(DATASETS["parkinsons"], regression_loss="mse")
 PRESETS: dict[str, tuple[str, ...]] = {
     "tabular": ("bcw", "hcv", "parkinsons_patients", "parkinsons"),
     "digits": ("digits",),

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from deviating import deviating
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fednorm.engine.errors import ProtocolError
 from fednorm.protocols import FitOptions
+from fednorm.protocols.collective import setup_party, setup_server
+from fednorm.protocols.normalizers import RobustNormalizer
+from fednorm.protocols.ppf import kth, pooled
+from fednorm.protocols.ppf.phases import serve_phase
 from fednorm.protocols.ppf.pooled import PACKED_BITS, CountPacking
-from fednorm.sim.federation import simulate
+from fednorm.sim.federation import run_federation, simulate
 
 
 @st.composite
@@ -87,3 +92,36 @@ def test_bcw_s_default_ppf_robust_search_takes_fewer_rounds(bcw) -> None:
     for got, want in zip((fitted.q1, fitted.median, fitted.q3), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert result.report.rounds <= 17, result.report.rounds
+
+
+async def test_a_pooled_sum_below_2_to_the_packed_bits_decrypts_to_its_integer() -> None:
+    """PACKED_BITS's margin, read where the server reads it: three parties upload
+    integers whose sum lies just below 2^40 in every slot; the flooded decryption is
+    within 1e-2 of it (a packed slot is rounded to the nearest integer, so 0.5 would be
+    wrong)."""
+    rng = np.random.default_rng(5)
+    slots = 2**13  # the test preset's
+    top = 2**PACKED_BITS
+    values = [rng.integers(top // 4, top // 3, size=slots).astype(np.float64)
+              for _ in range(3)]
+    read: list[np.ndarray] = []
+    nothing = RobustNormalizer(np.zeros(1), np.zeros(1), np.ones(1))
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, relinearize=False)
+        read.append(await pooled.pooled_sum(crypto))
+        await rc.broadcast(kth.PooledCounts(count=np.zeros(1)))
+        return nothing
+
+    async def party(rc, X, options):
+        crypto = await setup_party(rc, options.preset, relinearize=False)
+        await pooled.send_sum(crypto, values[rc.me - 1])
+        await serve_phase(crypto, kth.PooledCounts, kth.POOLED_COUNT)
+        return nothing
+
+    await run_federation(deviating("robust", server=server, party=party),
+                         [np.ones((2, 1))] * 3, FitOptions(preset="test"), timeout=300)
+    exact = np.sum(values, axis=0)
+    assert exact.max() < top
+    error = np.abs(read[0] - exact).max()
+    assert error < 1e-2, error

@@ -171,7 +171,7 @@ Unflooded = Callable[[FitOptions], bool]
 
 
 def every_decryption_flooded(options: FitOptions) -> bool:
-    """False: every request this kind's parties answer is one they recompute."""
+    """False: every decryption this kind's parties help with is one they flood."""
     return False
 
 

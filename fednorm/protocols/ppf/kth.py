@@ -77,14 +77,9 @@ class PooledCounts(Message):
     count: np.ndarray
 
 
-async def pooled_counts(crypto: ServerCrypto, width: int | None = None) -> np.ndarray:
-    """Server: the parties' counts, pooled and decrypted, rounded to integers."""
-    return np.rint(await pooled.pooled_sum(crypto, width))
-
-
 async def reveal_pooled_counts(crypto: ServerCrypto) -> np.ndarray:
-    """Server: n_g per feature, pooled, decrypted and broadcast."""
-    count = await pooled_counts(crypto)
+    """Server: n_g per feature, pooled, decrypted (rounded to integers) and broadcast."""
+    count = np.rint(await pooled.pooled_sum(crypto))
     await crypto.rc.broadcast(PooledCounts(count=count))
     return count
 

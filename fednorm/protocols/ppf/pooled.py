@@ -23,8 +23,8 @@ from fednorm.protocols.ledger import Allowance
 
 PACKED_BITS = 40
 """Integers a pooled sum's slot keeps exact: a decrypted slot is off by about 2^-50 of
-its value (measured through the real roles at the test and paper presets, P = 3 and 10:
-at most 1e-3 below 2^40, 0.28 below 2^48, more than 0.5 at 2^50)."""
+its value, so below 2^40 by about 1e-3, far from the 0.5 that would round it wrongly
+(tests/test_count_packing.py measures it through the real roles)."""
 
 POOLED_SUM = Allowance(sums=1)
 """One flooded decryption of one pooled sum."""

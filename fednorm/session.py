@@ -15,6 +15,7 @@ everyone stops promptly and names the same culprit.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -101,6 +102,12 @@ class SessionPlan:
         for method in self.methods:  # an unknown mode fails here, not mid-run
             self.lookup(method, self.privacy)
 
+    @classmethod
+    def of(cls, protocol: Protocol) -> SessionPlan:
+        """A session of ``protocol`` alone, keys included: its roles as given (a test's
+        deviating or failing role), not the registry's."""
+        return cls((protocol.method,), protocol.privacy, lambda method, privacy: protocol)
+
     @property
     def protocols(self) -> tuple[Protocol, ...]:
         return tuple(self.lookup(method, self.privacy) for method in self.methods)
@@ -131,7 +138,8 @@ ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far
 class StepContexts:
     """The :data:`ContextFor` of role ``me`` over the same links for a whole session:
     each step's context, made on the crypto the previous step left (and, for a party,
-    its ``keyring``); ``made`` keeps them, in order (their traffic)."""
+    its ``keyring``); ``made`` keeps them, in order (their traffic), ``started`` when
+    each step began (``time.perf_counter``)."""
 
     me: int
     links: Mapping[int, Link]
@@ -139,12 +147,16 @@ class StepContexts:
     timeout: float | None
     tracer: Tracer | Sequence[Tracer] | None = None
     keyring: Keyring | None = None
+    worker_limiter: trio.CapacityLimiter | None = None
     made: list[RoleContext] = field(default_factory=list)
+    started: list[float] = field(default_factory=list)
 
     def __call__(self, protocol: Protocol, crypto: Any) -> RoleContext:
+        self.started.append(time.perf_counter())
         self.made.append(role_context(self.me, self.links, self.session, protocol,
                                       timeout=self.timeout, tracer=self.tracer,
-                                      crypto=crypto, keyring=self.keyring))
+                                      crypto=crypto, worker_limiter=self.worker_limiter,
+                                      keyring=self.keyring))
         return self.made[-1]
 
 

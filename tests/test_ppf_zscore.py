@@ -88,14 +88,16 @@ def test_a_session_generates_the_joint_keys_once() -> None:
     rng = np.random.default_rng(7)
     parts = [rng.normal(5, 2, size=(10, 3)) for _ in range(3)]
     pooled = np.vstack(parts)
-    options = FitOptions(algorithm="paper", preset="test", reveal_counts=True)
-    session = simulate_session(parts, ["zscore", "zscore"], "mhe", options)
+    options = FitOptions(preset="test")
+    session = simulate_session(parts, ["zscore", "robust"], "mhe", options)
+    zscore, robust = (result.normalizer for result in session.results)
+    np.testing.assert_allclose(zscore.mean, pooled.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(zscore.var, pooled.var(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(robust.median, np.median(pooled, axis=0), rtol=1e-12)
     for result in session.results:
-        np.testing.assert_allclose(result.normalizer.mean, pooled.mean(axis=0), rtol=RTOL)
-        np.testing.assert_allclose(result.normalizer.var, pooled.var(axis=0), rtol=RTOL)
         assert "ckks.lead_keys" not in _kinds(result.report)
     assert "ckks.lead_keys" in _kinds(session.setup)
-    # reveal_counts: z-score multiplies nothing, so no relinearization round.
+    # Sums only: neither method multiplies, so no relinearization round.
     assert "ckks.relin_round2" not in _kinds(session.setup)
     alone = simulate(parts, "zscore", "mhe", options).report
     first = session.results[0].report

@@ -27,3 +27,64 @@ def test_role_contexts_are_built_only_by_the_session_module() -> None:
     builders = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                       if builds_a_role_context(path))
     assert builders == ["session.py"]
+
+
+def calls(path: Path, name: str) -> bool:
+    """Whether the module calls ``name(...)`` (by name or as an attribute)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            called = node.func
+            if (called.id if isinstance(called, ast.Name) else getattr(called, "attr", "")) \
+                    == name:
+                return True
+    return False
+
+
+def test_every_runner_plays_a_session_plan_and_only_the_session_runs_a_role() -> None:
+    """The simulation, the multi-host server and party and Flower's two sides all play
+    a SessionPlan with fednorm.session.play_session: one way through, whatever the
+    transport (a simulation that ran each protocol by itself was a second path)."""
+    modules = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
+    players = [m for m in modules if calls(PACKAGE / m, "play_session")]
+    assert players == ["flower/server.py", "flower/worker.py", "multihost/party.py",
+                       "multihost/server.py", "sim/federation.py"]
+    assert [m for m in modules if imports_from_session(PACKAGE / m, "play")] == []
+
+
+def imports_from_session(path: Path, name: str) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.module == "fednorm.session"
+               and any(alias.name == name for alias in node.names)
+               for node in ast.walk(ast.parse(path.read_text(), str(path))))
+
+
+def test_a_simulated_session_plays_every_step_over_one_set_of_links() -> None:
+    """Two methods over one star of links, opened once, each fitted as pooled."""
+    from contextlib import asynccontextmanager
+
+    import numpy as np
+    import trio
+
+    from fednorm.session import SessionPlan
+    from fednorm.sim.federation import play_federation
+    from fednorm.transport.memory import memory_star
+
+    opened = []
+
+    @asynccontextmanager
+    async def counting_star(party_ids):
+        opened.append(list(party_ids))
+        async with memory_star(party_ids) as ends:
+            yield ends
+
+    rng = np.random.default_rng(3)
+    parts = [rng.normal(2, 3, size=(n, 2)) for n in (4, 1, 6)]
+    session = trio.run(lambda: play_federation(SessionPlan(("zscore", "minmax"), "plain"),
+                                               parts, links=counting_star))
+    assert opened == [[1, 2, 3]]
+    pooled = np.vstack(parts)
+    zscore, minmax = (result.normalizer for result in session.results)
+    np.testing.assert_allclose(zscore.mean, pooled.mean(axis=0), rtol=1e-12)
+    np.testing.assert_array_equal(minmax.min, pooled.min(axis=0))
+    assert session.setup is None
+    assert all(result.report.rounds > 0 and result.report.seconds >= 0
+               for result in session.results)

@@ -22,10 +22,8 @@ from fednorm.protocols.methods import parse_methods as parse_method_list
 from fednorm.session import SessionPlan, check_options_used
 from fednorm.sim.csv_files import load_csv
 from fednorm.sim.federation import (
-    SessionResult,
     SimulationReport,
     SimulationResult,
-    simulate,
     simulate_session,
 )
 from fednorm.sim.partition import SplitSpec, partition
@@ -129,13 +127,8 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
     with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
         arrays = [p.X for p in parts]
-        if len(args.method) == 1:
-            session = SessionResult(None, [simulate(arrays, args.method[0], args.privacy, options,
-                                                    features=dataset.feature_names,
-                                                    tracer=progress)])
-        else:
-            session = simulate_session(arrays, args.method, args.privacy, options,
-                                       features=dataset.feature_names, tracer=progress)
+        session = simulate_session(arrays, args.method, args.privacy, options,
+                                   features=dataset.feature_names, tracer=progress)
         # The reference: the pooled rows the parties hold (a feature split adds noise).
         held = np.vstack(arrays)
         runs = [MethodRun(method, result, compare(result.normalizer,

@@ -23,19 +23,19 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.ckks import in_process_run
 from fednorm.engine.errors import InputError
-from fednorm.engine.runtime import SERVER, Link, RoleContext, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, TrafficStats, role_name
 from fednorm.engine.signing import Keyring, trusted_setup
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
-from fednorm.protocols.ppf.keys import setup_protocol
+from fednorm.protocols.methods import check_methods
 from fednorm.session import (
+    SessionPlan,
+    StepContexts,
     check_federation_data,
     check_fit_options,
-    check_no_overflow,
     check_party_inputs,
-    play,
-    role_context,
+    play_session,
     root_cause,
 )
 from fednorm.sim.tables import party_tables
@@ -88,86 +88,94 @@ class SimulationResult:
     report: SimulationReport
 
 
-@dataclass
-class FederationKeys:
-    """What each role kept from earlier protocol runs of one federation: its joint CKKS
-    keys (``RoleContext.crypto``), so a PPF protocol run after another reuses them
-    instead of generating new ones (:func:`fednorm.protocols.collective.reusable`)."""
-
-    by_role: dict[int, Any] = field(default_factory=dict)
-
-
 async def run_federation(
     protocol: Protocol,
+    party_data: Sequence[np.ndarray],
+    options: FitOptions | None = None,
+    **run: Any,
+) -> SimulationResult:
+    """Run ``protocol`` alone (its key setup included) with one party per array: a
+    :func:`play_federation` of :meth:`SessionPlan.of <fednorm.session.SessionPlan.of>`
+    ``protocol``, so its roles run as given (a test's deviating server, a bench's
+    protocol); ``run`` takes :func:`play_federation`'s keywords."""
+    session = await play_federation(SessionPlan.of(protocol), party_data, options, **run)
+    return session.results[0]
+
+
+async def play_federation(
+    plan: SessionPlan,
     party_data: Sequence[np.ndarray],
     options: FitOptions | None = None,
     *,
     timeout: float | None = 120.0,
     session: str | None = None,
-    keys: FederationKeys | None = None,
     features: Sequence[str] | None = None,
     tracer: Tracer | None = None,
     party_tracer: Tracer | None = None,
     keyrings: Mapping[int, Keyring] | None = None,
     links: StarLinks = memory_star,
-) -> SimulationResult:
-    """Run ``protocol`` with one party per array, all in this trio run, over ``links``
+) -> SessionResult:
+    """Play ``plan`` with one party per array, all in this trio run, over ``links``
     (memory channels by default; any transport a :data:`~fednorm.transport.memory.
     StarLinks` opens, e.g. TCP + TLS on the loopback in tests).
 
-    With ``keys`` (shared by several runs over the same party arrays) every role starts
-    with what it kept from the previous run and keeps what it holds after this one.
-    ``features`` names the columns in error messages; ``tracer`` sees what the server
-    does (its phases, crypto calls, and every frame it sends or receives, which is every
-    frame of the run), ``party_tracer`` what every party does.  Each party signs its key
-    shares with its ``keyrings`` entry (by default a fresh key each, every verification
-    key handed to every party here, not through the server: :func:`~fednorm.engine.
-    signing.trusted_setup`).
+    Every role plays :func:`~fednorm.session.play_session`, as a multi-host or Flower
+    role does, over one set of links for the whole session.  The data and options are
+    checked here, once, before any role starts.  ``features`` names the columns in error
+    messages; ``tracer`` sees what the server does (its phases, crypto calls, and every
+    frame it sends or receives, which is every frame of the run), ``party_tracer`` what
+    every party does.  Each party signs its key shares with its ``keyrings`` entry (by
+    default a fresh key each, every verification key handed to every party here, not
+    through the server: :func:`~fednorm.engine.signing.trusted_setup`).
     """
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
-    check_party_inputs(arrays, [protocol], options, features)
+    check_party_inputs(arrays, plan.protocols, options, features)
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     limiter = trio.CapacityLimiter(worker_threads())
     keyrings = trusted_setup(party_ids) if keyrings is None else keyrings
+    fitted: dict[int, list[Normalizer]] = {}
+    ended: dict[int, float] = {}
 
-    def context(me: int, ends: dict[int, Link], tracer: Tracer | None) -> RoleContext:
-        return role_context(me, ends, session, protocol, timeout=timeout, tracer=tracer,
-                            crypto=keys.by_role.get(me) if keys is not None else None,
-                            worker_limiter=limiter, keyring=keyrings.get(me))
-
-    results: dict[int, Normalizer] = {}
-
-    async def run_role(ctx: RoleContext, X: np.ndarray | None = None) -> None:
-        results[ctx.me] = await play(ctx, protocol, options, X)
+    async def play_role(contexts: StepContexts, X: np.ndarray | None = None) -> None:
+        fitted[contexts.me] = await play_session(contexts, plan, options, X, features)
+        ended[contexts.me] = time.perf_counter()
 
     async with links(party_ids) as (server_links, party_links):
-        server_ctx = context(SERVER, dict(server_links), tracer)
-        party_ctxs = {p: context(p, {SERVER: party_links[p]}, party_tracer)
-                      for p in party_ids}
-        started = time.perf_counter()
+        roles = {SERVER: StepContexts(SERVER, dict(server_links), session, timeout, tracer,
+                                      worker_limiter=limiter)}
+        roles.update({p: StepContexts(p, {SERVER: party_links[p]}, session, timeout,
+                                      party_tracer, keyrings.get(p), limiter)
+                      for p in party_ids})
         try:
             with in_process_run():  # a broadcast's readers share one parse of its bytes
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run_role, server_ctx)
+                    nursery.start_soon(play_role, roles[SERVER])
                     for party in party_ids:
-                        nursery.start_soon(run_role, party_ctxs[party], arrays[party - 1])
+                        nursery.start_soon(play_role, roles[party], arrays[party - 1])
         except BaseExceptionGroup as group:
             raise root_cause(group) from None
-        seconds = time.perf_counter() - started
-    if keys is not None:
-        keys.by_role[SERVER] = server_ctx.crypto
-        keys.by_role.update({p: party_ctxs[p].crypto for p in party_ids})
+    reports = step_reports(roles, ended)
+    setup = reports.pop(0) if plan.key_setup is not None else None
+    results = [SimulationResult(fitted[SERVER][i], {p: fitted[p][i] for p in party_ids},
+                                report) for i, report in enumerate(reports)]
+    return SessionResult(setup, results)
 
-    traffic = {role_name(SERVER): server_ctx.stats}
-    traffic.update({role_name(p): party_ctxs[p].stats for p in party_ids})
-    report = SimulationReport(server_ctx.stats.rounds, seconds, traffic)
-    if results[SERVER] is not None:  # the key-setup step fits nothing
-        check_no_overflow(results[SERVER], protocol.method, features)
-    named = {role: fitted if fitted is None else fitted.with_names(features)
-             for role, fitted in results.items()}
-    return SimulationResult(named[SERVER], {p: named[p] for p in party_ids}, report)
+
+def step_reports(roles: Mapping[int, StepContexts],
+                 ended: Mapping[int, float]) -> list[SimulationReport]:
+    """Each step's cost: the server's rounds, every role's traffic, and the wall time
+    from the first role starting the step to the last one done with it."""
+    server = roles[SERVER]
+    reports = []
+    for step, server_ctx in enumerate(server.made):
+        begun = min(role.started[step] for role in roles.values())
+        done = max(role.started[step + 1] if step + 1 < len(role.started) else ended[me]
+                   for me, role in roles.items())
+        traffic = {role_name(me): role.made[step].stats for me, role in roles.items()}
+        reports.append(SimulationReport(server_ctx.stats.rounds, done - begun, traffic))
+    return reports
 
 
 async def fit_federation(
@@ -214,17 +222,18 @@ async def fit_federation(
         ProtocolError: a role broke the protocol.
         PartyDropped: a role went away or stalled past ``timeout``.
     """
-    protocol = get_protocol(method, privacy)
+    plan = SessionPlan.of(get_protocol(method, privacy))
     tables = party_tables(party_data, features)
-    return await run_federation(protocol, tables.arrays, options, timeout=timeout,
-                                features=tables.features, tracer=tracer,
-                                party_tracer=party_tracer)
+    session = await play_federation(plan, tables.arrays, options, timeout=timeout,
+                                    features=tables.features, tracer=tracer,
+                                    party_tracer=party_tracer)
+    return session.results[0]
 
 
 @dataclass
 class SessionResult:
     """Several protocols over one federation: the key setup's cost (None in plain
-    mode), then each protocol's result, in the order asked."""
+    mode or for one method), then each protocol's result, in the order asked."""
 
     setup: SimulationReport | None
     results: list[SimulationResult]
@@ -245,33 +254,23 @@ async def fit_session(
     process, inside the caller's trio run (:func:`simulate_session` blocks until fitted,
     :func:`simulate_session_async` is awaited under trio or asyncio).
 
-    In ``mhe`` mode the joint keys are generated once, first, covering every method; each
-    protocol then reuses them, so its report holds its own cost only.  The arguments,
-    and the errors raised, are :func:`fit_federation`'s, with ``methods`` (a sequence of
-    method names) in place of ``method``.
+    The session is the one a multi-host or Flower run of ``methods`` plays
+    (:class:`~fednorm.session.SessionPlan`): with several methods in ``mhe`` mode the
+    joint keys are generated once, first, covering every method, and each protocol
+    reuses them, so its report holds its own cost only; a single method generates its
+    keys in its own run.  The arguments, and the errors raised, are
+    :func:`fit_federation`'s, with ``methods`` (a sequence of method names) in place of
+    ``method``.
 
     Returns:
-        A :class:`SessionResult`: the key setup's cost (``None`` in plain mode), then one
-        :class:`SimulationResult` per method, in the order asked.
+        A :class:`SessionResult`: the key setup's cost (``None`` in plain mode or for one
+        method), then one :class:`SimulationResult` per method, in the order asked.
     """
-    protocols = [get_protocol(method, privacy) for method in methods]
+    plan = SessionPlan(check_methods(tuple(methods), methods), privacy)
     tables = party_tables(party_data, features)
-    party_data, features = tables.arrays, tables.features
-    check_party_inputs(check_federation_data(party_data), protocols,
-                       check_fit_options(options or FitOptions()), features)
-    keys = FederationKeys()
-    keyrings = trusted_setup(range(1, len(party_data) + 1))
-    setup = None
-    if privacy == "mhe":
-        step = setup_protocol([p.method for p in protocols])
-        setup = (await run_federation(step, party_data, options, timeout=timeout,
-                                      keys=keys, tracer=tracer, party_tracer=party_tracer,
-                                      keyrings=keyrings)).report
-    results = [await run_federation(protocol, party_data, options, timeout=timeout,
-                                    keys=keys, features=features, tracer=tracer,
-                                    party_tracer=party_tracer, keyrings=keyrings)
-               for protocol in protocols]
-    return SessionResult(setup, results)
+    return await play_federation(plan, tables.arrays, options, timeout=timeout,
+                                 features=tables.features, tracer=tracer,
+                                 party_tracer=party_tracer)
 
 
 def blocking(trio_native: Callable[P, Awaitable[R]], name: str) -> Callable[P, R]:

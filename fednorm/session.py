@@ -336,15 +336,15 @@ def check_party_inputs(arrays: Sequence[np.ndarray], protocols: Sequence[Protoco
     not asking for an ε finer than its values resolve."""
     for protocol in protocols:
         for X in arrays:
-            if features is not None:  # unnamed, the protocol's own check numbers them
-                check_within_vabs(X, protocol, options, features)
+            check_within_vabs(X, protocol, options, features)
             check_epsilon_reachable(X, protocol, options, features)
 
 
 def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
                       features: Sequence[str] | None = None) -> None:
     """A party's values against the agreed V_abs, before anything is encrypted, with the
-    offending features named (the protocols' own check can only number them)."""
+    offending features named (by their columns' names, else "feature 1"..): the one
+    place the values meet V_abs, run at each entry point's edge, once per session."""
     if not needs_vabs(protocol, options):
         return
     width = X.shape[1]

@@ -88,3 +88,14 @@ def test_a_simulated_session_plays_every_step_over_one_set_of_links() -> None:
     assert session.setup is None
     assert all(result.report.rounds > 0 and result.report.seconds >= 0
                for result in session.results)
+
+
+def test_party_data_is_checked_at_the_edges_only() -> None:
+    """Each entry point checks a party's data once, before its session (the simulation
+    every party's, a multi-host or Flower party its own); no protocol role checks it
+    again, and the values against V_abs are checked by the session layer alone."""
+    modules = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
+    checkers = [m for m in modules if calls(PACKAGE / m, "check_party_data")]
+    assert checkers == ["flower/client.py", "flower/worker.py", "multihost/files.py",
+                        "multihost/party.py", "protocols/base.py", "session.py"]
+    assert [m for m in modules if calls(PACKAGE / m, "check_within_vabs")] == ["session.py"]

@@ -344,16 +344,6 @@ def check_party_data(X: np.ndarray) -> np.ndarray:
     return X
 
 
-def require_within_vabs(X: np.ndarray, vabs: np.ndarray) -> None:
-    """InputError (before any encryption) if a feature holds a value beyond its agreed
-    bound; features are numbered from 1, as a user counts columns."""
-    beyond = np.nanmax(np.abs(X), axis=0, initial=0.0) > vabs
-    if beyond.any():
-        numbers = ", ".join(str(j + 1) for j in np.flatnonzero(beyond))
-        raise InputError(f"features {numbers} (numbered from 1) hold values beyond the "
-                         "agreed bound vabs")
-
-
 def feature_counts(X: np.ndarray) -> np.ndarray:
     """Per-feature number of present (non-NaN) values."""
     return np.sum(~np.isnan(X), axis=0).astype(np.float64)

@@ -14,7 +14,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     Kind,
-    check_party_data,
     gathered_vectors,
     register,
     register_local,
@@ -63,7 +62,7 @@ async def server(ctx: RoleContext, options: FitOptions) -> MinMaxNormalizer:
 
 
 async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> MinMaxNormalizer:
-    low, high = local_extremes(check_party_data(X))
+    low, high = local_extremes(X)
     await ctx.send(SERVER, LocalExtremes(min=low, max=high))
     result = await ctx.receive(SERVER, MinMaxResult)
     return MinMaxNormalizer(result.min, result.max)

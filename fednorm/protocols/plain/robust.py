@@ -15,7 +15,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     Kind,
-    check_party_data,
     feature_counts,
     gathered_vectors,
     register,
@@ -72,7 +71,6 @@ async def server(ctx: RoleContext, options: FitOptions) -> RobustNormalizer:
 
 
 async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
-    X = check_party_data(X)
     low, high = local_extremes(X)
     await ctx.send(SERVER, LocalSummary(count=feature_counts(X), min=low, max=high))
     await kth.kth_party(ctx, SortedColumns(X, probe_limit(options_probes(options), QUARTILES)))

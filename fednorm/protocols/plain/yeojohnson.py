@@ -64,7 +64,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     Kind,
-    check_party_data,
     feature_counts,
     gathered_vectors,
     register,
@@ -335,7 +334,6 @@ async def server(ctx: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
 
 
 async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
-    X = check_party_data(X)
     columns = PartyColumns(X)
     await ctx.send(SERVER, columns.summary())
     rounds = 0

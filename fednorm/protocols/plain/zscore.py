@@ -17,7 +17,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     Kind,
-    check_party_data,
     feature_counts,
     gathered_vectors,
     register,
@@ -97,7 +96,6 @@ async def server(ctx: RoleContext, options: FitOptions) -> ZScoreNormalizer:
 
 
 async def party(ctx: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNormalizer:
-    X = check_party_data(X)
     await ctx.send(SERVER, LocalSums(count=feature_counts(X), total=np.nansum(X, axis=0)))
     mean = (await ctx.receive(SERVER, GlobalMean)).mean
     squared, linear = deviation_sums(X, mean)

@@ -14,7 +14,7 @@ import numpy as np
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError
-from fednorm.protocols.base import FitOptions, feature_counts, require_within_vabs
+from fednorm.protocols.base import FitOptions, feature_counts
 
 
 def vabs_vector(options: FitOptions, width: int) -> np.ndarray:
@@ -28,13 +28,6 @@ def vabs_vector(options: FitOptions, width: int) -> np.ndarray:
     if not np.all(np.isfinite(vabs) & (vabs > 0)):
         raise InputError("vabs values must be positive and finite")
     return np.broadcast_to(vabs, (width,)).copy()
-
-
-def require_within_agreed_bound(X: np.ndarray, options: FitOptions) -> np.ndarray:
-    """V_abs per feature, once every value of ``X`` is known to lie within it."""
-    vabs = vabs_vector(options, X.shape[1])
-    require_within_vabs(X, vabs)
-    return vabs
 
 
 def require_counts_within(X: np.ndarray, options: FitOptions) -> None:

@@ -50,7 +50,7 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols import float_order
-from fednorm.protocols.base import FitOptions, agreed_width, check_party_data
+from fednorm.protocols.base import FitOptions, agreed_width
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
@@ -271,7 +271,6 @@ def _as_bits(values: np.ndarray) -> np.ndarray:
 # -- party ----------------------------------------------------------------------------------
 async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A party's side of the search after key setup: returns (min, max) per feature."""
-    X = check_party_data(X)
     require_levels_for(crypto.ckks, crypto.n_parties)
     rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.slots)
     tops = local_tops(X)
@@ -316,7 +315,6 @@ async def server(rc: RoleContext, options: FitOptions) -> MinMaxNormalizer:
 
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> MinMaxNormalizer:
-    X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
     low, high = await extremes_party(crypto, X)

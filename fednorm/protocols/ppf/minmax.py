@@ -57,7 +57,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     agreed_width,
-    check_party_data,
 )
 from fednorm.protocols.collective import (
     PartyCrypto,
@@ -68,7 +67,6 @@ from fednorm.protocols.collective import (
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
-from fednorm.protocols.ppf import checks
 from fednorm.protocols.ppf.checks import vabs_vector
 from fednorm.protocols.ppf.driver import decrypted, planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
@@ -129,11 +127,11 @@ PAPER_LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT}, algorithm="
 
 # -- setup and input -------------------------------------------------------------------------
 def check_minmax_input(X: np.ndarray, options: FitOptions) -> np.ndarray:
-    """Reject, before any encryption, data beyond V_abs (or a missing V_abs)."""
-    X = check_party_data(X)
+    """Reject, before any encryption, a V_abs (or its absence) or precision settings the
+    search cannot run on.  The values against V_abs were checked at the session's edge
+    (:func:`fednorm.session.check_within_vabs`), with the features named."""
     vabs_vector(options, X.shape[1])
     MinMaxSettings.from_options(options)
-    checks.require_within_agreed_bound(X, options)
     return X
 
 

@@ -42,7 +42,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     MAX_RANK_PROBES,
     FitOptions,
-    check_party_data,
     feature_counts,
 )
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
@@ -103,7 +102,6 @@ async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
 
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> RobustNormalizer:
-    X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
     # The opening (this party's own probe) is the search's first round: it counts.

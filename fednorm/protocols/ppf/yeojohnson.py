@@ -69,7 +69,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     agreed_width,
-    check_party_data,
     feature_counts,
 )
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto, setup_party, setup_server
@@ -177,11 +176,11 @@ class PpfYeoJohnsonResult(Message):
 
 
 def check_ppf_yeojohnson_input(X: np.ndarray, options: FitOptions) -> np.ndarray:
-    """Reject, before any encryption: no V_abs, data beyond it, too many values/features."""
-    X = check_party_data(X)
+    """Reject, before any encryption: no V_abs or one too large, too many values or
+    features (the values against V_abs were checked at the session's edge,
+    :func:`fednorm.session.check_within_vabs`)."""
     if np.any(checks.vabs_vector(options, X.shape[1]) > MAX_TRANSFORMED):
         raise InputError(f"PPF Yeo-Johnson supports vabs up to 2^40 ({MAX_TRANSFORMED:.3g})")
-    checks.require_within_agreed_bound(X, options)
     checks.require_counts_within(X, options)
     probe_count(X.shape[1], ckks.get_preset(options.preset).slots)
     sign_plan(options)

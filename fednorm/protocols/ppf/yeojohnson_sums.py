@@ -42,7 +42,7 @@ import numpy as np
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import FitOptions, check_party_data, feature_counts
+from fednorm.protocols.base import FitOptions, feature_counts
 from fednorm.protocols.collective import (
     ServerCrypto,
     flooding_arguments,
@@ -252,7 +252,6 @@ def require_grid(lambdas: np.ndarray, round_number: int) -> None:
 
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
-    X = check_party_data(X)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
     low, high = await extremes.extremes_party(crypto, X)

@@ -47,7 +47,6 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
     FitOptions,
     agreed_width,
-    check_party_data,
     feature_counts,
 )
 from fednorm.protocols.collective import (
@@ -122,7 +121,6 @@ class PpfZScoreResult(Message):
 
 def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
     """Reject, before any encryption, data the encrypted pipeline cannot carry."""
-    X = check_party_data(X)
     if np.nanmax(np.abs(X), initial=0.0) > MAX_ABS_VALUE:
         raise InputError(f"PPF z-score supports |x| ≤ 2^40 ({MAX_ABS_VALUE:.3g})")
     require_counts_within(X, options)

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import pytest
 import trio
 
-from fednorm.engine.ckks.cores import dry_run, pairwise
-from fednorm.protocols.ppf.driver import Decrypt, decrypted, run_core
+from fednorm.engine.ckks.cores import Decrypt, Refresh, decrypted, dry_run, pairwise
+from fednorm.protocols.ppf.driver import Replay, planned_requests, run_core
 
 
 class FakeContext:
@@ -62,11 +62,11 @@ async def test_a_core_runs_off_the_event_loop_and_its_requests_in_order() -> Non
 
     def core():
         threads.append(_on_main_thread())
-        fresh = yield "a"
+        fresh = yield Refresh("a")
         threads.append(_on_main_thread())
         values = yield from decrypted(fresh, 2)
         threads.append(_on_main_thread())
-        again = yield "b"
+        again = yield Refresh("b")
         return fresh, values, again
 
     crypto = FakeCrypto()
@@ -83,7 +83,7 @@ async def test_a_core_runs_off_the_event_loop_and_its_requests_in_order() -> Non
 
 async def test_a_core_that_fails_fails_its_caller() -> None:
     def core():
-        yield "a"
+        yield Refresh("a")
         raise ValueError("bad level")
 
     with pytest.raises(ValueError, match="bad level"):
@@ -100,7 +100,7 @@ def test_pairwise_prepares_every_item_each_round_then_combines_in_pairs() -> Non
 
     def prepare(item):
         log.append(f"prepare {item}")
-        return (yield item)
+        return (yield Refresh(item))
 
     def combine(a, b):
         log.append(f"combine {a} {b}")
@@ -112,3 +112,20 @@ def test_pairwise_prepares_every_item_each_round_then_combines_in_pairs() -> Non
     assert log == ["prepare a", "prepare b", "prepare c", "combine x x",
                    "prepare xx", "prepare x", "combine x x"]
     assert (total, requests) == ("xx", 5)
+
+
+def test_every_driver_refuses_a_yield_that_is_not_a_core_request() -> None:
+    """A core's requests are one typed union: a bare ciphertext (what cores yielded for
+    a refresh before) is not taken for a bootstrap by the server's driver, a party's
+    replay or the request planner."""
+    def core():
+        yield "a ciphertext"
+
+    with pytest.raises(TypeError, match="yielded str, not a Refresh or a Decrypt"):
+        trio.run(run_core, FakeCrypto(), core(), "step")
+    with pytest.raises(TypeError, match="yielded str"):
+        planned_requests(core())
+    party = FakeCrypto()
+    party.rc.in_phase = True  # a party checks a request inside the server's phase
+    with pytest.raises(TypeError, match="yielded str"):
+        trio.run(Replay(core()).check, party, object())

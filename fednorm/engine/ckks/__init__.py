@@ -66,7 +66,7 @@ from fednorm.engine.ckks.levels import (
     LevelArithmetic,
     LevelBudgetError,
     Levels,
-    Refresh,
+    Refresher,
     consumed_levels,
     levels_left,
 )
@@ -113,7 +113,7 @@ __all__ = [
     "PublicKeyAggregate",
     "PublicKeyGen",
     "PublicKeyShare",
-    "Refresh",
+    "Refresher",
     "RelinKeyGen",
     "RelinShare",
     "RotationKeyGen",

@@ -61,7 +61,7 @@ import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.cores import Core, drive, fully_refreshed, pairwise, refreshed
-from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresher
 from fednorm.engine.errors import InputError
 
 Coefficients = tuple[float, ...]
@@ -345,41 +345,41 @@ def fold_maximum_core(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, ste
 
 
 # -- the same, driven by an async refresh callback (tests, local runs) ---------------------
-async def step(ctx: CkksContext, t: openfhe.Ciphertext, refresh: Refresh, plan: ComparePlan,
+async def step(ctx: CkksContext, t: openfhe.Ciphertext, refresh: Refresher, plan: ComparePlan,
                *, end_level: int) -> openfhe.Ciphertext:
     """:func:`step_core`, each refresh awaited."""
     return await drive(step_core(ctx, t, plan, end_level=end_level), refresh)
 
 
 async def maximum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                  refresh: Refresher, plan: ComparePlan, *, bound: float = 1.0
                   ) -> openfhe.Ciphertext:
     """:func:`maximum_core`, each refresh awaited."""
     return await drive(maximum_core(ctx, a, b, plan, bound=bound), refresh)
 
 
 async def minimum(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                  refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                  refresh: Refresher, plan: ComparePlan, *, bound: float = 1.0
                   ) -> openfhe.Ciphertext:
     """Slot-wise min(a, b) for |a|, |b| ≤ ``bound`` (see :func:`maximum_core`)."""
     return (await max_and_min(ctx, a, b, refresh, plan, bound=bound))[1]
 
 
 async def max_and_min(ctx: CkksContext, a: openfhe.Ciphertext, b: openfhe.Ciphertext,
-                      refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0
+                      refresh: Refresher, plan: ComparePlan, *, bound: float = 1.0
                       ) -> tuple[openfhe.Ciphertext, openfhe.Ciphertext]:
     """:func:`max_and_min_core`, each refresh awaited."""
     return await drive(max_and_min_core(ctx, a, b, plan, bound=bound), refresh)
 
 
-async def tree_maximum(ctx: CkksContext, cts: Sequence[openfhe.Ciphertext], refresh: Refresh,
+async def tree_maximum(ctx: CkksContext, cts: Sequence[openfhe.Ciphertext], refresh: Refresher,
                        plan: ComparePlan, *, bound: float = 1.0) -> openfhe.Ciphertext:
     """:func:`tree_maximum_core`, each refresh awaited."""
     return await drive(tree_maximum_core(ctx, cts, plan, bound=bound), refresh)
 
 
 async def fold_maximum(ctx: CkksContext, ct: openfhe.Ciphertext, stride: int, steps: int,
-                       refresh: Refresh, plan: ComparePlan, *, bound: float = 1.0,
+                       refresh: Refresher, plan: ComparePlan, *, bound: float = 1.0,
                        keys: Sequence[int] | None = None) -> openfhe.Ciphertext:
     """:func:`fold_maximum_core`, each refresh awaited."""
     return await drive(fold_maximum_core(ctx, ct, stride, steps, plan, bound=bound,

@@ -2,12 +2,12 @@
 
 A deep computation (an inverse, a comparison, a tree of them) runs out of levels and
 needs the federation to refresh a ciphertext (a collective bootstrap: a network round).
-Written as a generator, it *yields* the ciphertext to refresh and is resumed with the
-fresh one; it never awaits anything, so the caller decides where the arithmetic runs
-(the PPF protocols run it in a worker thread, off the event loop, and answer each
-request with a collective round: :mod:`fednorm.protocols.ppf.driver`).  A core may yield
-other requests too (a protocol's core asks for decryptions); the engine's cores only
-ever yield ciphertexts to refresh.
+Written as a generator, it *yields* a :class:`Refresh` of the ciphertext and is resumed
+with the fresh one; it never awaits anything, so the caller decides where the arithmetic
+runs (the PPF protocols run it in a worker thread, off the event loop, and answer each
+request with a collective round: :mod:`fednorm.protocols.ppf.driver`).  A protocol's
+core also yields :class:`Decrypt` (a collective decryption; the engine's own cores
+never do): the two make :data:`CoreRequest`, which every driver matches on.
 
 ``x = yield from core`` composes cores; :func:`drive` runs one with an async ``refresh``
 callback, on the caller's task (tests, local runs).  A core touches ciphertexts only
@@ -18,18 +18,52 @@ through its context, so it also runs on level counts
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.levels import LevelBudgetError, Refresh
+from fednorm.engine.ckks.levels import LevelBudgetError, Refresher
 from fednorm.engine.errors import InputError
 
 T = TypeVar("T")
 
-Core = Generator[Any, Any, T]
-"""A crypto core returning T: yields requests (a ciphertext: refresh it), gets answers."""
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """A core's request: ``ct`` at the full level budget (a collective bootstrap); the
+    core is resumed with the fresh ciphertext (on level counts: a count)."""
+
+    ct: Any
+
+
+@dataclass(frozen=True)
+class Decrypt:
+    """A core's request: the first ``width`` slots of ``ct``, decrypted collectively; the
+    core is resumed with the values."""
+
+    ct: openfhe.Ciphertext
+    width: int
+
+
+CoreRequest = Refresh | Decrypt
+"""What a core may yield."""
+
+Core = Generator[CoreRequest, Any, T]
+r"""A crypto core returning T: yields :data:`CoreRequest`\ s, is resumed with answers."""
+
+
+def decrypted(ct: openfhe.Ciphertext, width: int) -> Core[Any]:
+    """Inside a core: ``values = yield from decrypted(ct, width)``."""
+    return (yield Decrypt(ct, width))
+
+
+def unexpected(request: object) -> TypeError:
+    """The error for a yielded value that is not a :data:`CoreRequest`."""
+    return TypeError(f"a crypto core yielded {type(request).__name__}, not a Refresh or a "
+                     "Decrypt")
 
 
 def refreshed(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int
@@ -50,7 +84,7 @@ def refreshed(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int
         raise LevelBudgetError(
             f"ciphertext consumed {ctx.consumed(ct)} levels, past the bootstrap budget "
             f"{budget}: it can no longer be refreshed")
-    fresh = yield ct
+    fresh = yield Refresh(ct)
     if ctx.levels_left(fresh) < needed:
         raise LevelBudgetError(
             f"refresh returned a ciphertext with {ctx.levels_left(fresh)} levels left, "
@@ -62,24 +96,29 @@ def fully_refreshed(ctx: CkksContext, ct: openfhe.Ciphertext) -> Core[openfhe.Ci
     """``ct`` refreshed to the full budget (one request), whatever it has left."""
     if ctx.levels_left(ct) < 0:
         raise LevelBudgetError("ciphertext is past the bootstrap budget")
-    fresh = yield ct
+    fresh = yield Refresh(ct)
     if ctx.consumed(fresh) != 0:
         raise LevelBudgetError("refresh did not return a fresh ciphertext")
     return fresh
 
 
-async def drive(core: Core[T], refresh: Refresh) -> T:
-    """Run ``core`` here, answering each request with ``await refresh(ciphertext)``."""
+async def drive(core: Core[T], refresh: Refresher) -> T:
+    """Run ``core`` here, answering each :class:`Refresh` with ``await refresh(ct)``
+    (an engine core asks for nothing else)."""
     try:
         request = core.send(None)
         while True:
-            request = core.send(await refresh(request))
+            match request:
+                case Refresh(ct):
+                    request = core.send(await refresh(ct))
+                case _:
+                    raise unexpected(request)
     except StopIteration as done:
         return done.value
 
 
 async def ensure_levels(ctx: CkksContext, ct: openfhe.Ciphertext, needed: int,
-                        refresh: Refresh) -> openfhe.Ciphertext:
+                        refresh: Refresher) -> openfhe.Ciphertext:
     """:func:`refreshed` with the refresh answered by ``await refresh(ct)``."""
     return await drive(refreshed(ctx, ct, needed), refresh)
 

@@ -39,15 +39,14 @@ converges more slowly; above hi (y < -1) it diverges, so hi must be a true upper
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.cores import Core, drive, dry_run, fully_refreshed
-from fednorm.engine.ckks.levels import Refresh
+from fednorm.engine.ckks.cores import Core, Refresh, drive, dry_run, fully_refreshed
+from fednorm.engine.ckks.levels import Refresher
 from fednorm.engine.errors import InputError
 
 COUNT_RANGE = (1.0, float(2**20))
@@ -261,21 +260,22 @@ class _Goldschmidt:
 
 
 def _iterate(ops: _Ops, x: Any, sch: _Schedule, budget: int, out_limit: int,
-             out_scale: float) -> Generator[Any, Any, Any]:
-    """The iteration; yields a value whenever it must be refreshed, gets it back fresh.
+             out_scale: float) -> Core[Any]:
+    """The iteration; yields a :class:`Refresh` of a value whenever it must be refreshed
+    (a ciphertext, or on level counts a count), gets it back fresh.
 
     The output constant sigma_K * out_scale / hi is applied at the end (one level) — or,
     when that level would cost an extra refresh, folded into ``a`` at the start of the
     last segment, where it costs no level (``a`` waits a level for ``u`` there anyway).
     """
     if ops.consumed(x) + 3 > budget:  # room for one restart (2 levels) and one product
-        x = yield x
+        x = yield Refresh(x)
     sigma_end = sch.sigma0 * math.prod(sch.sigma_step(j) for j in range(sch.doublings))
     out_factor = sigma_end * out_scale / sch.hi  # output = out_factor * a_K (unfolded a)
     run = _Goldschmidt.start(ops, x, sch, out_limit, out_factor)
     while run.k < sch.doublings:
         if run.next_level() > budget:
-            run.a = yield run.a
+            run.a = yield Refresh(run.a)
             run.remeasure(budget)
             run.fold_if_free(out_limit, out_factor)
         else:
@@ -284,7 +284,7 @@ def _iterate(ops: _Ops, x: Any, sch: _Schedule, budget: int, out_limit: int,
         return run.a
     a = run.a
     if ops.consumed(a) + 1 > out_limit:
-        a = yield a
+        a = yield Refresh(a)
     return ops.scale(a, out_factor)
 
 
@@ -337,13 +337,13 @@ def inverse_core(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RAN
     try:
         request = gen.send(None)
         while True:
-            request = gen.send((yield from fully_refreshed(ctx, request)))
+            request = gen.send((yield from fully_refreshed(ctx, request.ct)))
     except StopIteration as done:
         return done.value
 
 
 async def inverse(ctx: CkksContext, ct: openfhe.Ciphertext, lo: float = COUNT_RANGE[0],
-                  hi: float = COUNT_RANGE[1], refresh: Refresh | None = None, *,
+                  hi: float = COUNT_RANGE[1], refresh: Refresher | None = None, *,
                   rel_tol: float = 1e-6, out_scale: float = 1.0,
                   keep_levels: int = 0) -> openfhe.Ciphertext:
     """:func:`inverse_core`, each refresh awaited: ``refresh`` is the collective

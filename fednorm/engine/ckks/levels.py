@@ -20,7 +20,7 @@ import openfhe
 
 from fednorm.engine.errors import ProtocolError
 
-Refresh = Callable[[openfhe.Ciphertext], Awaitable[openfhe.Ciphertext]]
+Refresher = Callable[[openfhe.Ciphertext], Awaitable[openfhe.Ciphertext]]
 """An async collective bootstrap: takes a ciphertext, returns it at full level budget."""
 
 

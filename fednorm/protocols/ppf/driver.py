@@ -2,8 +2,9 @@
 encrypted computations meet the network.
 
 A core (:mod:`fednorm.engine.ckks.cores`) is synchronous code that yields what it needs
-from the federation: a ciphertext to refresh (a collective bootstrap) or a
-:class:`Decrypt` request (a collective decryption).  :func:`run_core` runs the core's
+from the federation, a :data:`~fednorm.engine.ckks.cores.CoreRequest`: a ``Refresh``
+(a collective bootstrap) or a ``Decrypt`` (a collective decryption); the driver, and a
+party's :class:`Replay`, match on it.  :func:`run_core` runs the core's
 arithmetic between two requests in a worker thread (``RoleContext.run_sync``), so the
 event loop stays free for the parties' frames, and answers each request with one round
 of :class:`~fednorm.protocols.collective.ServerCrypto`, in the order the core asks.
@@ -17,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks.cores import Core
+from fednorm.engine.ckks.cores import Core, CoreRequest, Decrypt, Refresh, unexpected
 from fednorm.engine.ckks.levels import Levels
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message
@@ -37,23 +37,10 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Decrypt:
-    """A core's request: the first ``width`` slots of ``ct``, decrypted collectively."""
-
-    ct: openfhe.Ciphertext
-    width: int
-
-
-def decrypted(ct: openfhe.Ciphertext, width: int) -> Core[np.ndarray]:
-    """Inside a core: ``values = yield from decrypted(ct, width)``."""
-    return (yield Decrypt(ct, width))
-
-
-@dataclass(frozen=True)
 class _Step:
     """What a core did between two requests: its next request, or its result."""
 
-    request: Any = None
+    request: CoreRequest | None = None
     done: bool = False
     value: Any = None
 
@@ -76,16 +63,20 @@ class _Resume:
 async def run_core(crypto: ServerCrypto, core: Core[T], phase: str, replayed: bool = False
                    ) -> T:
     """``core``'s result, its arithmetic off the event loop, each of its requests answered
-    by the federation (a bootstrap for a ciphertext, a decryption for :class:`Decrypt`);
+    by the federation (a collective bootstrap for a ``Refresh``, a collective decryption
+    for a ``Decrypt``);
     tracers see it as the protocol step ``phase``.  ``replayed``: the parties run the same
     core (:class:`Replay`), so each bootstrap's shares are forwarded to them."""
     advance, answer = _Resume(core), None
     with crypto.rc.phase(phase):
         while not (step := await crypto.rc.run_sync(advance, answer)).done:
-            if isinstance(step.request, Decrypt):
-                answer = await crypto.decrypt(step.request.ct, step.request.width)
-            else:
-                answer = await crypto.bootstrap(step.request, forward=replayed)
+            match step.request:
+                case Decrypt(ct, width):
+                    answer = await crypto.decrypt(ct, width)
+                case Refresh(ct):
+                    answer = await crypto.bootstrap(ct, forward=replayed)
+                case request:
+                    raise unexpected(request)
     return step.value
 
 
@@ -112,18 +103,20 @@ class Replay:
         if step.done:
             raise ProtocolError(f"{noun} request refused: this party's own run of the step "
                                 "makes no more requests")
-        if isinstance(request, DecryptRequest) and isinstance(expected, Decrypt):
-            prepared = await crypto.rc.run_sync(
-                ckks.Decryption(crypto.ckks).prepare, expected.ct)
-            if await crypto.rc.run_sync(same_ciphertext, prepared, request.ciphertext):
-                self._kept = np.zeros(expected.width)
-                return
-        elif isinstance(request, BootRequest) and not isinstance(expected, Decrypt):
-            rnd = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).prepare, crypto.joint,
-                                           expected, request.index)
-            if await crypto.rc.run_sync(same_ciphertext, rnd.c1, request.c1):
-                self._kept = rnd
-                return
+        if not isinstance(expected, Refresh | Decrypt):
+            raise unexpected(expected)
+        match request, expected:
+            case DecryptRequest(), Decrypt(ct, width):
+                prepared = await crypto.rc.run_sync(ckks.Decryption(crypto.ckks).prepare, ct)
+                if await crypto.rc.run_sync(same_ciphertext, prepared, request.ciphertext):
+                    self._kept = np.zeros(width)
+                    return
+            case BootRequest(), Refresh(ct):
+                rnd = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).prepare,
+                                               crypto.joint, ct, request.index)
+                if await crypto.rc.run_sync(same_ciphertext, rnd.c1, request.c1):
+                    self._kept = rnd
+                    return
         raise ProtocolError(f"{noun} request refused: its ciphertext is not the one this "
                             "party computes for the step from the signed uploads")
 
@@ -174,10 +167,13 @@ def planned_requests(core: Core[T]) -> tuple[T, Allowance]:
     answered with a fresh ciphertext, each decryption with zeros."""
     advance, answer, asked = _Resume(core), None, Allowance()
     while not (step := advance(answer)).done:
-        if isinstance(step.request, Decrypt):
-            asked += Allowance(decryptions=1)
-            answer = np.zeros(step.request.width)
-        else:
-            asked += Allowance(bootstraps=1)
-            answer = Levels(0)
+        match step.request:
+            case Decrypt(_, width):
+                asked += Allowance(decryptions=1)
+                answer = np.zeros(width)
+            case Refresh():
+                asked += Allowance(bootstraps=1)
+                answer = Levels(0)
+            case request:
+                raise unexpected(request)
     return step.value, asked

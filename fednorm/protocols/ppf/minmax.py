@@ -50,7 +50,7 @@ import openfhe
 
 from fednorm.engine import ckks
 from fednorm.engine.ckks.compare import fold_maximum_core, tree_maximum_core
-from fednorm.engine.ckks.cores import Core
+from fednorm.engine.ckks.cores import Core, decrypted
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -68,7 +68,7 @@ from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf.checks import vabs_vector
-from fednorm.protocols.ppf.driver import decrypted, planned_requests, run_core
+from fednorm.protocols.ppf.driver import planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
     HEADROOM,
     Layout,

@@ -26,7 +26,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks.cores import Core
+from fednorm.engine.ckks.cores import Core, decrypted
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER
@@ -34,7 +34,6 @@ from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
 from fednorm.protocols.collective.sums import InputUpload, SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
-from fednorm.protocols.ppf.driver import decrypted
 from fednorm.protocols.ppf.phases import serve_phase, serve_replayed
 
 M = TypeVar("M", bound=Message)

@@ -19,10 +19,10 @@ import openfhe
 
 from fednorm.engine.ckks.compare import ComparePlan, step_core
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.cores import Core, done, fully_refreshed, pairwise, refreshed
+from fednorm.engine.ckks.cores import Core, decrypted, done, fully_refreshed, pairwise, refreshed
 from fednorm.engine.ckks.inversion import inverse_core
 from fednorm.engine.ckks.levels import LevelArithmetic, Levels
-from fednorm.protocols.ppf.driver import decrypted, planned_requests
+from fednorm.protocols.ppf.driver import planned_requests
 from fednorm.protocols.ppf.yeojohnson_math import SignFlags
 from fednorm.protocols.ppf.yeojohnson_search import Layout
 

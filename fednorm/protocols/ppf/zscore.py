@@ -39,7 +39,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks.cores import Core
+from fednorm.engine.ckks.cores import Core, decrypted
 from fednorm.engine.ckks.inversion import inverse_core
 from fednorm.engine.errors import InputError
 from fednorm.engine.messages import Message, as_float_vector, message
@@ -62,7 +62,7 @@ from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import require_counts_within
-from fednorm.protocols.ppf.driver import decrypted, run_core
+from fednorm.protocols.ppf.driver import run_core
 from fednorm.protocols.ppf.quotient import (
     PRECISE,
     Denominator,

@@ -306,8 +306,8 @@ async def test_a_party_sending_a_wrong_width_vector_is_named() -> None:
 
 
 def _every_error() -> list[Exception]:
-    from fednorm.engine.ckks.collective.decryption import DecodeOverflow
     from fednorm.engine.ckks.levels import LevelBudgetError
+    from fednorm.engine.ckks.multiparty.decryption import DecodeOverflow
     from fednorm.multihost.handshake import PartyWithdrew, Withdrawal
     from fednorm.transport.tcp import ConnectFailed, HandshakeRefused
 

@@ -22,8 +22,8 @@ from ckks_federation import CkksFederation
 from ring_reading import coefficients, towers_of
 
 from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setup_locally
-from fednorm.engine.ckks.collective import DecryptionShare
 from fednorm.engine.ckks.flooding import flood_share
+from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.sim.federation import simulate

@@ -25,8 +25,8 @@ from strategies import federations
 
 from fednorm.engine import ckks, signing
 from fednorm.engine.ckks import ProductFlooding, SumDecryption, ring
-from fednorm.engine.ckks.collective import DecryptionShare
 from fednorm.engine.ckks.context import in_process_run
+from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (

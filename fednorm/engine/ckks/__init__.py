@@ -1,7 +1,7 @@
 """Multiparty (threshold, N-out-of-N) CKKS on OpenFHE: the crypto math of fednorm.
 
 Synchronous, no I/O. Protocols call these functions and move the results as messages.
-Every collective operation is one class of :mod:`.collective` with the same verbs — a
+Every collective operation is one class of :mod:`.multiparty` with the same verbs — a
 party *generates a share* from its :class:`PartyKeys`, the server *aggregates shares*
 and *finalizes* — and :class:`KeySetup` composes the key operations; :mod:`.local` runs
 all roles in one process.
@@ -12,27 +12,6 @@ with collective bootstraps through a ``refresh`` callback; bytes: ``CkksContext.
 ``from_bytes`` and ``register_codec_types``.
 """
 
-from fednorm.engine.ckks.collective import (
-    BootRound,
-    Bootstrap,
-    BootstrapShare,
-    DecodeOverflow,
-    Decryption,
-    DecryptionShare,
-    JointRoundOne,
-    KeyCheck,
-    KeyDigests,
-    KeySetup,
-    PublicKeyAggregate,
-    PublicKeyGen,
-    PublicKeyShare,
-    RelinKeyGen,
-    RelinShare,
-    RotationKeyGen,
-    RotationShare,
-    SetupShares,
-    SumDecryption,
-)
 from fednorm.engine.ckks.compare import (
     ComparePlan,
     comparison_error,
@@ -76,6 +55,27 @@ from fednorm.engine.ckks.local import (
     decrypt_locally,
     local_refresh,
     setup_locally,
+)
+from fednorm.engine.ckks.multiparty import (
+    BootRound,
+    Bootstrap,
+    BootstrapShare,
+    DecodeOverflow,
+    Decryption,
+    DecryptionShare,
+    JointRoundOne,
+    KeyCheck,
+    KeyDigests,
+    KeySetup,
+    PublicKeyAggregate,
+    PublicKeyGen,
+    PublicKeyShare,
+    RelinKeyGen,
+    RelinShare,
+    RotationKeyGen,
+    RotationShare,
+    SetupShares,
+    SumDecryption,
 )
 from fednorm.engine.ckks.presets import PAPER, PRESETS, TEST, CkksPreset, get_preset
 from fednorm.engine.ckks.serial import KINDS, object_digest, objects_digest

@@ -2,7 +2,7 @@
 
 For tests, benchmarks and single-process simulations: each helper plays all parties and
 the server, calling exactly the generate / aggregate / finalize verbs a networked
-protocol calls (:mod:`.collective`), just without messages in between.
+protocol calls (:mod:`.multiparty`), just without messages in between.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 import openfhe
 
-from fednorm.engine.ckks.collective import Bootstrap, Decryption, KeySetup
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys, PartyKeys
+from fednorm.engine.ckks.multiparty import Bootstrap, Decryption, KeySetup
 from fednorm.engine.errors import InputError
 
 _BOOTSTRAP_INDEX = itertools.count()

@@ -1,6 +1,6 @@
 """Collective sub-protocols every PPF protocol runs: key setup, decryption, bootstrapping.
 
-Each collective operation is one class of :mod:`fednorm.engine.ckks.collective` with the
+Each collective operation is one class of :mod:`fednorm.engine.ckks.multiparty` with the
 same verbs — parties *generate shares* from their secret keys, the server *aggregates*
 them and *finalizes* — and the crypto math there; here is only the message flow:
 

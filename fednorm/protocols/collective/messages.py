@@ -2,7 +2,7 @@
 
 Each share message says what it is a share of: its kind names the operation and round
 (``ckks.relin_round2``, ``ckks.boot_share``, ...), its fields the parts; ``shares`` /
-``of`` turn it into the engine's typed share (:mod:`fednorm.engine.ckks.collective`)
+``of`` turn it into the engine's typed share (:mod:`fednorm.engine.ckks.multiparty`)
 and back.  Kinds and fields are the wire format: changing one changes the bytes sent.
 """
 

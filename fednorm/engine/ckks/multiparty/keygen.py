@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import openfhe
 
-from fednorm.engine.ckks.collective.checks import (
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
+from fednorm.engine.ckks.multiparty.checks import (
     RunningSum,
     require_shares,
     require_tag,
     retagged_copy,
 )
-from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.errors import ProtocolError
 
 

@@ -34,14 +34,14 @@ before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share is a
 :mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.
 """
 
-from fednorm.engine.ckks.collective.bootstrap import BootRound, Bootstrap, BootstrapShare
-from fednorm.engine.ckks.collective.decryption import (
+from fednorm.engine.ckks.multiparty.bootstrap import BootRound, Bootstrap, BootstrapShare
+from fednorm.engine.ckks.multiparty.decryption import (
     DecodeOverflow,
     Decryption,
     DecryptionShare,
     SumDecryption,
 )
-from fednorm.engine.ckks.collective.keygen import (
+from fednorm.engine.ckks.multiparty.keygen import (
     PublicKeyAggregate,
     PublicKeyGen,
     PublicKeyShare,
@@ -53,7 +53,7 @@ from fednorm.engine.ckks.collective.keygen import (
     RotationShare,
     RotationSum,
 )
-from fednorm.engine.ckks.collective.setup import (
+from fednorm.engine.ckks.multiparty.setup import (
     JointRoundOne,
     KeyCheck,
     KeyDigests,

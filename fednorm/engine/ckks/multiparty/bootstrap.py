@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import openfhe
 
-from fednorm.engine.ckks.collective.checks import require_shares, require_tag
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.crs import common_element
 from fednorm.engine.ckks.keys import JointKeys, PartyKeys
 from fednorm.engine.ckks.levels import require_consumed_at_most
+from fednorm.engine.ckks.multiparty.checks import require_shares, require_tag
 from fednorm.engine.errors import ProtocolError
 
 

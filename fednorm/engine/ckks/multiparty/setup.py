@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import openfhe
 
-from fednorm.engine.ckks.collective.keygen import (
+from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
+from fednorm.engine.ckks.multiparty.keygen import (
     PublicKeyGen,
     PublicKeyShare,
     RelinKeyGen,
@@ -40,8 +42,6 @@ from fednorm.engine.ckks.collective.keygen import (
     RotationShare,
     RotationSum,
 )
-from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.keys import JointKeys, PartyKeys, joint_tag_for
 from fednorm.engine.ckks.serial import object_digest
 from fednorm.engine.errors import ProtocolError
 

@@ -31,12 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 import openfhe
 
-from fednorm.engine.ckks.collective.checks import (
-    require_like,
-    require_shares,
-    require_tag,
-    require_tags,
-)
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.flooding import Flooding
 from fednorm.engine.ckks.keys import (
@@ -44,6 +38,12 @@ from fednorm.engine.ckks.keys import (
     JointKeys,
     PartyKeys,
     decrypt_share_towers,
+)
+from fednorm.engine.ckks.multiparty.checks import (
+    require_like,
+    require_shares,
+    require_tag,
+    require_tags,
 )
 from fednorm.engine.errors import InputError, ProtocolError
 

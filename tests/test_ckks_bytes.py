@@ -27,7 +27,7 @@ def test_serialization_round_trips(fed: CkksFederation) -> None:
     lead_relin, lead_rot = parties[0].relin_share(), parties[0].rotation_share([1, 3])
     relin = RelinKeyGen(ctx)
     round1 = relin.aggregate_shares(fed.joint, [RelinShare(1, lead_relin)] + [
-        relin.generate_share(p, RelinShare(1, lead_relin)) for p in parties[1:]])
+        relin.generate_share(p, 1, RelinShare(1, lead_relin)) for p in parties[1:]])
     objects = [
         ("ciphertext", fed.encrypt(values)),
         ("public_key", fed.joint.public_key),

@@ -102,19 +102,23 @@ def test_key_shares_are_validated(fed: CkksFederation, foreign: CkksContext) -> 
     ctx, parties = fed.ctx, fed.parties
     joint, relin = fed.joint, RelinKeyGen(ctx)
     lead_share = relin.generate_share(parties[0])
-    round1 = [lead_share] + [relin.generate_share(p, lead_share) for p in parties[1:]]
+    round1 = [lead_share] + [relin.generate_share(p, 1, lead_share) for p in parties[1:]]
     with pytest.raises(ProtocolError, match="round-1 relinearization share #1"):
         relin.aggregate_shares(joint, [round1[0], round1[2], round1[1]])
     joint1 = relin.aggregate_shares(joint, round1)
-    round2 = [relin.generate_round_two_share(p, joint1) for p in parties]
+    round2 = [relin.generate_share(p, 2, joint1) for p in parties]
     with pytest.raises(ProtocolError, match="rounds \\[1, 2\\] aggregated together"):
         relin.aggregate_shares(joint, [*round2[:2], round1[2]])
     with pytest.raises(ProtocolError, match="key tag"):  # a round-1 share claiming round 2
         relin.aggregate_shares(joint, [*round2[:2], RelinShare(2, round1[2].key)])
-    with pytest.raises(ProtocolError, match="not a round-2 one"):
-        relin.generate_share(parties[1], round2[0])
+    with pytest.raises(ProtocolError, match="not on a round-2 share"):
+        relin.generate_share(parties[1], 1, round2[0])
+    with pytest.raises(ProtocolError, match="round-1 aggregate, not on a round-1 share"):
+        relin.generate_share(parties[1], 2, round1[1])
     with pytest.raises(ProtocolError, match="key tag"):
-        relin.generate_round_two_share(parties[1], round1[1].key)
+        relin.generate_share(parties[1], 2, round1[1].key)
+    with pytest.raises(ProtocolError, match="rounds 1 and 2, not 3"):
+        relin.generate_share(parties[1], 3, joint1)
     public = PublicKeyGen(ctx)
     with pytest.raises(ProtocolError, match="same key tag"):
         public.aggregate_shares([public.generate_share(parties[0])] * 2)
@@ -152,9 +156,9 @@ def test_every_operation_matches_a_single_key(fed: CkksFederation) -> None:
     joint = public.finalize(public.aggregate_shares([public.generate_share(p) for p in parties]))
     lead_relin, lead_rotation = relin.generate_share(lead), rotation.generate_share(lead)
     round1 = relin.aggregate_shares(
-        joint, [lead_relin] + [relin.generate_share(p, lead_relin) for p in parties[1:]])
+        joint, [lead_relin] + [relin.generate_share(p, 1, lead_relin) for p in parties[1:]])
     relin.finalize(joint, relin.aggregate_shares(
-        joint, [relin.generate_round_two_share(p, round1) for p in parties]))
+        joint, [relin.generate_share(p, 2, round1) for p in parties]))
     rotation.finalize(joint, rotation.aggregate_shares(
         joint, [lead_rotation] + [rotation.generate_share(p, lead_rotation)
                                   for p in parties[1:]]))

@@ -34,7 +34,7 @@ from fednorm.bench.measure import (
 from fednorm.bench.noise import prepare_decryption
 from fednorm.bench.paper import PAPER_TABLE_IV_MS, PAPER_TABLE_IV_NAMES
 from fednorm.engine import ckks
-from fednorm.engine.ckks import collective as col
+from fednorm.engine.ckks import multiparty as col
 
 
 # -- Table IV: primitives at P parties ---------------------------------------------------
@@ -73,14 +73,14 @@ def _keygen(ctx: ckks.CkksContext, n: int, ops: dict[str, OpSamples]
     share_time[0] += s
     round1 = [lead_share]
     for i, party in enumerate(keys[1:], 1):
-        share, s = measure(lambda p=party: relin_gen.generate_share(p, lead_share))
+        share, s = measure(lambda p=party: relin_gen.generate_share(p, 1, lead_share))
         round1.append(share)
         share_time[i] += s
     agg1, s1 = measure(lambda: relin_gen.aggregate_shares(joint, round1))
     round1.clear()
     round2 = []
     for i, party in enumerate(keys):
-        share, s = measure(lambda p=party: relin_gen.generate_round_two_share(p, agg1))
+        share, s = measure(lambda p=party: relin_gen.generate_share(p, 2, agg1))
         round2.append(share)
         share_time[i] += s
     relin, s2 = measure(lambda: relin_gen.aggregate_shares(joint, round2))

@@ -4,9 +4,8 @@
 operation              class                   verbs
 =====================  ======================  ==============================================
 joint public key       :class:`PublicKeyGen`   generate_share, aggregate_shares, finalize
-relinearization key    :class:`RelinKeyGen`    generate_share (round 1),
-                                               generate_round_two_share, aggregate_shares
-                                               (either round), finalize
+relinearization key    :class:`RelinKeyGen`    generate_share, aggregate_shares (either
+                                               of its two rounds), finalize
 rotation keys          :class:`RotationKeyGen` generate_share, aggregate_shares, finalize
 decryption             :class:`Decryption`     prepare, generate_share, aggregate_shares,
                                                finalize

@@ -135,17 +135,22 @@ class RelinKeyGen:
     def __init__(self, ctx: CkksContext) -> None:
         self.ctx = ctx
 
-    def generate_share(self, keys: PartyKeys, lead: RelinShare | None = None) -> RelinShare:
-        """Round 1: the lead's share (``lead=None``), or another party's on the lead's."""
-        if lead is not None and lead.round != 1:
-            raise ProtocolError(f"round-1 relinearization shares are made on the lead's "
-                                f"round-1 share, not a round-{lead.round} one")
-        return RelinShare(1, keys.relin_share(lead.key if lead else None))
-
-    def generate_round_two_share(self, keys: PartyKeys,
-                                 round_one: openfhe.EvalKey) -> RelinShare:
-        """Round 2, on the aggregate of round 1 (under the joint tag)."""
-        return RelinShare(2, keys.relin_mult_share(round_one))
+    def generate_share(self, keys: PartyKeys, round_: int = 1,
+                       on: RelinShare | openfhe.EvalKey | None = None) -> RelinShare:
+        """This party's share of round ``round_``: in round 1 the lead's (``on`` None) or
+        another party's on the lead's round-1 share; in round 2 on ``on``, the aggregate
+        of round 1 (under the joint tag)."""
+        if round_ == 1:
+            if on is not None and not (isinstance(on, RelinShare) and on.round == 1):
+                raise ProtocolError("round-1 relinearization shares are made on the lead's "
+                                    f"round-1 share, not on {_described(on)}")
+            return RelinShare(1, keys.relin_share(on.key if on else None))
+        if round_ == 2:
+            if not isinstance(on, openfhe.EvalKey):
+                raise ProtocolError("round-2 relinearization shares are made on the "
+                                    f"round-1 aggregate, not on {_described(on)}")
+            return RelinShare(2, keys.relin_mult_share(on))
+        raise ProtocolError(f"the relinearization key has rounds 1 and 2, not {round_}")
 
     def aggregate_shares(self, joint: JointKeys,
                          shares: Sequence[RelinShare]) -> openfhe.EvalKey:
@@ -301,3 +306,9 @@ def _require_map_tag(keys: openfhe.EvalKeyMap, want: str, what: str) -> None:
     tags = (want.encode() in data, joint_tag_for(want).encode() in data)
     if not tags[0] or (not want.startswith("fednorm-joint-") and tags[1]):
         raise ProtocolError(f"{what} does not carry key tag {want!r}")
+
+
+def _described(value: object) -> str:
+    if isinstance(value, RelinShare):
+        return f"a round-{value.round} share"
+    return "nothing" if value is None else f"a {type(value).__name__}"

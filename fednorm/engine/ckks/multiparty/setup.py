@@ -85,7 +85,7 @@ class KeySetup:
             self.require_complete(lead)
         return SetupShares(
             public_key=self.public_key.generate_share(keys),
-            relin=self.relin.generate_share(keys, lead.relin if lead else None)
+            relin=self.relin.generate_share(keys, 1, lead.relin if lead else None)
             if self.relin else None,
             rotation=self.rotation.generate_share(keys, lead.rotation if lead else None)
             if self.rotation else None)
@@ -120,7 +120,7 @@ class KeySetup:
             return None
         if round_one.relin is None:
             raise ProtocolError("a relin-key share is missing")
-        return self.relin.generate_round_two_share(keys, round_one.relin)
+        return self.relin.generate_share(keys, 2, round_one.relin)
 
 
 class RoundOneSum:

@@ -18,12 +18,13 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
+from fednorm.engine.ckks.keys import HeldKeys
 from fednorm.engine.errors import FednormError, InputError, InputRefused, PartyDropped
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
@@ -52,19 +53,19 @@ def role_context(
     *,
     timeout: float | None,
     tracer: Tracer | Sequence[Tracer] | None = None,
-    crypto: Any = None,
+    held_keys: HeldKeys | None = None,
     worker_limiter: trio.CapacityLimiter | None = None,
     keyring: Keyring | None = None,
 ) -> RoleContext:
     """The context role ``me`` of ``protocol`` talks through in ``session``.
 
     ``tracer`` watches this role (its phases, its crypto calls, every frame it sends or
-    receives); ``crypto`` is what the role kept from an earlier run of the federation;
+    receives); ``held_keys`` are the joint keys the role kept from an earlier step;
     ``keyring`` is a party's signing key and its peers' verification keys (a PPF key
     setup needs them, :mod:`fednorm.engine.signing`).
     """
     return RoleContext(me, links, session, protocol=protocol.name, timeout=timeout,
-                       crypto=crypto, worker_limiter=worker_limiter, tracer=tracer,
+                       held_keys=held_keys, worker_limiter=worker_limiter, tracer=tracer,
                        keyring=keyring)
 
 
@@ -131,13 +132,14 @@ class SessionPlan:
         return "+".join(protocol.name for protocol in self.protocols)
 
 
-ContextFor = Callable[[Protocol, Any], RoleContext]  # (step, crypto kept so far) -> context
+ContextFor = Callable[[Protocol, "HeldKeys | None"], RoleContext]
+"""(step, the keys held so far) -> the step's context."""
 
 
 @dataclass
 class StepContexts:
     """The :data:`ContextFor` of role ``me`` over the same links for a whole session:
-    each step's context, made on the crypto the previous step left (and, for a party,
+    each step's context, made on the keys the previous step left (and, for a party,
     its ``keyring``); ``made`` keeps them, in order (their traffic), ``started`` when
     each step began (``time.perf_counter``)."""
 
@@ -151,11 +153,12 @@ class StepContexts:
     made: list[RoleContext] = field(default_factory=list)
     started: list[float] = field(default_factory=list)
 
-    def __call__(self, protocol: Protocol, crypto: Any) -> RoleContext:
+    def __call__(self, protocol: Protocol, held_keys: HeldKeys | None) -> RoleContext:
         self.started.append(time.perf_counter())
         self.made.append(role_context(self.me, self.links, self.session, protocol,
                                       timeout=self.timeout, tracer=self.tracer,
-                                      crypto=crypto, worker_limiter=self.worker_limiter,
+                                      held_keys=held_keys,
+                                      worker_limiter=self.worker_limiter,
                                       keyring=self.keyring))
         return self.made[-1]
 
@@ -166,18 +169,18 @@ async def play_session(context_for: ContextFor, plan: SessionPlan, options: FitO
     """Play one role through every step of ``plan`` over the same links, in order.
 
     Each step gets a context of its own (its frames carry its protocol's name, its rounds
-    count from 0) holding what the previous step left in ``RoleContext.crypto``: the joint
-    keys.  A failing step tells the peers why (:func:`run_role`).  The server refuses an
+    count from 0) holding what the previous step left in ``RoleContext.held_keys``: the
+    joint keys.  A failing step tells the peers why (:func:`run_role`).  The server refuses an
     overflowed fit inside the run, so that every party gets the cause as an Abort; a
     party refuses it after its run, on its own console (inside, its refusal would reach
     the others as "refused its input").
     """
-    crypto = None
+    held_keys = None
     fitted: list[Normalizer] = []
     for step in plan.steps:
-        ctx = context_for(step, crypto)
+        ctx = context_for(step, held_keys)
         normalizer = await run_role(ctx, _fit(ctx, step, options, X, features))
-        crypto = ctx.crypto
+        held_keys = ctx.held_keys
         if normalizer is None:  # the key-setup step fits nothing
             continue
         if not ctx.is_server:  # the server checked inside the run

@@ -197,13 +197,20 @@ async def test_the_coarse_retry_spent_on_the_pooled_count_is_refused(links: Star
 
 
 def test_a_party_keeps_its_share_digests_when_a_session_reuses_its_keys() -> None:
-    """A later protocol of a session reuses the party's keys as ``setup_party`` does
-    (``dataclasses.replace``): the digests go along, so a repeat across protocols is
-    refused too."""
-    from dataclasses import replace
+    """A later protocol of a session reuses the party's held keys as ``setup_party``
+    does (the same :class:`PartyKeyState` behind the new step's facade): the digests go
+    along, so a repeat across protocols is refused too."""
+    from types import SimpleNamespace
 
-    from fednorm.protocols.collective import PartyCrypto, shared_context
+    from fednorm.protocols.collective import (
+        PartyCrypto,
+        PartyKeyState,
+        reusable,
+        shared_context,
+    )
 
-    crypto = PartyCrypto(None, shared_context("test"), None, None)
-    crypto.shared[b"digest"] = "decryption request"
-    assert replace(crypto, rc=None, flooding_bits=40).shared is crypto.shared
+    held = PartyKeyState(ckks=shared_context("test"), joint=None, keys=None,
+                         relinearized=False)
+    PartyCrypto(None, held).held.shared[b"digest"] = "decryption request"
+    later = reusable(SimpleNamespace(held_keys=held), PartyKeyState, "test", False, ())
+    assert PartyCrypto(None, later).held.shared == {b"digest": "decryption request"}

@@ -147,7 +147,7 @@ class ReusedElement(ServerCrypto):
 
     async def bootstrap(self, ct, forward: bool = False):
         if self.bootstraps == 1:
-            self.boot_index -= 1
+            self.held.boot_index -= 1
         return await super().bootstrap(ct, forward)
 
 
@@ -155,7 +155,7 @@ class ChosenElement(ServerCrypto):
     """The inverse's first bootstrap, honest, but on a far-off common element."""
 
     async def bootstrap(self, ct, forward: bool = False):
-        self.boot_index = max(self.boot_index, 12345)
+        self.held.boot_index = max(self.held.boot_index, 12345)
         return await super().bootstrap(ct, forward)
 
 

@@ -88,7 +88,8 @@ class SwappedShare(ServerCrypto):
 
     async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
                         ) -> openfhe.Ciphertext:
-        index, self.boot_index = self.boot_index, self.boot_index + 1
+        index = self.held.boot_index
+        self.held.boot_index += 1
         rnd = ckks.Bootstrap(self.ckks).prepare(self.joint, ct, index)
         replies = await request_shares(self.rc, "bootstrap",
                                        BootRequest(c1=rnd.c1, index=index), BootShare)

@@ -16,7 +16,7 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import (
-    PartyCrypto,
+    PartyKeyState,
     ServerCrypto,
     reusable,
     serve_until,
@@ -129,14 +129,18 @@ def test_keys_are_reused_only_when_they_cover_the_request() -> None:
     from types import SimpleNamespace
 
     context = shared_context("test")
-    held = ServerCrypto(None, context, None, relinearized=False, rotations=(4,))
-    rc = SimpleNamespace(crypto=held)
-    assert reusable(rc, ServerCrypto, "test", False, (4,)) is held
-    assert reusable(rc, ServerCrypto, "test", True, ()) is None  # no relinearization key
-    assert reusable(rc, ServerCrypto, "test", False, (8,)) is None  # a rotation missing
-    assert reusable(rc, ServerCrypto, "paper", False, ()) is None
-    assert reusable(rc, PartyCrypto, "test", False, ()) is None
-    assert reusable(SimpleNamespace(crypto=None), ServerCrypto, "test", False, ()) is None
+    held = ckks.HeldKeys(context, None, relinearized=False, rotations=(4,))
+    rc = SimpleNamespace(held_keys=held)
+    assert reusable(rc, ckks.HeldKeys, "test", False, (4,)) is held
+    assert reusable(rc, ckks.HeldKeys, "test", True, ()) is None  # no relinearization key
+    assert reusable(rc, ckks.HeldKeys, "test", False, (8,)) is None  # a rotation missing
+    assert reusable(rc, ckks.HeldKeys, "paper", False, ()) is None
+    assert reusable(rc, PartyKeyState, "test", False, ()) is None  # the server's: no secret
+    party = SimpleNamespace(held_keys=PartyKeyState(ckks=context, joint=None, keys=None,
+                                                    relinearized=False))
+    assert reusable(party, ckks.HeldKeys, "test", False, ()) is None  # a party's, not ours
+    assert reusable(party, PartyKeyState, "test", False, ()) is party.held_keys
+    assert reusable(SimpleNamespace(held_keys=None), ckks.HeldKeys, "test", False, ()) is None
 
 
 # -- misbehaving parties ----------------------------------------------------------------

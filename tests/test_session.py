@@ -99,3 +99,23 @@ def test_party_data_is_checked_at_the_edges_only() -> None:
     assert checkers == ["flower/client.py", "flower/worker.py", "multihost/files.py",
                         "multihost/party.py", "protocols/base.py", "session.py"]
     assert [m for m in modules if calls(PACKAGE / m, "check_within_vabs")] == ["session.py"]
+
+
+def test_the_keys_a_role_holds_across_steps_carry_no_network_handle() -> None:
+    """``RoleContext.held_keys`` is typed key state (the server's HeldKeys, a party's
+    PartyKeyState), never a facade bound to an earlier step's context: each step makes
+    its own ServerCrypto / PartyCrypto over the same held keys."""
+    import typing
+    from dataclasses import fields
+
+    from fednorm.engine.ckks import HeldKeys
+    from fednorm.engine.runtime import RoleContext
+    from fednorm.protocols.collective import PartyCrypto, PartyKeyState, ServerCrypto
+
+    for kind in (HeldKeys, PartyKeyState):
+        assert not [f.name for f in fields(kind) if f.name == "rc" or "RoleContext" in str(f.type)]
+    assert [f.name for f in fields(ServerCrypto)] == ["rc", "held", "bootstraps",
+                                                      "decryptions"]  # the step's counts
+    assert [f.name for f in fields(PartyCrypto)] == ["rc", "held"]
+    hints = typing.get_type_hints(RoleContext.__init__, localns={"HeldKeys": HeldKeys})
+    assert hints["held_keys"] == HeldKeys | None

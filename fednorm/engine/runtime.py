@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -25,6 +25,9 @@ from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
+
+if TYPE_CHECKING:  # the crypto layer is loaded by the roles that use it, not here
+    from fednorm.engine.ckks.keys import HeldKeys
 
 SERVER = 0
 _INLINE_DECODE_BYTES = 1 << 16
@@ -104,7 +107,7 @@ class RoleContext:
         *,
         protocol: str,
         timeout: float | None = 60.0,
-        crypto: Any = None,
+        held_keys: HeldKeys | None = None,
         worker_limiter: trio.CapacityLimiter | None = None,
         tracer: object | None = None,
         keyring: Keyring | None = None,
@@ -112,7 +115,7 @@ class RoleContext:
         self.me = me
         self.session = session
         self.timeout = timeout
-        self.crypto = crypto
+        self.held_keys = held_keys  # the joint keys an earlier step left (PPF), else None
         self.keyring = keyring  # a party's signing key and its peers' verification keys
         self.stats = TrafficStats()
         self._links = dict(links)

@@ -40,7 +40,13 @@ from fednorm.engine.ckks.flooding import (
     check_security_bits,
 )
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
-from fednorm.engine.ckks.keys import DECRYPT_SHARE_TOWERS, JointKeys, PartyKeys, joint_tag_for
+from fednorm.engine.ckks.keys import (
+    DECRYPT_SHARE_TOWERS,
+    HeldKeys,
+    JointKeys,
+    PartyKeys,
+    joint_tag_for,
+)
 from fednorm.engine.ckks.levels import (
     LevelArithmetic,
     LevelBudgetError,
@@ -98,6 +104,7 @@ __all__ = [
     "Decryption",
     "DecryptionShare",
     "Flooding",
+    "HeldKeys",
     "InversePlan",
     "JointKeys",
     "JointRoundOne",

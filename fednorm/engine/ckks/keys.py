@@ -63,6 +63,27 @@ class JointKeys:
         return len(self.party_tags)
 
 
+@dataclass
+class HeldKeys:
+    """What a role keeps of its federation's joint keys between the steps of a session
+    (``RoleContext.held_keys``): the context, the joint public material, the evaluation
+    keys installed, and the index of the next bootstrap's common element.  No network
+    handle: each step makes its own facade over them (``ServerCrypto`` / ``PartyCrypto``
+    in :mod:`fednorm.protocols.collective`).  A party's holds more (its secret share)."""
+
+    ckks: CkksContext
+    joint: JointKeys
+    relinearized: bool = True
+    rotations: tuple[int, ...] = ()
+    boot_index: int = 0  # bootstraps under these keys so far: the next common element
+
+    def covers(self, preset: str, relinearize: bool, rotations: Sequence[int]) -> bool:
+        """Whether these keys serve a step at ``preset`` that needs the relinearization
+        key (``relinearize``) and ``rotations``: then the step reuses them."""
+        return (self.ckks.preset.name == preset and (self.relinearized or not relinearize)
+                and set(rotations) <= set(self.rotations))
+
+
 class PartyKeys:
     """One party's secret key share (never leaves this object) and its share makers."""
 

@@ -33,7 +33,12 @@ from fednorm.protocols.collective.messages import (
     SetupDone,
     SumDecryptRequest,
 )
-from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared_context
+from fednorm.protocols.collective.roles import (
+    PartyCrypto,
+    PartyKeyState,
+    ServerCrypto,
+    shared_context,
+)
 from fednorm.protocols.collective.service import serve_until
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "KeyShares",
     "LeadKeys",
     "PartyCrypto",
+    "PartyKeyState",
     "ProductDecryptRequest",
     "RelinRound2",
     "ServerCrypto",

@@ -36,7 +36,8 @@ async def bootstrap(crypto: ServerCrypto, ct: openfhe.Ciphertext, forward: bool 
     """Server: the next bootstrap under the joint key; same values, full level budget;
     ``forward``: every party's signed share to every party, once all have arrived."""
     crypto.bootstraps += 1
-    index, crypto.boot_index = crypto.boot_index, crypto.boot_index + 1
+    index = crypto.held.boot_index  # the next common element of these keys
+    crypto.held.boot_index += 1
     operation = ckks.Bootstrap(crypto.ckks)
     rnd = await crypto.rc.run_sync(operation.prepare, crypto.joint, ct, index)
     replies = await request_shares(crypto.rc, BOOTSTRAP, BootRequest(c1=rnd.c1, index=index),
@@ -56,10 +57,10 @@ async def answer_bootstrap(crypto: PartyCrypto, request: BootRequest, forwarded:
     of a ``c1`` it never made a share of; ``forwarded``: then every party's share, each
     checked to be signed by its party for this bootstrap (this party's own the one it
     sent), returned in party order to aggregate."""
-    if request.index != crypto.boot_index:
+    if request.index != crypto.held.boot_index:
         raise ProtocolError(f"bootstrap request for common element #{request.index}, "
-                            f"expected #{crypto.boot_index} (reused or skipped)")
-    crypto.boot_index += 1
+                            f"expected #{crypto.held.boot_index} (reused or skipped)")
+    crypto.held.boot_index += 1
     await crypto.claim_share("bootstrap request", request.c1)
     share = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).generate_share, crypto.keys,
                                      crypto.public_key, request.c1, request.index)

@@ -144,18 +144,18 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
     """Party: a flooded decryption share (this party's s and τ) of the combination it
     recomputes from the relayed uploads of ``kind``, each checked
     (:func:`.sums.verified_combination`); one decryption per set of uploads."""
-    index, sent = request.index, crypto.own_uploads.get(kind.KIND, [])
+    index, sent = request.index, crypto.held.own_uploads.get(kind.KIND, [])
     noun = f"a {kind.NOUN} decryption request"
     if not isinstance(index, int) or not 0 <= index < len(sent):
         raise ProtocolError(f"{noun} names {kind.NOUN} upload #{index!r}, which this party "
                             "never sent")
-    if (kind.KIND, index) in crypto.decrypted_uploads:
+    if (kind.KIND, index) in crypto.held.decrypted_uploads:
         raise ProtocolError(f"{noun} asks again for {kind.NOUN} uploads #{index}, already "
                             "decrypted")
     uploads = request.uploads if isinstance(request.uploads, list) else []
     combined = await crypto.recombined(kind, index, uploads)
     crypto.count_flooded_share()
-    crypto.decrypted_uploads.add((kind.KIND, index))
+    crypto.held.decrypted_uploads.add((kind.KIND, index))
     flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)
     name, _ = _COMBINED[kind]
     await _answer(crypto, ckks.SumDecryption(crypto.ckks, flooding), name, combined)

@@ -30,7 +30,6 @@ round and its 25 MB-per-party shares are skipped.  Secret keys never leave
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -48,7 +47,12 @@ from fednorm.protocols.collective.messages import (
     RelinRound2,
     SetupDone,
 )
-from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto, shared_context
+from fednorm.protocols.collective.roles import (
+    PartyCrypto,
+    PartyKeyState,
+    ServerCrypto,
+    shared_context,
+)
 from fednorm.protocols.collective.signatures import keyring_of, signed, verified
 
 LEAD = 1
@@ -71,14 +75,13 @@ async def setup_server(
 ) -> ServerCrypto:
     """Server side of collective key generation (see the module doc).
 
-    If ``rc.crypto`` already holds keys of this federation that cover the request (an
-    earlier protocol of the same session, see :func:`reusable`), they are reused and
+    If ``rc.held_keys`` already holds keys of this federation that cover the request
+    (an earlier protocol of the same session, see :func:`reusable`), they are reused and
     nothing is sent.
     """
-    held = reusable(rc, ServerCrypto, preset, relinearize, rotations)
+    held = reusable(rc, ckks.HeldKeys, preset, relinearize, rotations)
     if held is not None:
-        rc.crypto = replace(held, rc=rc, bootstraps=0, decryptions=0)
-        return rc.crypto
+        return ServerCrypto(rc, held)
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
     with rc.subprotocol(SETUP):
@@ -93,9 +96,9 @@ async def setup_server(
             relin_key = await rc.run_sync(setup.install_relin, joint, relin_sum)
         digests = await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys)
         await rc.broadcast(SetupDone.of(digests))
-    rc.crypto = ServerCrypto(rc, context, joint, relinearized=relinearize,
-                             rotations=tuple(rotations))
-    return rc.crypto
+    rc.held_keys = ckks.HeldKeys(context, joint, relinearized=relinearize,
+                                 rotations=tuple(rotations))
+    return ServerCrypto(rc, rc.held_keys)
 
 
 async def _round_one(rc: RoleContext, setup: ckks.KeySetup
@@ -127,7 +130,7 @@ async def setup_party(
 ) -> PartyCrypto:
     """Party side of collective key generation; the secret key stays in ``PartyKeys``.
 
-    Reuses the keys in ``rc.crypto`` under the same rule as :func:`setup_server`.
+    Reuses the keys in ``rc.held_keys`` under the same rule as :func:`setup_server`.
     ``flooding_bits`` is s of the flooded (sum) decryptions this party answers and
     ``flooding_decryptions`` τ, how many the new keys serve; reused keys keep the τ (and
     the count) they were made with.
@@ -137,10 +140,10 @@ async def setup_party(
     # Key setup forwards each party's shares to the others (a different view each);
     # requests relay what a party checks itself.  Every other message is a broadcast.
     rc.leave_out_of_transcript(SETUP, *COLLECTIVE_REQUESTS)
-    held = reusable(rc, PartyCrypto, preset, relinearize, rotations)
+    held = reusable(rc, PartyKeyState, preset, relinearize, rotations)
     if held is not None:
-        rc.crypto = replace(held, rc=rc, flooding_bits=flooding_bits)
-        return rc.crypto
+        held.flooding_bits = flooding_bits
+        return PartyCrypto(rc, held)
     keyring_of(rc)  # without one nothing could be checked: stop before any work
     context = shared_context(preset)
     setup = ckks.KeySetup(context, relinearize=relinearize, rotations=rotations)
@@ -154,11 +157,11 @@ async def setup_party(
         await rc.run_sync(check.check_final, done.digests())
     await rc.run_sync(check.install)
     joint = round_one.joint  # this party's own aggregate, equal to the server's
-    rc.crypto = PartyCrypto(rc, context, keys, joint, relinearized=relinearize,
-                            rotations=tuple(rotations), n_parties=joint.n_parties,
-                            flooding_bits=flooding_bits,
-                            flooding_decryptions=flooding_decryptions)
-    return rc.crypto
+    rc.held_keys = PartyKeyState(ckks=context, joint=joint, relinearized=relinearize,
+                                 rotations=tuple(rotations), keys=keys,
+                                 n_parties=joint.n_parties, flooding_bits=flooding_bits,
+                                 flooding_decryptions=flooding_decryptions)
+    return PartyCrypto(rc, rc.held_keys)
 
 
 async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.KeyCheck
@@ -228,13 +231,15 @@ def _eager(rc: RoleContext) -> bool:
     return rc.moves_in_rounds(SERVER)
 
 
-C = TypeVar("C", ServerCrypto, PartyCrypto)
+H = TypeVar("H", bound=ckks.HeldKeys)
 
 
-def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
-             rotations: Sequence[int]) -> C | None:
-    """The keys ``rc.crypto`` holds, if they are ``kind`` for ``preset`` and cover the
-    relinearization key and rotations asked for; else None (run the setup).
+def reusable(rc: RoleContext, kind: type[H], preset: str, relinearize: bool,
+             rotations: Sequence[int]) -> H | None:
+    """The keys ``rc.held_keys`` holds, if they are exactly ``kind`` (the server's
+    :class:`~fednorm.engine.ckks.HeldKeys`, a party's :class:`PartyKeyState`) and cover
+    ``preset``, the relinearization key and the rotations asked for; else None (run the
+    setup).
 
     Collective key generation is the most expensive step of a short protocol (37% of
     PPF z-score at P=10), and the joint keys do not depend on the data: a federation
@@ -242,12 +247,10 @@ def reusable(rc: RoleContext, kind: type[C], preset: str, relinearize: bool,
     simulate_session`) generates them once.  Server and parties decide alike, since they
     ran the same earlier protocols.
     """
-    held = rc.crypto
-    if not isinstance(held, kind) or held.ckks.preset.name != preset:
+    held = rc.held_keys
+    if type(held) is not kind or not held.covers(preset, relinearize, rotations):
         return None
-    if relinearize and not held.relinearized:
-        return None
-    return held if set(rotations) <= set(held.rotations) else None
+    return held
 
 
 async def _relay(rc: RoleContext, parties: Sequence[int], expected: type[M],

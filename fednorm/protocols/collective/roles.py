@@ -54,16 +54,22 @@ def shared_context(preset: str) -> ckks.CkksContext:
 
 @dataclass
 class ServerCrypto:
-    """What the server holds: the context and the joint public material, no secret."""
+    """The server's collective calls in one step, over ``rc``, on the keys it holds
+    (``held``: no secret; they outlive the step in ``RoleContext.held_keys``).
+    ``bootstraps`` and ``decryptions`` count this step's."""
 
     rc: RoleContext
-    ckks: ckks.CkksContext
-    joint: ckks.JointKeys
+    held: ckks.HeldKeys
     bootstraps: int = 0
     decryptions: int = 0
-    relinearized: bool = True
-    rotations: tuple[int, ...] = ()
-    boot_index: int = 0  # bootstraps under these keys so far: the next common element
+
+    @property
+    def ckks(self) -> ckks.CkksContext:
+        return self.held.ckks
+
+    @property
+    def joint(self) -> ckks.JointKeys:
+        return self.held.joint
 
     def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
         return self.ckks.encrypt(self.joint.public_key, values)
@@ -149,17 +155,13 @@ class ServerCrypto:
             raise ProtocolError(f"{what} is not encrypted under the joint public key")
 
 
-@dataclass
-class PartyCrypto:
-    """What a party holds: its key share (secret, never sent) and the joint public key."""
+@dataclass(kw_only=True)
+class PartyKeyState(ckks.HeldKeys):
+    """What a party holds of the joint keys between the steps of a session: its key
+    share (secret, never sent), its own aggregate of the joint key, and the records
+    that bind every share it makes under these keys."""
 
-    rc: RoleContext
-    ckks: ckks.CkksContext
     keys: ckks.PartyKeys
-    joint: ckks.JointKeys  # its own aggregate of the signed key shares
-    relinearized: bool = True
-    rotations: tuple[int, ...] = ()
-    boot_index: int = 0  # bootstraps answered under these keys: the next expected index
     n_parties: int = 1  # P, public: the joint key's number of shares
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
@@ -172,6 +174,31 @@ class PartyCrypto:
     """:func:`share_digest` of every ciphertext this party made a share of under these
     keys (in every protocol of a session: a reuse of the keys keeps it) → the request."""
 
+
+@dataclass
+class PartyCrypto:
+    """A party's collective calls in one step, over ``rc``, on the keys it holds
+    (``held``, which outlive the step in ``RoleContext.held_keys``)."""
+
+    rc: RoleContext
+    held: PartyKeyState
+
+    @property
+    def ckks(self) -> ckks.CkksContext:
+        return self.held.ckks
+
+    @property
+    def keys(self) -> ckks.PartyKeys:
+        return self.held.keys
+
+    @property
+    def joint(self) -> ckks.JointKeys:
+        return self.held.joint  # its own aggregate of the signed key shares
+
+    @property
+    def n_parties(self) -> int:
+        return self.held.n_parties
+
     async def claim_share(self, request: str, ct: openfhe.Ciphertext) -> None:
         """Before making a share of ``ct`` (for ``request``, e.g. "bootstrap request"):
         ProtocolError if this party made one before, in any request.
@@ -180,14 +207,14 @@ class PartyCrypto:
         away (retrying a multiparty protocol is insecure), so each ciphertext gets one.
         """
         digest = await self.require_unshared(request, ct)
-        self.shared[digest] = request
+        self.held.shared[digest] = request
 
     async def require_unshared(self, request: str, ct: openfhe.Ciphertext) -> bytes:
         """ProtocolError if this party made a share of ``ct`` before; else its digest."""
         digest = await self.rc.run_sync(share_digest, ct)
-        if digest in self.shared:
+        if digest in self.held.shared:
             raise ProtocolError(f"{request} refused: this party already made a share of "
-                                f"that ciphertext (for a {self.shared[digest]})")
+                                f"that ciphertext (for a {self.held.shared[digest]})")
         return digest
 
     def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
@@ -260,7 +287,7 @@ class PartyCrypto:
         return await self.rc.run_sync(
             sums.verified_combination, self.ckks, keyring_of(self.rc), self.rc.session,
             parties or range(1, self.n_parties + 1), index, uploads,
-            self.own_uploads[kind.KIND][index], kind, request)
+            self.held.own_uploads[kind.KIND][index], kind, request)
 
     @property
     def public_key(self) -> openfhe.PublicKey:
@@ -270,7 +297,7 @@ class PartyCrypto:
         """``ct`` signed as this party's next upload of ``kind``, bound to what the server
         told this party so far (:meth:`~fednorm.engine.runtime.RoleContext.transcript`),
         its digest kept."""
-        sent = self.own_uploads.setdefault(kind.KIND, [])
+        sent = self.held.own_uploads.setdefault(kind.KIND, [])
         upload, own = await self.rc.run_sync(sums.sign_upload, keyring_of(self.rc),
                                              self.rc.session, len(sent), ct, kind,
                                              self.rc.transcript())
@@ -280,7 +307,7 @@ class PartyCrypto:
     def flooding(self) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads."""
         return ckks.Flooding(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
-                             self.flooding_bits, self.flooding_decryptions)
+                             self.held.flooding_bits, self.held.flooding_decryptions)
 
     def flooding_of(self, kind: type[SignedUpload], combined: openfhe.Ciphertext,
                     factor: openfhe.Ciphertext) -> ckks.Flooding:
@@ -290,16 +317,17 @@ class PartyCrypto:
             return self.flooding()
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
-                                    self.n_parties, self.flooding_bits,
-                                    self.flooding_decryptions, growth)
+                                    self.n_parties, self.held.flooding_bits,
+                                    self.held.flooding_decryptions, growth)
 
     def count_flooded_share(self) -> None:
         """Count one more flooded decryption under these keys; ProtocolError past τ
         (the flooding is sized for at most τ decryptions of the joint key)."""
-        if self.flooded_shares >= self.flooding_decryptions:
-            raise ProtocolError(f"the server asked for more than the {self.flooding_decryptions}"
-                                " flooded decryptions these keys were declared for")
-        self.flooded_shares += 1
+        allowed = self.held.flooding_decryptions
+        if self.held.flooded_shares >= allowed:
+            raise ProtocolError(f"the server asked for more than the {allowed} flooded "
+                                "decryptions these keys were declared for")
+        self.held.flooded_shares += 1
 
 
 def share_digest(ct: openfhe.Ciphertext) -> bytes:

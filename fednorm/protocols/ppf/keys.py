@@ -37,7 +37,7 @@ def key_needs(methods: Sequence[str], options: FitOptions) -> dict[str, object]:
 
 def setup_protocol(methods: Sequence[str]) -> Protocol:
     """The key-setup step of a session that will run ``methods`` (each role returns
-    None and keeps the keys in ``RoleContext.crypto``)."""
+    None and keeps the keys in ``RoleContext.held_keys``)."""
     methods = tuple(methods)
 
     async def server(rc: RoleContext, options: FitOptions) -> None:

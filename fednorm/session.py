@@ -132,8 +132,7 @@ class SessionPlan:
         return "+".join(protocol.name for protocol in self.protocols)
 
 
-ContextFor = Callable[[Protocol, "HeldKeys | None"], RoleContext]
-"""(step, the keys held so far) -> the step's context."""
+ContextFor = Callable[[Protocol, HeldKeys | None], RoleContext]  # (step, keys held) -> context
 
 
 @dataclass
@@ -157,8 +156,7 @@ class StepContexts:
         self.started.append(time.perf_counter())
         self.made.append(role_context(self.me, self.links, self.session, protocol,
                                       timeout=self.timeout, tracer=self.tracer,
-                                      held_keys=held_keys,
-                                      worker_limiter=self.worker_limiter,
+                                      held_keys=held_keys, worker_limiter=self.worker_limiter,
                                       keyring=self.keyring))
         return self.made[-1]
 
@@ -242,8 +240,7 @@ def check_session_inputs(party: int, X: np.ndarray, protocols: Sequence[Protocol
     """A party's data against what the server announced, before any key or frame: an
     :class:`InputRefused` whose cause every role can report, so no one has to wait for
     the protocol to trip over the data (and name only "party 2 refused its input")."""
-    for check, kind in ((check_within_vabs, BEYOND_VABS), (check_epsilon_reachable,
-                                                            FINER_EPSILON)):
+    for check, kind in ((check_within_vabs, BEYOND_VABS), (check_epsilon_reachable, FINER_EPSILON)):
         try:
             for protocol in protocols:
                 check(X, protocol, options, features)

@@ -43,10 +43,10 @@ def role_name(role: int) -> str:
 class Link(Protocol):
     """A reliable, ordered, authenticated byte pipe to one peer.
 
-    ``receive`` raises :class:`PartyDropped` when the peer is gone.  Who the peer
-    is comes from the transport (a channel, a TLS certificate), which is why a
-    frame whose header names another sender is rejected.  A link whose frames move in
-    a host framework's rounds (a Flower message a round) says so: ``moves_in_rounds``.
+    ``receive`` raises :class:`PartyDropped` when the peer is gone.  Who the peer is comes
+    from the transport (a channel, a TLS certificate), which is why a frame whose header
+    names another sender is rejected.  A link whose frames move in a host framework's
+    rounds (a Flower message a round) says so: ``moves_in_rounds``.
     """
 
     async def send(self, frame: bytes) -> None: ...
@@ -143,8 +143,7 @@ class RoleContext:
 
     @contextmanager
     def subprotocol(self, name: str, planned_rounds: int | None = None) -> Iterator[None]:
-        """Frames inside this block belong to sub-protocol ``name`` (e.g. ``robust/kth``);
-        tracers see it as a phase."""
+        """Frames inside this block belong to sub-protocol ``name`` (``robust/kth``): a phase."""
         self._protocols.append(f"{self.protocol}/{name}")
         try:
             with self._traced_phase(name, True, planned_rounds):
@@ -283,10 +282,8 @@ class RoleContext:
         if isinstance(msg, Abort):
             raise RunAborted(who, msg.reason)
         if header.round != self._receive_round[peer]:
-            raise ProtocolError(
-                f"frame from {who} has round {header.round}, "
-                f"expected {self._receive_round[peer]} (out of order or replayed)"
-            )
+            raise ProtocolError(f"frame from {who} has round {header.round}, expected "
+                                f"{self._receive_round[peer]} (out of order or replayed)")
         protocol = accepted.get(type(msg))
         if protocol is None:
             wanted = " or ".join(repr(cls.KIND) for cls in accepted)

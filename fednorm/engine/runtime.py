@@ -143,7 +143,7 @@ class RoleContext:
 
     @contextmanager
     def subprotocol(self, name: str, planned_rounds: int | None = None) -> Iterator[None]:
-        """Frames inside this block belong to sub-protocol ``name`` (``robust/kth``): a phase."""
+        """Frames in this block belong to sub-protocol ``name`` (``robust/kth``), a tracer phase."""
         self._protocols.append(f"{self.protocol}/{name}")
         try:
             with self._traced_phase(name, True, planned_rounds):

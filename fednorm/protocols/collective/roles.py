@@ -52,8 +52,23 @@ def shared_context(preset: str) -> ckks.CkksContext:
     return context
 
 
+class _OnHeldKeys:
+    """A step's facade over the keys its role holds (``held``): their context and joint
+    public material, read through."""
+
+    held: ckks.HeldKeys
+
+    @property
+    def ckks(self) -> ckks.CkksContext:
+        return self.held.ckks
+
+    @property
+    def joint(self) -> ckks.JointKeys:
+        return self.held.joint  # a party's: its own aggregate of the signed key shares
+
+
 @dataclass
-class ServerCrypto:
+class ServerCrypto(_OnHeldKeys):
     """The server's collective calls in one step, over ``rc``, on the keys it holds
     (``held``: no secret; they outlive the step in ``RoleContext.held_keys``).
     ``bootstraps`` and ``decryptions`` count this step's."""
@@ -62,14 +77,6 @@ class ServerCrypto:
     held: ckks.HeldKeys
     bootstraps: int = 0
     decryptions: int = 0
-
-    @property
-    def ckks(self) -> ckks.CkksContext:
-        return self.held.ckks
-
-    @property
-    def joint(self) -> ckks.JointKeys:
-        return self.held.joint
 
     def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
         return self.ckks.encrypt(self.joint.public_key, values)
@@ -176,7 +183,7 @@ class PartyKeyState(ckks.HeldKeys):
 
 
 @dataclass
-class PartyCrypto:
+class PartyCrypto(_OnHeldKeys):
     """A party's collective calls in one step, over ``rc``, on the keys it holds
     (``held``, which outlive the step in ``RoleContext.held_keys``)."""
 
@@ -184,16 +191,8 @@ class PartyCrypto:
     held: PartyKeyState
 
     @property
-    def ckks(self) -> ckks.CkksContext:
-        return self.held.ckks
-
-    @property
     def keys(self) -> ckks.PartyKeys:
         return self.held.keys
-
-    @property
-    def joint(self) -> ckks.JointKeys:
-        return self.held.joint  # its own aggregate of the signed key shares
 
     @property
     def n_parties(self) -> int:

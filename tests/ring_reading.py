@@ -31,3 +31,13 @@ def coefficients(ctx: CkksContext, towers: list[np.ndarray]) -> list[int]:
         value = sum(w * int(r) for w, r in zip(weights, column, strict=True)) % big_q
         out.append(value - big_q if value > big_q // 2 else value)
     return out
+
+
+def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,
+                   after: openfhe.Ciphertext) -> list[int]:
+    """What flooding added to a share: the integer polynomial (centered mod Π q_i) whose
+    residues are the towers' differences."""
+    moduli = ctx.moduli[:ctx.towers(before)]
+    return coefficients(ctx, [ring.add_mod(a, np.uint64(q) - b, q) for q, a, b in
+                              zip(moduli, towers_of(ctx, after), towers_of(ctx, before),
+                                  strict=True)])

@@ -110,7 +110,7 @@ def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     errors, watch, outcome = tcp_run(certs, server, options=options, allowing={1, 2},
                                      method="minmax")
     cause = "party 3 refused the session: minmax-mhe with --algorithm paper decrypts " \
-            "without flooding"
+            "without a proven flooding bound"
     assert isinstance(errors[3], InputError), errors
     for error in (*errors.values(), outcome.error):
         assert cause in str(error), error

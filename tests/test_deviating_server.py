@@ -10,7 +10,7 @@ that adds one request: the parties must refuse that request, and only that one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import openfhe
@@ -27,6 +27,7 @@ from fednorm.protocols.collective import (
     ServerCrypto,
     setup_server,
 )
+from fednorm.protocols.collective.decryption import decryption_of
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import minmax as ppf_minmax
@@ -90,9 +91,10 @@ class ExtraBootstrap(ServerCrypto):
     """Before the pass's decryption, one more bootstrap: of a fresh ciphertext, so it is
     neither a repeat nor past the level budget — only more than the pass needs."""
 
-    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                      noise: ckks.DecryptionNoise | None) -> np.ndarray:
         await self.bootstrap(self.encrypt(np.zeros(4)))
-        return await super().decrypt(ct, n)
+        return await super().decrypt(ct, n, noise)
 
 
 async def test_a_bootstrap_beyond_a_minmax_pass_is_refused(links: StarLinks) -> None:
@@ -109,6 +111,43 @@ async def test_a_bootstrap_beyond_a_minmax_pass_is_refused(links: StarLinks) -> 
     assert at_server.count("server", "sent", "ckks.decrypt_request") == 0
 
 
+# -- (a') a decryption declared less noisy than the step's --------------------------------
+def declaring(change: Callable[[ckks.DecryptionNoise], ckks.DecryptionNoise | None]
+              ) -> type[ServerCrypto]:
+    class MisDeclared(ServerCrypto):
+        """Each flooded decryption declared as ``change`` makes it: with less noise (the
+        parties would flood less than the values' noise), or none at all."""
+
+        async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                          noise: ckks.DecryptionNoise | None) -> np.ndarray:
+            return await super().decrypt(ct, n, None if noise is None else change(noise))
+
+    return MisDeclared
+
+
+QUIETER = declaring(lambda noise: replace(noise, log2_sigma=noise.log2_sigma - 20))
+PLAIN = declaring(lambda noise: None)
+
+
+@pytest.mark.parametrize("crypto", [QUIETER, PLAIN], ids=["quieter", "plain"])
+async def test_a_decryption_declared_with_less_noise_than_its_step_is_refused(
+    crypto, links: StarLinks,
+) -> None:
+    """A MinMax pass's decryption declared 2^-20 as noisy (so the parties would flood
+    2^20 too little), or not flooded at all: every party refuses it against its own run
+    of the pass, and sends no share."""
+    async def server(rc, options):
+        made = await setup_server(rc, options.preset, **setup_arguments(options))
+        low, high = await ppf_minmax.minmax_server(deviating_crypto(made, crypto), None,
+                                                   options)
+        return MinMaxNormalizer(low, high)
+
+    at_server, at_parties = await _refused(
+        server, "minmax", ONE_CHEAP_PASS, "it declares another noise", links)
+    assert_last_request_unanswered(at_server, at_parties, "ckks.decrypt_request")
+    assert at_server.count("server", "sent", "ckks.decrypt_request", "party 1") == 1
+
+
 # -- (b) a second decryption of the same ciphertext ----------------------------------------
 Variant = Callable[[ckks.CkksContext, openfhe.Ciphertext], openfhe.Ciphertext]
 SAME: Variant = lambda context, prepared: prepared  # noqa: E731
@@ -120,12 +159,13 @@ def repeating(variant: Variant) -> type[ServerCrypto]:
         """The first decryption (the presence bits), then its request again as
         ``variant`` makes it: fresh shares of the same ciphertext."""
 
-        async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-            values = await super().decrypt(ct, n)
+        async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                          noise: ckks.DecryptionNoise | None) -> np.ndarray:
+            values = await super().decrypt(ct, n, noise)
             if self.decryptions == 1:
-                prepared = ckks.Decryption(self.ckks).prepare(ct)
-                await request_shares(self.rc, "decrypt", DecryptRequest(
-                    ciphertext=variant(self.ckks, prepared)), DecryptShare)
+                prepared = decryption_of(self.ckks, noise).prepare(ct)
+                await request_shares(self.rc, "decrypt", DecryptRequest.of(
+                    variant(self.ckks, prepared), noise), DecryptShare)
             return values
 
     return RepeatFirstDecryption
@@ -179,10 +219,11 @@ class CountOnRetry(ServerCrypto):
 
     count: openfhe.Ciphertext
 
-    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-        values = await super().decrypt(ct, n)
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                      noise: ckks.DecryptionNoise | None) -> np.ndarray:
+        values = await super().decrypt(ct, n, noise)
         if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
-            await super().decrypt(self.count, n)
+            await super().decrypt(self.count, n, None)
         return values
 
 

@@ -19,7 +19,7 @@ import openfhe
 import pytest
 from ckks_federation import PARTIES as P
 from ckks_federation import CkksFederation
-from ring_reading import coefficients, towers_of
+from ring_reading import coefficients, flooding_noise, towers_of
 
 from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setup_locally
 from fednorm.engine.ckks.flooding import flood_share
@@ -27,16 +27,6 @@ from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.sim.federation import simulate
-
-
-def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,
-                   after: openfhe.Ciphertext) -> list[int]:
-    """What flooding added to a share: the integer polynomial (centered mod Π q_i) whose
-    residues are the towers' differences."""
-    moduli = ctx.moduli[:ctx.towers(before)]
-    return coefficients(ctx, [ring.add_mod(a, np.uint64(q) - b, q) for q, a, b in
-                              zip(moduli, towers_of(ctx, after), towers_of(ctx, before),
-                                  strict=True)])
 
 
 def test_the_ntt_is_openfhes(fed: CkksFederation) -> None:

@@ -323,7 +323,7 @@ def test_a_node_joins_the_paper_algorithms_only_when_its_config_allows(
         context.node_config[ALLOW_UNFLOODED_KEY] = "true" if node != NODE_IDS[1] else "no"
     options = FitOptions(algorithm="paper", preset="test")
     with pytest.raises(PartyDropped, match="party 2 refused the session: zscore-mhe with "
-                       "--algorithm paper decrypts without flooding"):
+                       "--algorithm paper decrypts without a proven flooding bound"):
         normalize(grid, NODE_IDS, "zscore", "mhe", options)
     wait_until_gone(pipe_dir)
 

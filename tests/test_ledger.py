@@ -35,15 +35,16 @@ FLOODED_KINDS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request")
 class DecryptionWidths(Tracer):
     """How many values each of the server's collective decryptions revealed, in order:
     its worker calls of ``Decryption.finalize`` (which ``SumDecryption`` inherits) and
-    what they returned."""
+    ``FloodedDecryption.finalize``, and what they returned."""
 
-    FINALIZE = ckks.Decryption.finalize.__qualname__
+    FINALIZE = frozenset({ckks.Decryption.finalize.__qualname__,
+                          ckks.FloodedDecryption.finalize.__qualname__})
 
     def __init__(self) -> None:
         self.widths: list[int] = []
 
     def crypto_call(self, event: CryptoEvent) -> None:
-        if event.call == self.FINALIZE:
+        if event.call in self.FINALIZE:
             self.widths.append(len(event.result))
 
 
@@ -119,10 +120,11 @@ def test_only_the_declared_ledger_crosses_the_wire(case: Case) -> None:
         if case.privacy == "mhe" and case.algorithm == "default":
             assert header.kind not in DECRYPT_KINDS or header.kind in FLOODED_KINDS, \
                 f"an unflooded decryption ({header.kind}) in a default protocol"
-    # Bootstraps, sum decryptions, relayed inputs and the relinearization key's second
-    # round depend on the protocol and its options.
+    # Bootstraps, decryptions of each kind, relayed inputs and the relinearization key's
+    # second round depend on the protocol and its options.
     stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
-        "ckks.boot_request", "ckks.boot_share", "ckks.decrypt_sum_request",
+        "ckks.boot_request", "ckks.boot_share", "ckks.decrypt_request",
+        "ckks.decrypt_sum_request",
         "ckks.decrypt_product_request", "ckks.relayed_inputs", "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)

@@ -305,8 +305,8 @@ SCHEMA_CASES = {
     "paper algorithms not allowed": (["--privacy", "mhe", "--algorithm", "paper"],
                                      "distrustful", False,
                                      "party 3 refused the session: zscore-mhe with "
-                                     "--algorithm paper decrypts without flooding "
-                                     "(docs/LEAKAGE.md)"),
+                                     "--algorithm paper decrypts without a proven "
+                                     "flooding bound (docs/LEAKAGE.md)"),
 }
 
 

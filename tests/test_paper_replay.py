@@ -70,8 +70,9 @@ class OwnUploadDecrypted(ServerCrypto):
             self.own = cts[1].ciphertext
         return await super().add_all(cts)
 
-    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-        return await super().decrypt(self.own if self.decryptions == 0 else ct, n)
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                      noise: ckks.DecryptionNoise | None) -> np.ndarray:
+        return await super().decrypt(self.own if self.decryptions == 0 else ct, n, noise)
 
 
 async def test_a_decryption_of_a_partys_own_upload_is_refused(links: StarLinks) -> None:

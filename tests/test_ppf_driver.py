@@ -48,7 +48,7 @@ class FakeCrypto:
         self.log.append(("bootstrap", ct, _on_main_thread()))
         return f"fresh {ct}"
 
-    async def decrypt(self, ct, width):
+    async def decrypt(self, ct, width, noise):
         self.log.append(("decrypt", (ct, width), _on_main_thread()))
         return [1.0] * width
 
@@ -64,7 +64,7 @@ async def test_a_core_runs_off_the_event_loop_and_its_requests_in_order() -> Non
         threads.append(_on_main_thread())
         fresh = yield Refresh("a")
         threads.append(_on_main_thread())
-        values = yield from decrypted(fresh, 2)
+        values = yield from decrypted(fresh, 2, None)
         threads.append(_on_main_thread())
         again = yield Refresh("b")
         return fresh, values, again
@@ -90,9 +90,9 @@ async def test_a_core_that_fails_fails_its_caller() -> None:
         await run_core(FakeCrypto(), core(), "step")
 
 
-def test_a_decryption_request_names_its_ciphertext_and_width() -> None:
-    request = decrypted("ct", 3).send(None)
-    assert request == Decrypt("ct", 3)
+def test_a_decryption_request_names_its_ciphertext_width_and_noise() -> None:
+    request = decrypted("ct", 3, None).send(None)
+    assert request == Decrypt("ct", 3, None)
 
 
 def test_pairwise_prepares_every_item_each_round_then_combines_in_pairs() -> None:

@@ -170,11 +170,11 @@ class OneMoreAfterTheRetry(ServerCrypto):
     """The honest requests up to the mean's coarse pass and its declared retry (the
     request at 2^-40, bound to it: answered), then one more decryption."""
 
-    async def decrypt(self, ct, n: int) -> np.ndarray:
-        values = await super().decrypt(ct, n)
+    async def decrypt(self, ct, n: int, noise) -> np.ndarray:
+        values = await super().decrypt(ct, n, noise)
         if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
             await self.decrypt_shifted(ct, n)
-            await super().decrypt(self.encrypt(np.full(2, 3.0)), n)
+            await super().decrypt(self.encrypt(np.full(2, 3.0)), n, None)
         return values
 
 

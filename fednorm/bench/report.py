@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from fednorm.bench import (
     cases,
     communication,
+    decryption_noise,
     kth,
     micro,
     noise,
@@ -49,8 +50,8 @@ from fednorm.engine.errors import InputError
 from fednorm.training.progress import Progress
 
 GENERATED_MARKER = "# PPF benchmark report"
-SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise", "plain",
-            "threads", "study")
+SECTIONS = ("micro", "totals", "epsilon", "scaling", "precision", "zscore", "noise",
+            "flooding", "plain", "threads", "study")
 """Section names for ``--sections``, in the order they run (the headline ones first: the
 report is written after each section, so a run cut short keeps them)."""
 
@@ -131,6 +132,7 @@ class BenchPlan:
             "epsilon": len(self.epsilons),
             "scaling": scaled,
             "noise": 1,
+            "flooding": 1,
             "plain": len(self.plain_shapes) * len(plain.METHODS),
             "threads": self.repeats * len(self.thread_layouts),
             "study": 1,
@@ -248,6 +250,13 @@ def _noise(plan: BenchPlan, run: BenchRun) -> list[Section]:
     return [section]
 
 
+def _flooding(plan: BenchPlan, run: BenchRun) -> list[Section]:
+    t = time.perf_counter()
+    section = decryption_noise.flooding_calibration(plan.preset, plan.parties, plan.command)
+    step("flooding calibration", time.perf_counter() - t)
+    return [section]
+
+
 def _plain(plan: BenchPlan, run: BenchRun) -> list[Section]:
     return [plain.plain_vs_sklearn(plan.plain_shapes, plan.parties, plan.fast_repeats,
                                    plan.command)]
@@ -265,7 +274,8 @@ def _study(plan: BenchPlan, run: BenchRun) -> list[Section]:
 
 _RUNNERS: dict[str, Callable[[BenchPlan, BenchRun], list[Section]]] = {
     "micro": _micro, "totals": _totals, "zscore": _zscore, "precision": _precision,
-    "epsilon": _epsilon, "scaling": _scaling, "noise": _noise, "plain": _plain,
+    "epsilon": _epsilon, "scaling": _scaling, "noise": _noise, "flooding": _flooding,
+    "plain": _plain,
     "threads": _threads, "study": _study,
 }
 

@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="smoke run: test preset, small grids, one repeat (a few minutes)")
     p.add_argument("--sections", type=_list_of(str, "--sections"),
                    help="comma-separated subset of micro,totals,epsilon,scaling,precision,"
-                        "zscore,noise,plain,threads,study (default: all; study runs the "
+                        "zscore,noise,flooding,plain,threads,study (default: all; study runs the "
                         "tabular study grid, about 1.5 h, and needs torch)")
     p.add_argument("--preset", help="CKKS preset: paper (default) or test (--quick)")
     p.add_argument("--repeats", type=int,

@@ -82,10 +82,10 @@ class PartyConfig:
     key shares in a PPF session.  ``tls``: a TLS context of the caller's own (their
     PKI's settings; it must present party ``party``'s certificate from the federation's
     CA) in place of the one built from ``certs``; a plain session needs nothing else.
-    ``allow_unflooded``: join sessions whose protocols decrypt without flooding (the
-    paper's PPF algorithms: every request is checked, but the server sees the values
-    with the ciphertexts' own noise); by default such a session is refused before any
-    key is made."""
+    ``allow_unflooded``: join sessions whose protocols decrypt without a proven flooding
+    bound (the paper's PPF algorithms: every request is checked, but some values reach
+    the server with the ciphertexts' own noise, others flooded by a measured noise);
+    by default such a session is refused before any key is made."""
 
     host: str
     port: int

@@ -249,12 +249,14 @@ def refuse_unflooded(party: int, protocols: Sequence[Protocol], options: FitOpti
     A party decides this, not the server: with the paper's algorithms a party helps with
     decryptions it does not flood (it recomputes each request, so a deviating server
     gets no other ciphertext decrypted, but the values carry the ciphertext's own noise,
-    docs/LEAKAGE.md).  The reason names no data, so every role may report it."""
+    or flooding that a measured noise estimate sizes, not a proven bound: docs/LEAKAGE.md).
+    The reason names no data, so every role may report it."""
     names = [p.name for p in protocols if p.unflooded(options)]
     if names and not allowed:
         raise SessionRefused(
             f"{role_name(party)} refused the session: {', '.join(names)} with --algorithm "
-            f"{options.algorithm} decrypts without flooding (docs/LEAKAGE.md); a party "
+            f"{options.algorithm} decrypts without a proven flooding bound (docs/LEAKAGE.md); "
+            "a party "
             f"joins it only if its operator allows it (fednorm party {ALLOW_UNFLOODED}, "
             "PartyConfig(allow_unflooded=True), or a Flower node's "
             "fednorm-allow-paper-algorithms)")

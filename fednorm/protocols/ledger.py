@@ -27,7 +27,8 @@ Fields = Mapping[str, frozenset[str]]
 # each share carries its maker's signature and certificate (public), and the server
 # names digests of the evaluation keys it installed; a bootstrap request and its
 # shares name the index of the common random element (a counter); a relay of input
-# uploads names their index (a counter).
+# uploads names their index (a counter); a decryption request names the noise its step
+# declares (the kind of computation, its measured noise, the P it was measured at).
 _SIGNED = frozenset({"signature", "certificate"})
 COLLECTIVE: Fields = {
     "ckks.lead_keys": _SIGNED,
@@ -36,6 +37,7 @@ COLLECTIVE: Fields = {
     "ckks.relin_round2": _SIGNED,
     "ckks.setup_done": frozenset({"relin_key", "rotation_keys"}),
     "ckks.boot_request": frozenset({"index"}),
+    "ckks.decrypt_request": frozenset({"noise_kind", "noise_log2", "noise_parties"}),
     "ckks.boot_share": _SIGNED | {"index"},
     "ckks.relayed_inputs": frozenset({"index"}),
     "ckks.decrypt_sum_request": frozenset({"index"}),

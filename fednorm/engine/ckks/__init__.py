@@ -34,7 +34,9 @@ from fednorm.engine.ckks.context import (
 from fednorm.engine.ckks.cores import ensure_levels
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import (
+    DecryptionNoise,
     Flooding,
+    MeasuredFlooding,
     ProductFlooding,
     check_decryptions,
     check_security_bits,
@@ -69,6 +71,7 @@ from fednorm.engine.ckks.multiparty import (
     DecodeOverflow,
     Decryption,
     DecryptionShare,
+    FloodedDecryption,
     JointRoundOne,
     KeyCheck,
     KeyDigests,
@@ -102,7 +105,9 @@ __all__ = [
     "ComparePlan",
     "DecodeOverflow",
     "Decryption",
+    "DecryptionNoise",
     "DecryptionShare",
+    "FloodedDecryption",
     "Flooding",
     "HeldKeys",
     "InversePlan",
@@ -115,6 +120,7 @@ __all__ = [
     "LevelBudgetError",
     "Levels",
     "LocalRefresh",
+    "MeasuredFlooding",
     "PartyKeys",
     "ProductFlooding",
     "PublicKeyAggregate",

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
+from fednorm.engine.ckks.flooding import DecryptionNoise
 from fednorm.engine.ckks.levels import LevelBudgetError, Refresher
 from fednorm.engine.errors import InputError
 
@@ -42,10 +43,13 @@ class Refresh:
 @dataclass(frozen=True)
 class Decrypt:
     """A core's request: the first ``width`` slots of ``ct``, decrypted collectively; the
-    core is resumed with the values."""
+    core is resumed with the values.  ``noise``: what the step declares of the noise it
+    decrypts, so that every party floods its share by it; ``None`` where flooding would
+    leave no useful precision (each such decryption is named in docs/LEAKAGE.md)."""
 
     ct: openfhe.Ciphertext
     width: int
+    noise: DecryptionNoise | None
 
 
 CoreRequest = Refresh | Decrypt
@@ -55,9 +59,10 @@ Core = Generator[CoreRequest, Any, T]
 r"""A crypto core returning T: yields :data:`CoreRequest`\ s, is resumed with answers."""
 
 
-def decrypted(ct: openfhe.Ciphertext, width: int) -> Core[Any]:
-    """Inside a core: ``values = yield from decrypted(ct, width)``."""
-    return (yield Decrypt(ct, width))
+def decrypted(ct: openfhe.Ciphertext, width: int, noise: DecryptionNoise | None
+              ) -> Core[Any]:
+    """Inside a core: ``values = yield from decrypted(ct, width, noise)``."""
+    return (yield Decrypt(ct, width, noise))
 
 
 def unexpected(request: object) -> TypeError:

@@ -38,6 +38,14 @@ joint secret in the coefficient domain, ``tests/test_ppf_extremes.py``): noise s
 the flooded bits (s = 30, τ = 1024) within 0.022 of 0 and 1 (0.22 with bits uploaded at
 scale Δ, whose encryption noise the product then carries).
 
+For a *computed* ciphertext (a comparison after collective bootstraps, a product of
+flags refreshed on the way: :class:`MeasuredFlooding`) no proof bounds the noise, so
+``t`` is what the step declares (:class:`DecryptionNoise`): its noise measured as
+OpenFHE measures it for CKKS flooding, on fresh keys whose joint secret is known, 8 of
+those standard deviations at the request's scale.  Such a request is compressed to
+:data:`FLOODED_TOWERS` towers at scale Δ, and its shares are decoded by the server
+itself (:mod:`.decoding`).
+
 Where: OpenFHE 1.6.1 offers ``NOISE_FLOODING_MULTIPARTY`` only for BFV/BGV, and its
 slot encoder cannot carry such noise (it scales every coefficient by the integer scaling
 factor, so noise encoded through it sits on a sublattice a server reduces away, and real
@@ -159,6 +167,58 @@ class ProductFlooding(Flooding):
         """t: a bound on any coefficient of the decrypted product's noise."""
         carried = (self.fresh_sigma * self.growth) ** 2
         return TAIL * math.sqrt(self.summands * (carried + 3 * self.rounding_sigma ** 2))
+
+
+@dataclass(frozen=True)
+class DecryptionNoise:
+    """What a flooded decryption of a *computed* ciphertext (not a sum or product of
+    uploads) declares about the noise it decrypts, for OpenFHE's way of sizing flooding
+    where no proof bounds it: run the same computation on fresh keys and measure.
+
+    ``kind`` names the computation; ``log2_sigma`` is the measured standard deviation of
+    its noise per coefficient, per unit of the ciphertext's scale, at
+    ``calibrated_parties`` parties (:mod:`fednorm.bench.decryption_noise` measures it).
+    Beyond that many parties the noise grows as √P (each party's encryption and bootstrap
+    shares add their own).  Only computations whose noise does not grow with data-dependent
+    values are declared so (bits, comparisons on a fixed window): for the others no one
+    number bounds it.
+    """
+
+    kind: str
+    log2_sigma: float
+    calibrated_parties: int
+
+    def relative_sigma(self, parties: int) -> float:
+        """σ of the decrypted request's noise per coefficient, per unit of scale."""
+        return 2.0**self.log2_sigma * math.sqrt(max(1.0, parties / self.calibrated_parties))
+
+
+FLOODED_TOWERS = 2  # a flooded decryption request: compressed to 2 towers, scale ≈ Δ
+
+
+@dataclass(frozen=True)
+class MeasuredFlooding(Flooding):
+    """The noise a party adds to a decryption share of a computed ciphertext, sized by
+    the decryption's declared, measured noise (:class:`DecryptionNoise`) at the request's
+    scale: t = 8 σ, σ the declared noise times the scale."""
+
+    noise: DecryptionNoise | None = None
+    scale: float = 0.0
+
+    @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        return "a flooded decryption request", 1, FLOODED_TOWERS
+
+    @property
+    def ciphertext_noise_bound(self) -> float:
+        if self.noise is None or self.scale <= 0:
+            raise InputError("a measured flooding needs the declared noise and the scale")
+        return TAIL * self.noise.relative_sigma(self.parties) * self.scale
+
+    def fused_value_sigma(self) -> float:
+        """The standard deviation all P parties' flooding adds to each decrypted value, in
+        the values' units (the scale cancels)."""
+        return self.slot_sigma(self.scale) * math.sqrt(self.parties)
 
 
 def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,

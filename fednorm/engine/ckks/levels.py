@@ -70,14 +70,15 @@ class LevelArithmetic:
     many collective bootstraps a step of the server takes, and refuses more.
     """
 
-    def __init__(self, level_budget: int, depth: int) -> None:
+    def __init__(self, level_budget: int, depth: int, preset: Any = None) -> None:
         self.level_budget = level_budget
         self.depth = depth
+        self.preset = preset  # the context's CkksPreset: what its decryptions declare
 
     @classmethod
     def like(cls, context: Any) -> LevelArithmetic:
         """The level counts of ``context`` (a :class:`~.context.CkksContext`)."""
-        return cls(context.level_budget, context.depth)
+        return cls(context.level_budget, context.depth, context.preset)
 
     def consumed(self, ct: Levels) -> int:
         return ct.consumed

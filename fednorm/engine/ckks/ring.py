@@ -160,9 +160,8 @@ def ntt(modulus: int, ring_dim: int) -> Ntt:
 
 
 def residues(values: np.ndarray, modulus: int) -> np.ndarray:
-    """Signed integers (int64) as residues mod ``modulus``."""
-    signed = values.astype(np.int64)
-    return np.where(signed < 0, signed + np.int64(modulus), signed).astype(np.uint64)
+    """Signed integers (int64, any magnitude) as residues mod ``modulus`` (< 2^63)."""
+    return np.mod(values.astype(np.int64), np.int64(modulus)).astype(np.uint64)
 
 
 def centered(values: np.ndarray, modulus: int) -> np.ndarray:

@@ -1,16 +1,19 @@
 """Collective decryption over the network: the server's round, a party's answer.
 
-Three kinds share one flow: a plain decryption (:class:`~fednorm.engine.ckks.Decryption`,
-sub-protocol ``decrypt``) and a flooded decryption of a sum or a product of signed
-uploads (:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocols ``decrypt_sum`` and
-``decrypt_product``).
+Three kinds share one flow: a decryption of a computed ciphertext (sub-protocol
+``decrypt``: :class:`~fednorm.engine.ckks.FloodedDecryption`, flooded by the noise the
+step declares, or, where flooding would leave no useful precision, a plain
+:class:`~fednorm.engine.ckks.Decryption`) and a flooded decryption of a sum or a product
+of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocols
+``decrypt_sum`` and ``decrypt_product``).
 
-A plain decryption whose values were too large to decode may be retried once where a
-phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`), and only bound
-to the request it retries: that request's ciphertext times the public 2^-RETRY_SHIFT
-(:func:`shifted`), which a party recomputes from the request it answered and compares
-byte for byte (:func:`require_retry_of`).  So a retry reveals the same values, scaled,
-and no spare decryption is left for another ciphertext.
+A plain (not flooded) decryption whose values were too large to decode may be retried
+once where a phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`),
+and only bound to the request it retries: that request's ciphertext times the public
+2^-RETRY_SHIFT (:func:`shifted`), which a party recomputes from the request it answered
+and compares byte for byte, and which must declare no flooding, as the request it
+retries (:func:`require_retry_of`).  A flooded decryption is decoded here, whatever its
+noise (:mod:`fednorm.engine.ckks.decoding`), so it is never retried.
 """
 
 from __future__ import annotations
@@ -41,21 +44,31 @@ if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
 
 DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT = "decrypt", "decrypt_sum", "decrypt_product"
+RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
 CombinedRequest = SumDecryptRequest | ProductDecryptRequest
 _COMBINED: dict[type[SignedUpload], tuple[str, type[CombinedRequest]]] = {
     SumUpload: (DECRYPT_SUM, SumDecryptRequest),
     ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest),
 }  # each kind of upload: the sub-protocol and request that decrypt its combination
-RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
 
 
-async def decrypt(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-    """Server: the plain decryption of ``ct``, first ``n`` slots."""
-    decryption = ckks.Decryption(crypto.ckks)
+async def decrypt(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int,
+                  noise: ckks.DecryptionNoise | None) -> np.ndarray:
+    """Server: the decryption of ``ct``, first ``n`` slots, flooded by the declared
+    ``noise`` (``None``: not flooded)."""
+    decryption = decryption_of(crypto.ckks, noise)
     prepared = await crypto.rc.run_sync(decryption.prepare, ct)
     crypto.decryptions += 1
     return await _shares_fused(crypto, decryption, DECRYPT,
-                               DecryptRequest(ciphertext=prepared), prepared, n)
+                               DecryptRequest.of(prepared, noise), prepared, n)
+
+
+def decryption_of(context: ckks.CkksContext, noise: ckks.DecryptionNoise | None,
+                  flooding: ckks.MeasuredFlooding | None = None) -> ckks.Decryption:
+    """The decryption a request with the declared ``noise`` takes: flooded by it, or not."""
+    if noise is None:
+        return ckks.Decryption(context)
+    return ckks.FloodedDecryption(context, noise, flooding)
 
 
 async def decrypt_shifted(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int
@@ -123,8 +136,16 @@ async def _fused(crypto: ServerCrypto, decryption: ckks.Decryption,
 
 
 async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> None:
-    """Party: a decryption share of the requested ciphertext (never a second one)."""
-    await _answer(crypto, ckks.Decryption(crypto.ckks), DECRYPT, request.ciphertext)
+    """Party: a decryption share of the requested ciphertext (never a second one),
+    flooded by the noise the request declares (checked beforehand against this party's
+    own run of the step, where it replays it), counted against τ."""
+    noise = request.declared_noise()
+    flooding = None
+    if noise is not None:
+        crypto.count_flooded_share()
+        flooding = crypto.measured_flooding(noise, request.ciphertext)
+    await _answer(crypto, decryption_of(crypto.ckks, noise, flooding), DECRYPT,
+                  request.ciphertext)
 
 
 async def answer_sum_decryption(crypto: PartyCrypto, request: SumDecryptRequest) -> None:
@@ -175,7 +196,10 @@ async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,
 async def require_retry_of(crypto: PartyCrypto, previous: openfhe.Ciphertext | None,
                            request: DecryptRequest) -> None:
     """Party: ProtocolError unless ``request`` is the retry of ``previous`` (the decryption
-    request answered just before): :func:`shifted` of it, recomputed here, byte for byte."""
+    request answered just before, not flooded): :func:`shifted` of it, recomputed here,
+    byte for byte, declaring no flooding either."""
+    if request.declared_noise() is not None:
+        raise ProtocolError("decryption retry refused: only a plain decryption is retried")
     if previous is None or not await crypto.rc.run_sync(
             _is_shifted, crypto.ckks, previous, request.ciphertext):
         raise ProtocolError("decryption retry refused: its ciphertext is not the previous "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import ClassVar
 
 import openfhe
@@ -153,9 +154,33 @@ class SetupDone(Message):
 # -- decryption ----------------------------------------------------------------------------
 @message("ckks.decrypt_request")
 class DecryptRequest(Message):
-    """Decrypt this (prepared) ciphertext: every party answers a :class:`DecryptShare`."""
+    """Decrypt this (prepared) ciphertext: every party answers a :class:`DecryptShare`,
+    flooded by the noise the step declares (``noise_kind`` empty: not flooded;
+    :class:`~fednorm.engine.ckks.DecryptionNoise`), which a party replaying the step
+    checks against its own (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
 
     ciphertext: openfhe.Ciphertext
+    noise_kind: str = ""
+    noise_log2: float = 0.0
+    noise_parties: int = 0
+
+    @classmethod
+    def of(cls, ciphertext: openfhe.Ciphertext, noise: ckks.DecryptionNoise | None
+           ) -> DecryptRequest:
+        if noise is None:
+            return cls(ciphertext=ciphertext)
+        return cls(ciphertext=ciphertext, noise_kind=noise.kind, noise_log2=noise.log2_sigma,
+                   noise_parties=noise.calibrated_parties)
+
+    def declared_noise(self) -> ckks.DecryptionNoise | None:
+        """The noise the request declares; ProtocolError if its fields are malformed."""
+        if self.noise_kind == "":
+            return None
+        if (not isinstance(self.noise_kind, str) or not isinstance(self.noise_log2, float)
+                or not math.isfinite(self.noise_log2) or isinstance(self.noise_parties, bool)
+                or not isinstance(self.noise_parties, int) or self.noise_parties < 1):
+            raise ProtocolError("decryption request refused: its declared noise is malformed")
+        return ckks.DecryptionNoise(self.noise_kind, self.noise_log2, self.noise_parties)
 
 
 @message("ckks.decrypt_sum_request")

@@ -81,21 +81,19 @@ class ServerCrypto(_OnHeldKeys):
     def encrypt(self, values: np.ndarray) -> openfhe.Ciphertext:
         return self.ckks.encrypt(self.joint.public_key, values)
 
-    async def decrypt(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-        """Collective decryption: the first ``n`` slots of ``ct``, revealed to the server.
-
-        Not flooded (docs/LEAKAGE.md, "Decryption noise"): for sums use
-        :meth:`decrypt_sum`.  The ciphertext is compressed and its scale doubled first
-        (:meth:`~fednorm.engine.ckks.Decryption.prepare`): ~1e-9 instead of ~1e-6
-        absolute error, and a request no larger than the shares that come back.
-        """
-        return await decryption.decrypt(self, ct, n)
+    async def decrypt(self, ct: openfhe.Ciphertext, n: int,
+                      noise: ckks.DecryptionNoise | None) -> np.ndarray:
+        """Collective decryption: the first ``n`` slots of ``ct``, revealed to the server,
+        every share flooded by the ``noise`` the step declares (docs/LEAKAGE.md,
+        "Decryption noise"); ``None``: not flooded, the ciphertext compressed and its
+        scale doubled (:meth:`~fednorm.engine.ckks.Decryption.prepare`)."""
+        return await decryption.decrypt(self, ct, n, noise)
 
     async def decrypt_shifted(self, ct: openfhe.Ciphertext, n: int) -> np.ndarray:
-        """:meth:`decrypt` of ``ct`` once more, right after it failed to decode (values
-        too large): its request times the public 2^-40, values scaled back — the one
-        retry a phase may declare, which parties accept only bound to that request
-        (:func:`~fednorm.protocols.collective.decryption.shifted`)."""
+        """:meth:`decrypt` (not flooded) of ``ct`` once more, right after it failed to
+        decode (values too large): its request times the public 2^-40, values scaled
+        back — the one retry a phase may declare, which parties accept only bound to that
+        request (:func:`~fednorm.protocols.collective.decryption.shifted`)."""
         return await decryption.decrypt_shifted(self, ct, n)
 
     async def decrypt_sum(self, pooled: PooledUploads, n: int) -> np.ndarray:
@@ -318,6 +316,14 @@ class PartyCrypto(_OnHeldKeys):
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,
                                     self.held.flooding_decryptions, growth)
+
+    def measured_flooding(self, noise: ckks.DecryptionNoise, request: openfhe.Ciphertext
+                          ) -> ckks.MeasuredFlooding:
+        """The noise for a share of a computed ciphertext (``request``, as prepared),
+        sized by the step's declared ``noise`` at the request's scale."""
+        return ckks.MeasuredFlooding(self.ckks.preset.ring_dim, self.n_parties, 1,
+                                     self.held.flooding_bits, self.held.flooding_decryptions,
+                                     noise=noise, scale=request.GetScalingFactor())
 
     def count_flooded_share(self) -> None:
         """Count one more flooded decryption under these keys; ProtocolError past τ

@@ -93,7 +93,7 @@ async def serve_until(
     kinds = expected if isinstance(expected, tuple) else (expected,)
     left = {BootRequest: bootstraps, SumDecryptRequest: sums,
             ProductDecryptRequest: products, DecryptRequest: decryptions}
-    previous = None  # the last decryption request answered: what a retry must repeat
+    previous = None  # the last plain decryption request answered: what a retry repeats
     while True:
         msg = await _next_request_or(rc, kinds)
         if isinstance(msg, kinds):
@@ -108,8 +108,8 @@ async def serve_until(
         else:
             raise ProtocolError(f"the server asked for more {service.noun} than the "
                                 "protocol step declares")
-        if isinstance(msg, DecryptRequest):
-            previous = msg.ciphertext
+        if isinstance(msg, DecryptRequest):  # only a plain decryption may be retried
+            previous = msg.ciphertext if msg.declared_noise() is None else None
         if checked is None or retry or not isinstance(msg, DecryptRequest | BootRequest):
             await service.answer(crypto, msg)  # sums and products check themselves
             continue

@@ -30,7 +30,7 @@ from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
 )
-from fednorm.protocols.collective.decryption import same_ciphertext
+from fednorm.protocols.collective.decryption import decryption_of, same_ciphertext
 from fednorm.protocols.ledger import Allowance
 
 T = TypeVar("T")
@@ -71,8 +71,8 @@ async def run_core(crypto: ServerCrypto, core: Core[T], phase: str, replayed: bo
     with crypto.rc.phase(phase):
         while not (step := await crypto.rc.run_sync(advance, answer)).done:
             match step.request:
-                case Decrypt(ct, width):
-                    answer = await crypto.decrypt(ct, width)
+                case Decrypt(ct, width, noise):
+                    answer = await crypto.decrypt(ct, width, noise)
                 case Refresh(ct):
                     answer = await crypto.bootstrap(ct, forward=replayed)
                 case request:
@@ -106,8 +106,11 @@ class Replay:
         if not isinstance(expected, Refresh | Decrypt):
             raise unexpected(expected)
         match request, expected:
-            case DecryptRequest(), Decrypt(ct, width):
-                prepared = await crypto.rc.run_sync(ckks.Decryption(crypto.ckks).prepare, ct)
+            case DecryptRequest(), Decrypt(ct, width, noise):
+                if request.declared_noise() != noise:
+                    raise ProtocolError("decryption request refused: it declares another "
+                                        "noise than this party's own run of the step")
+                prepared = await crypto.rc.run_sync(decryption_of(crypto.ckks, noise).prepare, ct)
                 if await crypto.rc.run_sync(same_ciphertext, prepared, request.ciphertext):
                     self._kept = np.zeros(width)
                     return
@@ -168,7 +171,7 @@ def planned_requests(core: Core[T]) -> tuple[T, Allowance]:
     advance, answer, asked = _Resume(core), None, Allowance()
     while not (step := advance(answer)).done:
         match step.request:
-            case Decrypt(_, width):
+            case Decrypt(_, width, _):
                 asked += Allowance(decryptions=1)
                 answer = np.zeros(width)
             case Refresh():

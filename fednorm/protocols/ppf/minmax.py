@@ -61,12 +61,14 @@ from fednorm.protocols.base import (
 from fednorm.protocols.collective import (
     PartyCrypto,
     ServerCrypto,
+    flooding_arguments,
     setup_party,
     setup_server,
 )
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
+from fednorm.protocols.ppf import noise
 from fednorm.protocols.ppf.checks import vabs_vector
 from fednorm.protocols.ppf.driver import planned_requests, run_core
 from fednorm.protocols.ppf.minmax_layout import (
@@ -77,6 +79,7 @@ from fednorm.protocols.ppf.minmax_layout import (
     block_position,
     comparison_rounds,
     extremes,
+    flooded_sigma,
     fold_steps,
     local_top,
     party_groups,
@@ -157,11 +160,18 @@ async def minmax_server(crypto: ServerCrypto, width: int | None, options: FitOpt
             estimate = window.decode(await _global_top(crypto, layout, replies, settings))
             if pass_ + 1 < settings.passes:
                 window = window.narrowed(estimate, comparison_rounds(len(rc.parties)),
-                                         settings.plan.error_bound)
+                                         settings.plan.error_bound,
+                                         flooded_sigma(crypto.ckks.preset, len(rc.parties),
+                                                       options))
                 await rc.broadcast(MinMaxWindow(low=window.low, high=window.high))
         low, high = extremes(estimate, vabs_vector(options, width))
         await rc.broadcast(MinMaxExtremes(min=low, max=high))
     return low, high
+
+
+def pass_noise(context: ckks.CkksContext) -> ckks.DecryptionNoise:
+    """What a pass's decryption declares (its maxima lie on the window's ±HEADROOM)."""
+    return noise.declared(noise.MINMAX_PASS, context.preset)
 
 
 def _check_party_ids(parties: list[int]) -> None:
@@ -218,7 +228,7 @@ def top_of_blocks_core(context: ckks.CkksContext, layout: Layout,
     top = yield from fold_maximum_core(context, top, layout.block, fold_steps(parties), plan,
                                        bound=HEADROOM, keys=(layout.block,))
     masked = context.mul(top, layout.mask(chunk))
-    return (yield from decrypted(masked, layout.chunk_slots(chunk)))
+    return (yield from decrypted(masked, layout.chunk_slots(chunk), pass_noise(context)))
 
 
 def pass_allowance(context: ckks.CkksContext, width: int, parties: int,
@@ -297,7 +307,8 @@ async def server(rc: RoleContext, options: FitOptions) -> MinMaxNormalizer:
 
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> MinMaxNormalizer:
     X = check_minmax_input(X, options)
-    crypto = await setup_party(rc, options.preset, **setup_arguments(options))
+    crypto = await setup_party(rc, options.preset, **setup_arguments(options),
+                               **flooding_arguments(options))
     low, high = await minmax_party(crypto, X, options)
     return MinMaxNormalizer(low, high)
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednorm.engine import ckks
+from fednorm.engine.ckks.presets import CkksPreset
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import as_float_vector
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.plain.minmax import local_extremes
-from fednorm.protocols.ppf import checks
+from fednorm.protocols.ppf import checks, noise
 from fednorm.protocols.ppf.checks import BlockLayout, compare_plan
 
 BLOCKS = 16
@@ -32,6 +33,7 @@ digits; 2^7 keeps every intermediate (up to 2·HEADROOM) far below the modulus."
 DEFAULT_BITS = 12
 DEFAULT_PASSES = 2
 NOISE_MARGIN = 2.0**-24
+FLOODING_TAIL = 10.0  # the flooding of a pass's decryption exceeds 10 σ with p < 1e-22
 """CKKS noise allowance per round, relative to a pass's interval: a collective bootstrap
 of the values costs ~6e-9 of it (measured), a product ~1e-11."""
 
@@ -52,15 +54,24 @@ class MinMaxSettings:
         return cls(compare_plan(options.minmax_bits, DEFAULT_BITS, "minmax_bits"), passes)
 
 
+def flooded_sigma(preset: CkksPreset, parties: int, options: FitOptions) -> float:
+    """The standard deviation the parties' flooding adds to a pass's decrypted maxima, in
+    the window's units (±HEADROOM): the next window must hold the maximum despite it."""
+    declared = noise.declared(noise.MINMAX_PASS, preset)
+    return noise.fused_sigma(declared, preset, parties, options)
+
+
 def error_bound(options: FitOptions, parties: int) -> float:
-    """Guaranteed |error| of the result relative to V_abs: the last pass's comparison
-    bound (plus noise) over the width its window has after the earlier passes."""
+    """|error| of the result relative to V_abs: the last pass's comparison bound, CKKS
+    noise and flooding (10 σ) over the width its window has after the earlier passes."""
     settings = MinMaxSettings.from_options(options)
     rounds, comparison = comparison_rounds(parties), settings.plan.error_bound
+    flooded = flooded_sigma(ckks.get_preset(options.preset), parties, options)
     window = Window(np.array([-1.0]), np.array([1.0]))
     for _ in range(settings.passes - 1):
-        window = window.narrowed(np.zeros(1), rounds, comparison)
-    return float(rounds * (comparison + NOISE_MARGIN) * window.half[0])
+        window = window.narrowed(np.zeros(1), rounds, comparison, flooded)
+    noise_part = rounds * NOISE_MARGIN + FLOODING_TAIL * flooded / HEADROOM
+    return float((rounds * comparison + noise_part) * window.half[0])
 
 
 def comparison_rounds(parties: int) -> int:
@@ -176,13 +187,15 @@ class Window:
     def decode(self, y: np.ndarray) -> np.ndarray:
         return self.low + (y / HEADROOM + 1.0) * self.half
 
-    def narrowed(self, estimate: np.ndarray, rounds: int, error_bound: float) -> Window:
+    def narrowed(self, estimate: np.ndarray, rounds: int, error_bound: float,
+                 flooded: float = 0.0) -> Window:
         """[estimate − e/4, estimate + e], e the error bound of this pass: the true
         maximum lies in [estimate, estimate + e] (comparisons err only downwards, by at
-        most ``error_bound`` of the half-width per round; plus CKKS noise either way),
-        clear of the bottom where clipped and absent values sit, so it never nearly ties
-        with them (their gap is at least a fifth of the window)."""
-        noise = rounds * NOISE_MARGIN * self.half
+        most ``error_bound`` of the half-width per round; plus CKKS noise and the
+        decryption's flooding, of std ``flooded`` in window units, either way), clear of
+        the bottom where clipped and absent values sit, so it never nearly ties with them
+        (their gap is at least a fifth of the window)."""
+        noise = (rounds * NOISE_MARGIN + FLOODING_TAIL * flooded / HEADROOM) * self.half
         error = rounds * error_bound * self.half + noise
         return Window(estimate - error / 4 - noise, estimate + error)
 

@@ -139,7 +139,7 @@ async def _coarse_quotient(
         return await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
     try:
-        return await crypto.decrypt(ct, width)
+        return await crypto.decrypt(ct, width, None)
     except ckks.DecodeOverflow:
         return await crypto.decrypt_shifted(ct, width)
 
@@ -154,7 +154,7 @@ async def _decrypt_quotient(
         total = await crypto.decrypt_sum(numerator, width)
         return total * (scaled_inverse[:width] / options.max_count)
     ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
-    return await crypto.decrypt(ct, width)
+    return await crypto.decrypt(ct, width, None)
 
 
 async def _encrypted_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertext,
@@ -200,7 +200,7 @@ class QuotientReplay:
         if self.numerator is None:
             raise ProtocolError("a quotient pass before this party's numerator was pooled")
         yield from decrypted(encrypted_quotient(self.context, self.numerator, self.inverse,
-                                                self.max_count), self.width)
+                                                self.max_count), self.width, None)
 
 
 @dataclass(frozen=True)

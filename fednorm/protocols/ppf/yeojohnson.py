@@ -42,19 +42,17 @@ Where the pooled transformed data are nearly constant compared with the V_abs bo
 everywhere (data far inside [−V_abs, V_abs]), t is below the noise at every probe and
 the search lands anywhere in that flat region: choose V_abs close to the data's bound.
 
-**Cost.** Per round one collective bootstrap of the four means, the sign's refreshes
-(5 at the paper preset, 9 at the test preset, with 8 + 2 stages) and one decryption;
-before the rounds, the count inverse (2 bootstraps at the paper preset, 4 at the test
-preset) and ⟨E[s̃]⟩ (1). Collective bootstraps dominate both time and bytes.
+**Cost.** Per round one collective bootstrap of the four means, the sign's refreshes (5
+paper preset, 9 test, 8 + 2 stages) and one decryption (not flooded: docs/LEAKAGE.md);
+before them the count inverse (2 bootstraps paper preset, 4 test) and ⟨E[s̃]⟩ (1).
 
 **Conventions** (as :mod:`fednorm.protocols.plain.yeojohnson`). A feature without values
-gets λ = 1 and NaN mean and variance. A feature whose transformed pooled variance comes out below
-(:data:`~.yeojohnson_math.CONSTANT_RTOL`·mean)² +
-:data:`~.yeojohnson_math.CONSTANT_ATOL`² is constant: λ = 1, mean = its
-value, variance 0. Its λ search saw t = 0 (noise signs), so the λ its z-score used is
-arbitrary and yj(x, λ) may have saturated there; its value is therefore computed afresh,
-as the pooled mean of x (one more two-pass quotient, only when some feature is
-constant: the value is in the result anyway).
+gets λ = 1 and NaN mean and variance. A feature whose transformed pooled variance comes
+out below (:data:`~.yeojohnson_math.CONSTANT_RTOL`·mean)² + :data:`~.yeojohnson_math.
+CONSTANT_ATOL`² is constant: λ = 1, mean = its value, variance 0. Its λ search saw t = 0
+(noise signs), so the λ its z-score used is arbitrary and yj(x, λ) may have saturated
+there; its value is therefore computed afresh, as the pooled mean of x (one more
+two-pass quotient, only when some feature is constant: the value is in the result).
 """
 
 from __future__ import annotations
@@ -66,12 +64,14 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
-from fednorm.protocols.base import (
-    FitOptions,
-    agreed_width,
-    feature_counts,
+from fednorm.protocols.base import FitOptions, agreed_width, feature_counts
+from fednorm.protocols.collective import (
+    PartyCrypto,
+    ServerCrypto,
+    flooding_arguments,
+    setup_party,
+    setup_server,
 )
-from fednorm.protocols.collective import PartyCrypto, ServerCrypto, setup_party, setup_server
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
@@ -279,7 +279,8 @@ async def _refined_inverse(crypto: ServerCrypto, pooled: Pooled) -> openfhe.Ciph
 # -- party ------------------------------------------------------------------------------------
 async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohnsonNormalizer:
     X = check_ppf_yeojohnson_input(X, options)
-    crypto = await setup_party(rc, options.preset, **setup_arguments(options))
+    crypto = await setup_party(rc, options.preset, **setup_arguments(options),
+                               **flooding_arguments(options))
     crypto.require_pooled_count_within(feature_counts(X), options.max_count)
     flags, lambdas, pooled = await _search_party(crypto, X, options)
     passes = Passes(replay=None if pooled is None else QuotientReplay(

@@ -22,6 +22,7 @@ from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.cores import Core, decrypted, done, fully_refreshed, pairwise, refreshed
 from fednorm.engine.ckks.inversion import inverse_core
 from fednorm.engine.ckks.levels import LevelArithmetic, Levels
+from fednorm.protocols.ppf import noise
 from fednorm.protocols.ppf.driver import planned_requests
 from fednorm.protocols.ppf.yeojohnson_math import SignFlags
 from fednorm.protocols.ppf.yeojohnson_search import Layout
@@ -59,7 +60,8 @@ def sign_flags_core(context: CkksContext, absent: Sequence[openfhe.Ciphertext],
 
     flags = yield from pairwise(absent, lambda a, b: done(context.mul(a, b)),
                                 prepare=lambda ct: refreshed(context, ct, 1))
-    return SignFlags.from_absent((yield from decrypted(flags, 3 * width)))
+    declared = noise.declared(noise.SIGN_FLAGS, context.preset)
+    return SignFlags.from_absent((yield from decrypted(flags, 3 * width, declared)))
 
 
 def pooled_core(context: CkksContext, count: openfhe.Ciphertext, logs: openfhe.Ciphertext,
@@ -99,7 +101,7 @@ def soft_signs_core(context: CkksContext, moments: openfhe.Ciphertext, pooled: P
     masked_cov = context.mul(cov, layout.mask())
     t = context.sub(context.mul(pooled.log_mean, var), masked_cov)
     h = yield from step_core(context, t, sign, end_level=context.level_budget)
-    soft = 2 * (yield from decrypted(h, layout.used)) - 1
+    soft = 2 * (yield from decrypted(h, layout.used, None)) - 1  # not floodable: LEAKAGE.md
     return layout.from_slots(soft)
 
 

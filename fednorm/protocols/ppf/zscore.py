@@ -208,7 +208,7 @@ def _inverse_and_presence(context: ckks.CkksContext, count: openfhe.Ciphertext, 
     inverse = yield from inverse_core(context, context.add(count, padding), 1.0, hi,
                                       out_scale=hi, keep_levels=INVERSE_KEEP_LEVELS)
     product = context.mul(context.mul(count, inverse), 1.0 / options.max_count)
-    return inverse, (yield from decrypted(product, width)) > 0.5
+    return inverse, (yield from decrypted(product, width, None)) > 0.5  # see .noise
 
 
 def _inverse(context: ckks.CkksContext, count: openfhe.Ciphertext, width: int,

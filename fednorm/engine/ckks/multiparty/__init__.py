@@ -10,6 +10,8 @@ rotation keys          :class:`RotationKeyGen` generate_share, aggregate_shares,
 decryption             :class:`Decryption`     prepare, generate_share, aggregate_shares,
                                                finalize
 flooded sum decryption :class:`SumDecryption`  the same
+flooded decryption of  :class:`FloodedDecryption` the same
+a computed ciphertext
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
                                                finalize (common_element: the seeded CRS)
 key setup              :class:`KeySetup`       the three key operations, composed
@@ -38,6 +40,7 @@ from fednorm.engine.ckks.multiparty.decryption import (
     DecodeOverflow,
     Decryption,
     DecryptionShare,
+    FloodedDecryption,
     SumDecryption,
 )
 from fednorm.engine.ckks.multiparty.keygen import (
@@ -68,6 +71,7 @@ __all__ = [
     "DecodeOverflow",
     "Decryption",
     "DecryptionShare",
+    "FloodedDecryption",
     "JointRoundOne",
     "KeyCheck",
     "KeyDigests",

@@ -32,7 +32,13 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.flooding import Flooding
+from fednorm.engine.ckks.decoding import fused_slots
+from fednorm.engine.ckks.flooding import (
+    FLOODED_TOWERS,
+    DecryptionNoise,
+    Flooding,
+    MeasuredFlooding,
+)
 from fednorm.engine.ckks.keys import (
     DECRYPT_SHARE_TOWERS,
     JointKeys,
@@ -100,6 +106,18 @@ class Decryption:
         here; fusion then fails its CKKS sanity check (ProtocolError) or returns wrong
         values.
         """
+        self._check_shares(joint, ct, shares)
+        try:
+            return self.ctx.raw.MultipartyDecryptFusion([share.ciphertext for share in shares])
+        except RuntimeError as exc:
+            if _DECODE_OVERFLOW in str(exc):
+                raise DecodeOverflow(f"decrypted values too large to decode: {exc}") from None
+            raise ProtocolError(f"decryption shares do not fuse: {exc}") from None
+
+    def _check_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,
+                      shares: Sequence[DecryptionShare]) -> None:
+        """ProtocolError unless ``shares`` are one per party, of this kind (flooded or
+        not), under the joint key, each shaped as a share of ``ct``."""
         require_shares(shares, DecryptionShare, joint, "decryption share")
         for i, share in enumerate(shares):
             if share.flooded != self.flooded:
@@ -111,12 +129,6 @@ class Decryption:
         for i, part in enumerate(parts):
             require_like(self.ctx, part, like, f"decryption share #{i}")
         require_tags(parts, [joint.tag] * len(parts), "decryption share")
-        try:
-            return self.ctx.raw.MultipartyDecryptFusion(parts)
-        except RuntimeError as exc:
-            if _DECODE_OVERFLOW in str(exc):
-                raise DecodeOverflow(f"decrypted values too large to decode: {exc}") from None
-            raise ProtocolError(f"decryption shares do not fuse: {exc}") from None
 
     def finalize(self, plaintext: openfhe.Plaintext, n: int) -> np.ndarray:
         """The first ``n`` slot values: what the decryption reveals."""
@@ -150,6 +162,55 @@ class SumDecryption(Decryption):
         if self.flooding is None:
             raise InputError("a flooded decryption share needs the party's flooding")
         return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
+
+    def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        return ct
+
+
+class FloodedDecryption(Decryption):
+    """Flooded collective decryption of a computed ciphertext (the paper's algorithms: a
+    quotient, a comparison, a product of flags), sized by the noise its step declares and
+    measured (:class:`~..flooding.DecryptionNoise`).
+
+    The request is the ciphertext compressed to :data:`~..flooding.FLOODED_TOWERS`
+    towers at scale ≈ Δ, where the flooding fits the sampler; the shares are fused and
+    decoded here (:mod:`..decoding`), since OpenFHE refuses to decode slots whose noise
+    exceeds 2^-5, which flooding by design may.
+    """
+
+    flooded = True
+
+    def __init__(self, ctx: CkksContext, noise: DecryptionNoise,
+                 flooding: MeasuredFlooding | None = None) -> None:
+        super().__init__(ctx)
+        self.noise = noise
+        self.flooding = flooding
+
+    def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """``ct`` compressed (and so rescaled) to the flooded request's towers:
+        deterministic, so every party recomputes the same bytes."""
+        if self.ctx.towers(ct) - (ct.GetNoiseScaleDeg() - 1) < FLOODED_TOWERS:
+            raise ProtocolError("a flooded decryption needs the ciphertext at 2 towers or "
+                                "more after its rescale")
+        return self.ctx.raw.Compress(ct, FLOODED_TOWERS)
+
+    def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
+        if self.flooding is None:
+            raise InputError("a flooded decryption share needs the party's flooding")
+        return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
+
+    def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,  # type: ignore[override]
+                         shares: Sequence[DecryptionShare]) -> np.ndarray:
+        """Check the shares as :meth:`Decryption.aggregate_shares` does, then add them up
+        and decode every slot here (:func:`~..decoding.fused_slots`)."""
+        self._check_shares(joint, ct, shares)
+        return fused_slots(self.ctx, [share.ciphertext for share in shares],
+                           ct.GetScalingFactor())
+
+    def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
+        if not 0 <= n <= self.ctx.slots:
+            raise InputError(f"n={n} outside [0, {self.ctx.slots}]")
+        return np.asarray(plaintext)[:n]
 
     def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         return ct

@@ -3,13 +3,14 @@
 OpenFHE's ``MultipartyDecryptFusion`` decodes the fused plaintext and refuses it when the
 standard deviation of the slots' imaginary parts exceeds 2^-5 in value units ("the
 approximation error is too high").  A flooded decryption is noisy by design: its noise
-is relative to the ciphertext's own (:mod:`.flooding`), so a quotient of order 2^16
-decrypted with a relative precision of 1e-5 carries an absolute noise near 1, which
-OpenFHE would refuse although every significant digit is there.  So the server adds the
+is sized by the ciphertext's own (:mod:`.flooding`), so a MinMax pass's maxima on ±128
+come out with a noise of σ ≈ 0.26 at the paper preset and 10 parties, which OpenFHE would
+refuse although the pass needs no more.  So the server adds the
 parties' shares up itself, tower by tower, lifts the sum to centered integers (CRT) and
 evaluates it at the slots' roots of unity: slot k is the polynomial at ζ^(5^k mod 2N),
 ζ = e^(iπ/N), divided by the scale (full packing, N/2 slots), as OpenFHE's encoder
-places them (checked against OpenFHE's own decoding in ``tests/test_flooding.py``).
+places them (checked against OpenFHE's own decoding in
+``tests/test_decryption_noise.py``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ absolute, grows roughly like sqrt(P), and shrinks by ~2^50 when the scale is dou
 (:meth:`Decryption.prepare`, or decrypting right after a multiplication), leaving only
 the ciphertext's own noise.  That fixed noise is *not* flooding: the server sees the
 ciphertext's noise through such decryptions.  Flooded decryptions of sums are
-:class:`SumDecryption` (see :mod:`..flooding` and docs/LEAKAGE.md).  Decoding also adds
+:class:`SumDecryption`, of computed ciphertexts :class:`FloodedDecryption` (see
+:mod:`..flooding` and docs/LEAKAGE.md).  Decoding also adds
 noise sized by the *largest* slot, so decrypt values of very different magnitudes apart.
 """
 
@@ -169,8 +170,8 @@ class SumDecryption(Decryption):
 
 class FloodedDecryption(Decryption):
     """Flooded collective decryption of a computed ciphertext (the paper's algorithms: a
-    quotient, a comparison, a product of flags), sized by the noise its step declares and
-    measured (:class:`~..flooding.DecryptionNoise`).
+    comparison, a product of flags), sized by the noise its step declares, as measured
+    (:class:`~..flooding.DecryptionNoise`).
 
     The request is the ciphertext compressed to :data:`~..flooding.FLOODED_TOWERS`
     towers at scale ≈ Δ, where the flooding fits the sampler; the shares are fused and

@@ -99,8 +99,8 @@ def test_a_bootstrap_request_on_a_plus_k_is_refused(links: StarLinks) -> None:
 def test_over_tcp_a_party_joins_the_paper_algorithms_only_when_allowed(
     certs: Path,
 ) -> None:
-    """A multi-host server announcing the paper's MinMax (whose decryptions a party does
-    not flood): parties 1 and 2 were started with ``--allow-paper-algorithms``,
+    """A multi-host server announcing the paper's MinMax (whose decryptions a party floods
+    by a measured noise only): parties 1 and 2 were started with ``--allow-paper-algorithms``,
     party 3 without.  Party 3 withdraws in the handshake, every role reports its
     reason, and no party made a key share or anything a server could read."""
     async def server(rc, options):

@@ -202,10 +202,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--certs", type=Path, required=True, metavar="DIR")
     party.add_argument(ALLOW_UNFLOODED, action="store_true",
                        help="join a session running the paper's PPF algorithms "
-                            "(--algorithm paper), whose decryptions this party does not "
-                            "flood (it checks every request, but the server sees the "
-                            "values with the ciphertexts' own noise, docs/LEAKAGE.md); "
-                            "refused by default")
+                            "(--algorithm paper), some of whose decryptions this party "
+                            "floods by a measured noise only, others not at all (it "
+                            "checks every request, docs/LEAKAGE.md); refused by default")
     party.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="write normalized.csv and params.json here (a session of "
                             "several methods: <method>/normalized.csv, ...); must be empty")

@@ -64,7 +64,7 @@ CERTS_KEY = "fednorm-certs"
 # and the nodes run in the simulation's processes, with the SuperLink's environment.
 CERTS_ENV = "FEDNORM_FLOWER_CERTS"
 # Node config: true to let this node's party join sessions of the paper's PPF algorithms,
-# whose decryptions it does not flood (refused by default).
+# whose decryptions it floods by a measured noise only, or not at all (refused by default).
 ALLOW_UNFLOODED_KEY = "fednorm-allow-paper-algorithms"
 WORKER_START_SECONDS = 120.0
 # The worker answers once the party waits again; allow for the party's own work on top.

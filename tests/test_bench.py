@@ -105,7 +105,8 @@ def test_zscore_breakdown_and_noise_come_from_the_tracer_hooks() -> None:
     section = zscore.table_v(repeats=1, parties=3, preset="test", modes=("inverse",))
     (row,) = section.rows
     assert {"setup", "inverse", "bootstrap", "decrypt", zscore.OUTSIDE} <= set(row["phases"])
-    assert row["phase_counts"]["decrypt"] == 5  # presence, two passes of mean and variance
+    assert row["phase_counts"]["decrypt_product"] == 1  # the presence bits
+    assert row["phase_counts"]["decrypt"] == 4  # two passes of mean and variance
     assert row["calls"]["encode_body"] > 0 and len(row["calls"]) > 5
     assert sum(row["phases"].values()) == pytest.approx(row["median_s"], rel=1e-6)
     assert max(row["err_mean"], row["err_var"]) < 1e-5

@@ -20,6 +20,7 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols.base import agreed_width
 from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto, setup_server
 from fednorm.protocols.collective.messages import RelayedInputs
 from fednorm.protocols.collective.rounds import request_shares
@@ -27,6 +28,8 @@ from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import minmax as ppf_minmax
 from fednorm.protocols.ppf import yeojohnson as ppf_yeojohnson
+from fednorm.protocols.ppf import zscore as ppf_zscore
+from fednorm.protocols.ppf.driver import run_core
 from fednorm.protocols.ppf.minmax_layout import setup_arguments
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks, memory_star
@@ -44,6 +47,10 @@ class SharesSent(Tracer):
         if event.direction == "sent":
             self.kinds.append(event.kind)
 
+    def from_first(self, kind: str) -> list[str]:
+        """The kinds sent from the first ``kind`` on."""
+        return self.kinds[self.kinds.index(kind):]
+
 
 async def _refused(crypto_class: type[ServerCrypto], match: str, links: StarLinks
                    ) -> SharesSent:
@@ -60,10 +67,12 @@ async def _refused(crypto_class: type[ServerCrypto], match: str, links: StarLink
 
 
 class OwnUploadDecrypted(ServerCrypto):
-    """The presence bits' decryption (after the inverse's bootstraps) asked for party 1's
-    own Σx upload instead: the server would read that party's sums."""
+    """The first decryption of a computed ciphertext (z-score: the mean's coarse pass,
+    after the inverse's bootstraps) asked for party 1's own Σx upload instead: the
+    server would read that party's sums."""
 
     own: openfhe.Ciphertext | None = None
+    swapped: bool = False
 
     async def add_all(self, cts):
         if self.own is None:
@@ -72,12 +81,42 @@ class OwnUploadDecrypted(ServerCrypto):
 
     async def decrypt(self, ct: openfhe.Ciphertext, n: int,
                       noise: ckks.DecryptionNoise | None) -> np.ndarray:
-        return await super().decrypt(self.own if self.decryptions == 0 else ct, n, noise)
+        if not self.swapped:
+            self.swapped, ct = True, self.own
+        return await super().decrypt(ct, n, noise)
 
 
 async def test_a_decryption_of_a_partys_own_upload_is_refused(links: StarLinks) -> None:
     sent = await _refused(OwnUploadDecrypted, "decryption request refused: its ciphertext "
                           "is not the one this party computes", links)
+    assert "ckks.boot_share" in sent.kinds  # the inverse's bootstraps were answered
+    # only the presence product's decryption shares, before the inverse's bootstraps
+    assert "ckks.decrypt_share" not in sent.from_first("ckks.boot_share")
+
+
+async def _presence_unflooded(crypto: ServerCrypto, options: FitOptions) -> None:
+    """The z-score's presence bits as they were first decrypted: n_g ⊙ ⟨max_count/n_g⟩ /
+    max_count, after the inverse's bootstraps, by a plain (not flooded) decryption,
+    whose value carries the inverse's deterministic error at n_g (hidden in this mode)."""
+    rc = crypto.rc
+    sums = await rc.gather(ppf_zscore.EncryptedSums)
+    width = agreed_width(sums)
+    await crypto.add_all({p: m.total for p, m in sums.items()})
+    count = await crypto.add_all({p: m.count for p, m in sums.items()})
+    inverse = await run_core(crypto, ppf_zscore._inverse(crypto.ckks, count, width, options),
+                             "inverse", replayed=True)
+    product = crypto.ckks.mul(crypto.ckks.mul(count, inverse), 1.0 / options.max_count)
+    await crypto.decrypt(product, width, None)
+
+
+async def test_the_presence_bits_are_never_decrypted_unflooded(links: StarLinks) -> None:
+    """The presence bits come from a flooded product of the parties' "empty here" bits;
+    a server asking for them the earlier way (a plain decryption of a value that carries
+    n_g's inverse error) is refused, and no party sent a share of it."""
+    sent = await _paper_refused("zscore", PAPER, _presence_unflooded,
+                                ppf_zscore.setup_arguments, ServerCrypto,
+                                "decryption request refused: its ciphertext is not the "
+                                "one this party computes", links)
     assert "ckks.boot_share" in sent.kinds  # the inverse's bootstraps were answered
     assert "ckks.decrypt_share" not in sent.kinds
 
@@ -104,7 +143,7 @@ async def test_a_share_forwarded_in_another_partys_name_is_refused(links: StarLi
                                                                    ) -> None:
     sent = await _refused(SwappedShare, "not made by party 1", links)
     assert sent.kinds.count("ckks.boot_share") == 3  # the one bootstrap, then nothing
-    assert "ckks.decrypt_share" not in sent.kinds
+    assert "ckks.decrypt_share" not in sent.from_first("ckks.boot_share")
 
 
 class ForgedRelay(ServerCrypto):

@@ -172,7 +172,7 @@ class OneMoreAfterTheRetry(ServerCrypto):
 
     async def decrypt(self, ct, n: int, noise) -> np.ndarray:
         values = await super().decrypt(ct, n, noise)
-        if self.decryptions == 2:  # the presence bits, then the mean's coarse pass
+        if self.decryptions == 2:  # the presence product, then the mean's coarse pass
             await self.decrypt_shifted(ct, n)
             await super().decrypt(self.encrypt(np.full(2, 3.0)), n, None)
         return values

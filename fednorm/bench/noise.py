@@ -155,8 +155,8 @@ def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
 
 def _coarse_pass(preset: str, parties: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """One PPF z-score run (the paper's algorithm, hidden count) on small-valued data: the
-    server's decryptions, in order, are the presence bit, then the mean's and the
-    variance's coarse and precise passes."""
+    server's decryptions, in order, are the presence bits (a flooded product), then the
+    mean's and the variance's coarse and precise passes."""
     parts, X = synthetic_split("small", 0, parties)
     timeline = Timeline()
     result, _ = run_ppf_zscore(parts, preset, "inverse", timeline)

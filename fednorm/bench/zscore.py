@@ -172,11 +172,12 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
 PHASE_LABELS = {
     "setup": "collective key generation (pk + relin keys, all parties)",
     "upload": "encrypted uploads (encrypt + serialize + send + parse)",
-    "inverse": "encrypted inverse and presence bit, server arithmetic (the refreshes and "
-               "the decryption inside it are counted below)",
+    "inverse": "encrypted inverse, server arithmetic (its refreshes are counted below)",
     "bootstrap": "collective bootstraps",
     "decrypt": "collective decryptions (request, P shares, fusion)",
     "decrypt_sum": "flooded sum decryptions (request, P shares, fusion)",
+    "decrypt_product": "flooded product decryptions: the presence bits (request, P shares, "
+                       "fusion)",
 }
 OUTSIDE = "outside any phase (sums, products, broadcasts, trio)"
 TOP_CALLS = 10  # the call table shows the heaviest calls only

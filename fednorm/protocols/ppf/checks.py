@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import InputError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions, feature_counts
+from fednorm.protocols.collective.sums import product_level
 
 
 def vabs_vector(options: FitOptions, width: int) -> np.ndarray:
@@ -35,6 +36,29 @@ def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
     encrypted inverse is only right on [1, max_count])."""
     if feature_counts(X).max(initial=0) > options.max_count:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
+
+
+def require_levels_for(context: ckks.CkksContext, parties: int) -> None:
+    """InputError when the preset has too few levels for a product of ``parties``'
+    uploads (⌈log2 P⌉ levels), before anything is sent."""
+    product_level(context, parties)
+
+
+BIT_TOLERANCE = 0.25
+"""How far a decrypted product of bits may lie from 0 or 1 (flooded, honest: within
+~0.02)."""
+
+
+def product_bits(values: np.ndarray, what: str) -> np.ndarray:
+    """A flooded product of the parties' bits, rounded to 0 or 1; ProtocolError unless
+    each value lies within :data:`BIT_TOLERANCE` of one (honest parties' bits always do:
+    a party sent something else)."""
+    bits = np.rint(values)
+    if not np.isin(bits, (0.0, 1.0)).all() \
+            or np.abs(values - bits).max(initial=0.0) >= BIT_TOLERANCE:
+        raise ProtocolError(f"{what} are not bits: a party sent something other than "
+                            "its bits")
+    return bits
 
 
 def compare_plan(bits: object, default: float, option: str) -> ckks.ComparePlan:

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -59,9 +58,10 @@ from fednorm.protocols.collective import (
     setup_server,
     shared_context,
 )
-from fednorm.protocols.collective.sums import ProductUpload, product_level
+from fednorm.protocols.collective.sums import ProductUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
+from fednorm.protocols.ppf.checks import product_bits, require_levels_for
 from fednorm.protocols.ppf.minmax import MinMaxExtremes
 from fednorm.protocols.ppf.phases import serve_phase
 
@@ -202,12 +202,6 @@ def threshold_bits(tops: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     return (tops[:, None] <= thresholds).astype(np.float64).ravel()
 
 
-def require_levels_for(context: ckks.CkksContext, parties: int) -> None:
-    """InputError when the preset has too few levels for a product of ``parties``'
-    uploads (⌈log2 P⌉ levels), before anything is sent."""
-    product_level(context, parties)
-
-
 # -- server ---------------------------------------------------------------------------------
 async def extremes_server(crypto: ServerCrypto, width: int | None
                           ) -> tuple[np.ndarray, np.ndarray]:
@@ -252,17 +246,12 @@ def _count(chunks: object) -> object:
     return len(chunks) if isinstance(chunks, list) else type(chunks).__name__
 
 
-BIT_TOLERANCE = 0.25
-"""How far a decrypted product may lie from 0 or 1 (flooded, honest: within ~0.02)."""
-
-
 def _as_bits(values: np.ndarray) -> np.ndarray:
-    """The decrypted products rounded to bits; ProtocolError unless each lies within
-    :data:`BIT_TOLERANCE` of 0 or 1 and each bracket reads 0…0 1…1 (honest parties'
-    bits always do: a party sent something else)."""
-    bits = np.rint(values)
-    if not np.isin(bits, (0.0, 1.0)).all() or (np.diff(bits, axis=1) < 0).any() \
-            or np.abs(values - bits).max(initial=0.0) >= BIT_TOLERANCE:
+    """The decrypted products rounded to bits (:func:`~.checks.product_bits`);
+    ProtocolError unless each bracket reads 0…0 1…1 (honest parties' bits always do: a
+    party sent something else)."""
+    bits = product_bits(values, "the pooled bits")
+    if (np.diff(bits, axis=1) < 0).any():
         raise ProtocolError("the pooled bits are not a threshold pattern: a party sent "
                             "something other than its bits")
     return bits

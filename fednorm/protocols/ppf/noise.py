@@ -23,9 +23,10 @@ Yeo-Johnson flags      -44.1      -42.1      a product of 0/1 flags
 =====================  =========  =========  ============================================
 
 The other decryptions of the paper's algorithms are not flooded (docs/LEAKAGE.md gives
-the numbers): flooded this way, the z-score presence bit (measured -39.5 / -37.3) would
-carry noise of σ 0.012 / 0.15 around its 0 or 1, too close to 0.5 for every bit to come
-out right; the quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a
+the numbers): flooded this way, the z-score presence bit as first computed (measured
+-39.5 / -37.3) would have carried noise of σ 0.012 / 0.15 around its 0 or 1, too close to
+0.5 for every bit to come out right (it is now a flooded product of fresh bits); the
+quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a
 noise that grows with values no public bound keeps tight; and Yeo-Johnson's search
 signs (-23.6 / -21.7) would keep no significant bit.
 """

@@ -15,7 +15,10 @@ Line by line with the algorithm:
 (:mod:`.quotient`): a coarse decryption gives every feature's magnitude, the parties
 re-encrypt at per-feature scales, and the second decryption is precise in every slot.
 Both passes reveal the same quantity (the first coarsely), so only μ and σ² are
-revealed; the pooled count stays encrypted.
+revealed; the pooled count stays encrypted.  Which features hold any value at all (the
+others are NaN, as in plain mode) comes from the product of the parties' fresh "no value
+here" bits, 1 exactly where n_g = 0: a flooded decryption under the proven product
+bound, as the default MinMax's bits (:func:`pooled_presence`).
 
 **Sizes.**  Parties encrypt numerators at :func:`numerator_level` (the server multiplies
 them twice, then decrypts): 5 of the 12 towers at the paper preset, 2.6 MB instead of
@@ -39,7 +42,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks.cores import Core, decrypted
+from fednorm.engine.ckks.cores import Core
 from fednorm.engine.ckks.inversion import inverse_core
 from fednorm.engine.errors import InputError
 from fednorm.engine.messages import Message, as_float_vector, message
@@ -55,13 +58,18 @@ from fednorm.protocols.collective import (
     flooding_arguments,
     setup_party,
     setup_server,
+    shared_context,
 )
-from fednorm.protocols.collective.sums import InputUpload, SumUpload
+from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpload
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import quotient
-from fednorm.protocols.ppf.checks import require_counts_within
+from fednorm.protocols.ppf.checks import (
+    product_bits,
+    require_counts_within,
+    require_levels_for,
+)
 from fednorm.protocols.ppf.driver import run_core
 from fednorm.protocols.ppf.quotient import (
     PRECISE,
@@ -77,9 +85,12 @@ MAX_ABS_VALUE = 2.0**40
 INVERSE_KEEP_LEVELS = 3  # levels the inverse leaves for the quotient products
 SQUARES_FLOOR = 2.0**-80  # sums of squares do not cancel: lift even tiny variances
 
-PRESENCE = Allowance(decryptions=1)
-"""Before the mean's coarse pass: one bit per feature, whether it holds any value (or,
-with revealed counts, n_g)."""
+PRESENCE = Allowance(products=1)
+"""Before the mean's coarse pass, with the encrypted inverse: one bit per feature, whether
+it holds any value (a flooded product of the parties' "empty here" bits)."""
+
+REVEALED_COUNT = Allowance(sums=1)
+"""Before the mean's coarse pass, with revealed counts: n_g (a flooded sum)."""
 
 PLAINTEXT = {
     **quotient.PLAINTEXT,
@@ -93,7 +104,8 @@ LEDGER = declare("zscore", "mhe", LEDGER_FIELDS)
 """The default: Algorithm 1 with the pooled count revealed (every decryption a flooded sum
 of the parties' uploads)."""
 PAPER_LEDGER = declare("zscore", "mhe", LEDGER_FIELDS, algorithm="paper")
-"""Allowances: :data:`PRESENCE`, then per quotient (μ, σ²) :data:`~.quotient.COARSE`
+"""Allowances: :data:`PRESENCE` (:data:`REVEALED_COUNT` with revealed counts), then per
+quotient (μ, σ²) :data:`~.quotient.COARSE`
 (:data:`~.quotient.COARSE_FLOODED` with revealed counts) and :data:`~.quotient.PRECISE`;
 the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass only."""
 
@@ -101,11 +113,13 @@ the encrypted inverse's bootstraps (:func:`inverse_plan`) before the first pass 
 @message("ppf_zscore.encrypted_sums")
 class EncryptedSums(Message):
     """Σx and the count per feature: signed input uploads (relayed to every party), or
-    signed sum uploads with revealed counts."""
+    signed sum uploads with revealed counts; with the encrypted inverse, ``empty``: per
+    feature, 1 if this party holds no value of it (a signed product upload), else None."""
 
     total: InputUpload | SumUpload
     count: InputUpload | SumUpload
     width: int
+    empty: ProductUpload | None = None
 
 
 @message("ppf_zscore.mean")
@@ -152,12 +166,14 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
+    if not counts_revealed(options):
+        require_levels_for(shared_context(options.preset), len(rc.parties))
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     sums = await rc.gather(EncryptedSums)
     width = agreed_width(sums)
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
     count = await crypto.add_all({p: m.count for p, m in sums.items()})
-    scaled_inverse, present = await _count_inverse(crypto, count, width, options)
+    scaled_inverse, present = await _count_inverse(crypto, sums, count, width, options)
     mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options)
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
@@ -177,7 +193,8 @@ async def pooled_moments(
 
 
 async def _count_inverse(
-    crypto: ServerCrypto, count: openfhe.Ciphertext, width: int, options: FitOptions
+    crypto: ServerCrypto, sums: dict[int, EncryptedSums], count: openfhe.Ciphertext,
+    width: int, options: FitOptions,
 ) -> tuple[Denominator, np.ndarray]:
     """⟨max_count / n_g⟩ under encryption, or in plaintext if counts are revealed; and
     which features hold any value at all (the others are NaN, as in plain mode)."""
@@ -185,8 +202,19 @@ async def _count_inverse(
     if counts_revealed(options):
         pooled = np.rint(await crypto.decrypt_sum(count, width))
         return np.pad(hi / np.maximum(pooled, 1.0), (0, crypto.ckks.slots - width)), pooled > 0
-    return await run_core(crypto, _inverse_and_presence(crypto.ckks, count, width, options),
-                          "inverse", replayed=True)
+    present = await pooled_presence(crypto, {p: m.empty for p, m in sums.items()}, width)
+    inverse = await run_core(crypto, _inverse(crypto.ckks, count, width, options),
+                             "inverse", replayed=True)
+    return inverse, present
+
+
+async def pooled_presence(crypto: ServerCrypto, empty: dict[int, object], width: int
+                          ) -> np.ndarray:
+    """Which features any party holds a value of: the product of the parties' "empty
+    here" bits is 1 exactly where n_g = 0, and its flooded decryption reveals that bit
+    alone (never n_g)."""
+    product = await crypto.multiply_all(empty)
+    return product_bits(await crypto.decrypt_product(product, width), "presence bits") == 0
 
 
 def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.InversePlan:
@@ -196,26 +224,16 @@ def inverse_plan(context: ckks.CkksContext, options: FitOptions) -> ckks.Inverse
                              keep_levels=INVERSE_KEEP_LEVELS)
 
 
-def _inverse_and_presence(context: ckks.CkksContext, count: openfhe.Ciphertext, width: int,
-                          options: FitOptions) -> Core[tuple[openfhe.Ciphertext, np.ndarray]]:
-    """⟨max_count / n_g⟩, and which features hold a value: n_g ⊙ (max_count/n_g) /
-    max_count is 1 where n_g ≥ 1 and 0 where n_g = 0 (one decryption, revealing one bit
-    per feature)."""
-    hi = float(options.max_count)
+def _inverse(context: ckks.CkksContext, count: openfhe.Ciphertext, width: int,
+             options: FitOptions) -> Core[openfhe.Ciphertext]:
+    """⟨max_count / n_g⟩ (lines 14–16), the same requests on the server and in every
+    party's replay."""
     # Unused slots hold count 0, outside the inverse's range: pad them with 1 so they do
     # not blow up to ~8·max_count and cost precision in the slots that matter.
     padding = np.pad(np.zeros(width), (0, context.slots - width), constant_values=1.0)
-    inverse = yield from inverse_core(context, context.add(count, padding), 1.0, hi,
-                                      out_scale=hi, keep_levels=INVERSE_KEEP_LEVELS)
-    product = context.mul(context.mul(count, inverse), 1.0 / options.max_count)
-    return inverse, (yield from decrypted(product, width, None)) > 0.5  # see .noise
-
-
-def _inverse(context: ckks.CkksContext, count: openfhe.Ciphertext, width: int,
-             options: FitOptions) -> Core[openfhe.Ciphertext]:
-    """A party's run of :func:`_inverse_and_presence`: the same requests; the inverse."""
-    inverse, _ = yield from _inverse_and_presence(context, count, width, options)
-    return inverse
+    return (yield from inverse_core(context, context.add(count, padding), 1.0,
+                                    float(options.max_count), out_scale=float(options.max_count),
+                                    keep_levels=INVERSE_KEEP_LEVELS))
 
 
 # -- party --------------------------------------------------------------------------------
@@ -228,16 +246,20 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     counts = feature_counts(X)
     passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
+        require_levels_for(crypto.ckks, crypto.n_parties)
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
         total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
         count=await (crypto.encrypt_for_sum(counts) if passes.revealed
-                     else crypto.encrypt_input(counts)), width=width)
+                     else crypto.encrypt_input(counts)), width=width,
+        empty=None if passes.revealed else await crypto.encrypt_for_product(
+            (counts == 0).astype(np.float64)))
     await rc.send(SERVER, sums)
     if not passes.revealed:
         passes = await _replaying(crypto, sums, width, options)
-    await share_moments(crypto, X, total, passes, before=PRESENCE)
+    await share_moments(crypto, X, total, passes,
+                        before=REVEALED_COUNT if passes.revealed else PRESENCE)
     result = await passes.serve(crypto, PpfZScoreResult, PRECISE)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))

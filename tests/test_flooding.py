@@ -138,3 +138,35 @@ def test_a_party_serves_at_most_tau_flooded_decryptions() -> None:
     np.testing.assert_allclose(fitted.mean, np.vstack(parts).mean(axis=0), rtol=1e-12)
     with pytest.raises(ProtocolError, match="more than the 4 flooded decryptions"):
         simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=4))
+
+
+def test_flooding_off_leaves_a_share_as_openfhe_made_it(fed: CkksFederation) -> None:
+    """``enabled=False`` (``FitOptions.flood`` off, for measuring its cost) changes no byte
+    of the share, where the same flooding enabled changes every tower."""
+    total = fed.sum_of_uploads(np.linspace(-1.0, 1.0, 64))
+    before = fed.raw_shares(total)[1]
+    raw = openfhe.Serialize(before, openfhe.BINARY)
+    off = flood_share(fed.ctx, before, Flooding(fed.n, P, P, enabled=False))
+    on = flood_share(fed.ctx, before, Flooding(fed.n, P, P))
+    assert openfhe.Serialize(off, openfhe.BINARY) == raw
+    assert all(np.any(a != b) for a, b in zip(towers_of(fed.ctx, on),
+                                              towers_of(fed.ctx, before), strict=True))
+
+
+def test_flood_and_replay_never_travel_to_a_party() -> None:
+    """Both are a party's own choice: a server's options never carry them, and options
+    that do (a deviating server's welcome) leave the party flooding and replaying."""
+    from fednorm.protocols.base import options_from_wire, options_to_wire
+
+    wire = options_to_wire(FitOptions(preset="test", flood=False, replay=False))
+    assert "flood" not in wire and "replay" not in wire
+    party = options_from_wire({**wire, "flood": False, "replay": False})
+    assert party.flood and party.replay
+
+
+def test_without_flooding_the_protocols_still_fit_the_pooled_data() -> None:
+    """The measuring case runs the same protocol: the same pooled statistics."""
+    parts = [np.arange(6.0).reshape(3, 2) + k for k in range(P)]
+    fitted = simulate(parts, "zscore", "mhe", FitOptions(preset="test", flood=False))
+    np.testing.assert_allclose(fitted.normalizer.mean, np.vstack(parts).mean(axis=0),
+                               rtol=1e-12)

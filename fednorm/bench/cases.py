@@ -47,6 +47,12 @@ class Case:
         return self.options.get("algorithm", "default")
 
     @property
+    def protected(self) -> bool:
+        """Whether every party floods and checks as outside a benchmark (the cases that
+        turn either off measure what it costs)."""
+        return bool(self.options.get("flood", True) and self.options.get("replay", True))
+
+    @property
     def needs_vabs(self) -> bool:
         """Only the paper's MinMax, robust and Yeo-Johnson need the bound V_abs."""
         return self.algorithm == "paper" and self.method != "zscore"
@@ -85,6 +91,10 @@ class Case:
 
 _E = {"epsilon": TABLE_V_ROBUST_EPSILON}
 _PAPER = {"algorithm": "paper"}
+_METHODS = (("zscore", "z-score", {}), ("minmax", "MinMax", {}),
+            ("robust", f"robust, ε={TABLE_V_ROBUST_EPSILON:g}", _E),
+            ("yeojohnson", "Yeo-Johnson", {}))
+"""(method, label, options) of each protocol the protections are measured on."""
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("zscore", "zscore", "PPF z-score", versus="zscore_paper"),
     Case("zscore_paper", "zscore", "PPF z-score, paper (hidden count)", _PAPER),
@@ -102,14 +112,24 @@ CASES: dict[str, Case] = {c.name: c for c in (
     *(Case(f"{method}_paper_on_trust", method,
            f"PPF {label}, paper, parties on trust (`--no-replay`)",
            {**_PAPER, **extra, "replay": False}, versus=f"{method}_paper", paper_figure=False)
-      for method, label, extra in (("zscore", "z-score", {}), ("minmax", "MinMax", {}),
-                                   ("robust", f"robust, ε={TABLE_V_ROBUST_EPSILON:g}", _E),
-                                   ("yeojohnson", "Yeo-Johnson", {}))),
+      for method, label, extra in _METHODS),
+    *(Case(f"{method}_unflooded", method, f"PPF {label}, flooding off",
+           {**extra, "flood": False}, versus=method, paper_figure=False)
+      for method, label, extra in _METHODS),
+    *(Case(f"{method}_paper_unprotected", method,
+           f"PPF {label}, paper, flooding off and parties on trust",
+           {**_PAPER, **extra, "replay": False, "flood": False}, versus=f"{method}_paper",
+           paper_figure=False)
+      for method, label, extra in _METHODS),
 )}
-"""Every case, in the order the totals run and show them.  The ``_on_trust`` cases are the
-paper's algorithms with every party taking the server's steps on trust
-(``FitOptions.replay`` off): beside their replayed counterparts, the cost of the parties'
-request checks (docs/LEAKAGE.md)."""
+"""Every case, in the order the totals run and show them.  The rest measure what the
+protections against a deviating server cost, each beside the same protocol with them in
+the same run: the ``_on_trust`` cases are the paper's algorithms with every party taking
+the server's steps on trust (``FitOptions.replay`` off: the cost of the parties' request
+checks, docs/LEAKAGE.md); ``_unflooded``, a default protocol whose parties do not flood
+their shares (``FitOptions.flood`` off; its other checks are the wire itself: relayed
+signed uploads, the joint key's aggregate); ``_paper_unprotected``, the paper's with both
+off."""
 
 OTHER_NAMES = {"kth": "PPF k-th (median)"}
 """Runs named outside :data:`CASES` (the k-th search of the ε sweep)."""

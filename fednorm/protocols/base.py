@@ -75,6 +75,12 @@ class FitOptions:
     whatever the server says; a simulation, whose roles share one process and so one
     trust, may turn it off to save the parties' repeat of the server's arithmetic (the
     wire stays the same: uploads are still relayed, shares still forwarded).
+
+    ``flood``: whether a party floods its decryption shares (every size is computed
+    either way).  Also a party's own choice that never travels (:data:`LOCAL`), so a party
+    that takes its options from a server always floods; off, it exists only to measure
+    what flooding costs beside the same run with it (``fednorm bench``, the ``_unflooded``
+    and ``_unprotected`` cases): never turn it off where the server is not trusted.
     """
 
     algorithm: Algorithm = "default"
@@ -92,6 +98,7 @@ class FitOptions:
     flooding_bits: int = DEFAULT_SECURITY_BITS
     flooding_decryptions: int = DEFAULT_DECRYPTIONS
     replay: bool = True
+    flood: bool = True
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -116,7 +123,7 @@ class FitOptions:
             )
 
 
-LOCAL = frozenset({"replay"})
+LOCAL = frozenset({"replay", "flood"})
 """Options each role decides for itself: never sent, ignored if a server sends them."""
 
 

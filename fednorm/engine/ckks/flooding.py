@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import openfhe
@@ -105,6 +105,9 @@ class Flooding:
     summands: int  # fresh ciphertexts added into the decrypted one (at most)
     security_bits: int = DEFAULT_SECURITY_BITS
     decryptions: int = DEFAULT_DECRYPTIONS  # τ
+    enabled: bool = field(default=True, kw_only=True)
+    """False: every size still computed, the noise left out of the share — only for
+    measuring what flooding costs (``FitOptions.flood``, a simulation's own choice)."""
 
     def __post_init__(self) -> None:
         check_security_bits(self.security_bits)
@@ -227,6 +230,8 @@ def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,
     of its N coefficients, written into every RNS tower the share is sent with."""
     if share.NumberCiphertextElements() != 1:
         raise ProtocolError("only a one-element decryption share can be flooded")
+    if not flooding.enabled:
+        return share
     data = bytearray(openfhe.Serialize(share, openfhe.BINARY))
     moduli = ctx.moduli[:ctx.towers(share)]
     towers = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)

@@ -61,10 +61,12 @@ COLLECTIVE_REQUESTS = (DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT, BOOTSTRAP)
 
 
 class FloodingOptions(Protocol):
-    """What key setup reads of a fit's options: s and τ of the flooded decryptions."""
+    """What key setup reads of a fit's options: s and τ of the flooded decryptions, and
+    whether to flood at all."""
 
     flooding_bits: int
     flooding_decryptions: int
+    flood: bool
 
 M = TypeVar("M", bound=Message)
 S = TypeVar("S")
@@ -116,24 +118,26 @@ async def _round_one(rc: RoleContext, setup: ckks.KeySetup
     return round_one, await rc.run_sync(total.finalize_rotations, round_one.joint)
 
 
-def flooding_arguments(options: FloodingOptions) -> dict[str, int]:
-    """The flooding choices of a fit's options (s and τ), as :func:`setup_party` takes
-    them."""
+def flooding_arguments(options: FloodingOptions) -> dict[str, int | bool]:
+    """The flooding choices of a fit's options (s, τ, and whether to flood at all), as
+    :func:`setup_party` takes them."""
     return {"flooding_bits": options.flooding_bits,
-            "flooding_decryptions": options.flooding_decryptions}
+            "flooding_decryptions": options.flooding_decryptions,
+            "flood": options.flood}
 
 
 async def setup_party(
     rc: RoleContext, preset: str, *, relinearize: bool = True, rotations: Sequence[int] = (),
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS,
-    flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS,
+    flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS, flood: bool = True,
 ) -> PartyCrypto:
     """Party side of collective key generation; the secret key stays in ``PartyKeys``.
 
     Reuses the keys in ``rc.held_keys`` under the same rule as :func:`setup_server`.
     ``flooding_bits`` is s of the flooded (sum) decryptions this party answers and
     ``flooding_decryptions`` τ, how many the new keys serve; reused keys keep the τ (and
-    the count) they were made with.
+    the count) they were made with.  ``flood`` False leaves the noise out of every share
+    (``FitOptions.flood``: only to measure what flooding costs).
     """
     ckks.check_security_bits(flooding_bits)
     ckks.check_decryptions(flooding_decryptions)
@@ -142,7 +146,7 @@ async def setup_party(
     rc.leave_out_of_transcript(SETUP, *COLLECTIVE_REQUESTS)
     held = reusable(rc, PartyKeyState, preset, relinearize, rotations)
     if held is not None:
-        held.flooding_bits = flooding_bits
+        held.flooding_bits, held.flooding_enabled = flooding_bits, flood
         return PartyCrypto(rc, held)
     keyring_of(rc)  # without one nothing could be checked: stop before any work
     context = shared_context(preset)
@@ -160,7 +164,8 @@ async def setup_party(
     rc.held_keys = PartyKeyState(ckks=context, joint=joint, relinearized=relinearize,
                                  rotations=tuple(rotations), keys=keys,
                                  n_parties=joint.n_parties, flooding_bits=flooding_bits,
-                                 flooding_decryptions=flooding_decryptions)
+                                 flooding_decryptions=flooding_decryptions,
+                                 flooding_enabled=flood)
     return PartyCrypto(rc, rc.held_keys)
 
 

@@ -170,6 +170,7 @@ class PartyKeyState(ckks.HeldKeys):
     n_parties: int = 1  # P, public: the joint key's number of shares
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
+    flooding_enabled: bool = True  # False only to measure its cost (FitOptions.flood)
     flooded_shares: int = 0  # flooded decryption shares made under these keys so far
     own_uploads: dict[str, list[sums.OwnUpload]] = field(default_factory=dict)
     """Upload kind (:attr:`~.sums.SignedUpload.KIND`) → what was kept of each one sent."""
@@ -304,7 +305,8 @@ class PartyCrypto(_OnHeldKeys):
     def flooding(self) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads."""
         return ckks.Flooding(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
-                             self.held.flooding_bits, self.held.flooding_decryptions)
+                             self.held.flooding_bits, self.held.flooding_decryptions,
+                             enabled=self.held.flooding_enabled)
 
     def flooding_of(self, kind: type[SignedUpload], combined: openfhe.Ciphertext,
                     factor: openfhe.Ciphertext) -> ckks.Flooding:
@@ -315,7 +317,8 @@ class PartyCrypto(_OnHeldKeys):
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,
-                                    self.held.flooding_decryptions, growth)
+                                    self.held.flooding_decryptions, growth,
+                                    enabled=self.held.flooding_enabled)
 
     def measured_flooding(self, noise: ckks.DecryptionNoise, request: openfhe.Ciphertext
                           ) -> ckks.MeasuredFlooding:
@@ -323,7 +326,8 @@ class PartyCrypto(_OnHeldKeys):
         sized by the step's declared ``noise`` at the request's scale."""
         return ckks.MeasuredFlooding(self.ckks.preset.ring_dim, self.n_parties, 1,
                                      self.held.flooding_bits, self.held.flooding_decryptions,
-                                     noise=noise, scale=request.GetScalingFactor())
+                                     noise=noise, scale=request.GetScalingFactor(),
+                                     enabled=self.held.flooding_enabled)
 
     def count_flooded_share(self) -> None:
         """Count one more flooded decryption under these keys; ProtocolError past τ

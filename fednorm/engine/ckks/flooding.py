@@ -205,8 +205,8 @@ class MeasuredFlooding(Flooding):
     the decryption's declared, measured noise (:class:`DecryptionNoise`) at the request's
     scale: t = 8 σ, σ the declared noise times the scale."""
 
-    noise: DecryptionNoise | None = None
-    scale: float = 0.0
+    noise: DecryptionNoise = field(kw_only=True)
+    scale: float = field(kw_only=True)
 
     @property
     def decrypted_shape(self) -> tuple[str, int, int]:
@@ -214,8 +214,8 @@ class MeasuredFlooding(Flooding):
 
     @property
     def ciphertext_noise_bound(self) -> float:
-        if self.noise is None or self.scale <= 0:
-            raise InputError("a measured flooding needs the declared noise and the scale")
+        if self.scale <= 0:
+            raise InputError("a measured flooding needs the request's scale")
         return TAIL * self.noise.relative_sigma(self.parties) * self.scale
 
     def fused_value_sigma(self) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import openfhe
 
+from fednorm.engine.ckks.presets import CkksPreset
 from fednorm.engine.errors import ProtocolError
 
 Refresher = Callable[[openfhe.Ciphertext], Awaitable[openfhe.Ciphertext]]
@@ -70,7 +71,8 @@ class LevelArithmetic:
     many collective bootstraps a step of the server takes, and refuses more.
     """
 
-    def __init__(self, level_budget: int, depth: int, preset: Any = None) -> None:
+    def __init__(self, level_budget: int, depth: int, preset: CkksPreset | None = None
+                 ) -> None:
         self.level_budget = level_budget
         self.depth = depth
         self.preset = preset  # the context's CkksPreset: what its decryptions declare

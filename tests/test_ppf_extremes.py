@@ -10,21 +10,20 @@ party roles (test preset throughout).
 from __future__ import annotations
 
 import warnings
-from functools import partial, reduce
+from functools import partial
 
 import numpy as np
-import openfhe
 import pytest
 import trio
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from deviating import deviating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ring_reading import coefficients, towers_of
 from strategies import federations
 
+from fednorm.bench.decryption_noise import joint_phase
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks import ProductFlooding, SumDecryption, ring
+from fednorm.engine.ckks import ProductFlooding, SumDecryption
 from fednorm.engine.ckks.context import in_process_run
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
@@ -177,32 +176,6 @@ def product() -> Product:
     return Product()
 
 
-def _element(ct, keep: int):
-    """Ciphertext element ``keep`` (0: c0, 1: c1) alone, as a one-element ciphertext."""
-    out = ct.Clone()
-    out.RemoveElement(1 - keep)
-    return out
-
-
-def _phase(ctx: ckks.CkksContext, ct, parties) -> list[int]:
-    """c0 + c1·s (s = Σ s_i, the joint secret) in the coefficient domain, as integers
-    centered mod the ciphertext's modulus: message plus noise, without the noise every
-    decryption share adds."""
-    moduli = ctx.moduli[:ctx.towers(ct)]
-    c0, c1 = (towers_of(ctx, _element(ct, keep)) for keep in (0, 1))
-    keys = [openfhe.Serialize(party._sk, openfhe.BINARY) for party in parties]
-    layouts = [ring.locate_towers(key, ctx.preset.ring_dim, len(ctx.moduli), ctx.moduli)
-               for key in keys]
-    phase = []
-    for i, q in enumerate(moduli):
-        secret = reduce(lambda a, b, q=q: ring.add_mod(a, b, q),
-                        (layout.read(key, i) for layout, key in zip(layouts, keys,
-                                                                     strict=True)))
-        product = (c1[i].astype(object) * secret.astype(object)) % q
-        phase.append(ring.add_mod(c0[i], product.astype(np.uint64), q))
-    return coefficients(ctx, phase)
-
-
 def test_a_products_noise_is_below_the_flooding_bound(product: Product) -> None:
     """Every slot 1 (the largest noise: each factor's noise is multiplied by the others'
     slots): the product as decrypted, read with the joint secret in the coefficient
@@ -210,9 +183,8 @@ def test_a_products_noise_is_below_the_flooding_bound(product: Product) -> None:
     below the bound t, whose σ (t/8) is the measured std within a factor 1.5."""
     ctx = product.ctx
     ct, factor = product.of([np.ones(ctx.slots)] * PRODUCT_PARTIES)
-    noise = _phase(ctx, ct, product.parties)
+    noise = joint_phase(ctx, ct, product.parties)
     noise[0] -= round(ct.GetScalingFactor())
-    noise = np.array(noise, dtype=np.float64)
     bound = product.flooding(ct, factor).ciphertext_noise_bound
     assert np.abs(noise).max() < bound
     assert bound / 8 / 1.5 < noise.std() < bound / 8 * 1.5

@@ -38,6 +38,32 @@ def test_ppf_robust_quartiles_equal_pooled_within_epsilon() -> None:
     assert rounds[15] <= rounds[1] - 10, rounds
 
 
+def test_paper_robust_finds_quartiles_that_sit_on_the_extremes() -> None:
+    """Quartiles equal to the pooled min and max (ties): the search starts from PPF
+    MinMax's extremes widened by its public error bound (flooding included), so neither
+    lies outside the bracket; from the extremes as decrypted, a feature whose min (max)
+    came out inside the data returned that estimate, off by up to the bound (1.4e-4 here,
+    far above ε)."""
+    rng = np.random.default_rng(11)
+    low, high = rng.uniform(-6, -2, 8), rng.uniform(2, 6, 8)
+
+    def rows(n: int) -> np.ndarray:  # 40 % of each party's rows at each extreme
+        tied = -(-2 * n // 5)
+        middle = rng.uniform(low, high, (n - 2 * tied, 8))
+        return rng.permuted(np.vstack([np.tile(low, (tied, 1)), np.tile(high, (tied, 1)),
+                                       middle]), axis=0)
+
+    parts = [rows(n) for n in (12, 9, 11)]
+    epsilon = 1e-9
+    options = FitOptions(algorithm="paper", preset="test", vabs=(8.0,), epsilon=epsilon)
+    fitted = simulate(parts, "robust", "mhe", options).normalizer
+    q1, _, q3 = np.percentile(np.vstack(parts), [25, 50, 75], axis=0)
+    np.testing.assert_array_equal(q1, low)  # the data put them on the extremes
+    np.testing.assert_array_equal(q3, high)
+    np.testing.assert_allclose(fitted.q1, q1, rtol=0, atol=2 * epsilon)
+    np.testing.assert_allclose(fitted.q3, q3, rtol=0, atol=2 * epsilon)
+
+
 def test_ppf_robust_needs_the_agreed_bound() -> None:
     with pytest.raises(InputError, match=r"(?i)v_?abs"):
         simulate([np.ones((3, 1)), np.ones((3, 1))], "robust", "mhe", FitOptions(algorithm="paper",

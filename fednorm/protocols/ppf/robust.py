@@ -22,7 +22,8 @@ more rounds (:func:`~fednorm.protocols.rank_rounds.unbounded_round_limit`).
    the parties decrypt the pooled counts n_g collectively (lines 10–12);
 3. the quartile ranks follow from n_g (lines 13–17; :func:`~fednorm.protocols.rank.plan_quantiles`,
    with the interpolation of scikit-learn's ``RobustScaler`` or the paper's gap rule);
-4. PPF MinMax gives the search bounds (lines 18–19);
+4. PPF MinMax gives the search bounds (lines 18–19), widened by its public error bound
+   (:func:`search_bracket`), so a quartile on the pooled min or max stays inside;
 5. the k-th element search (Algorithm 4, :mod:`fednorm.protocols.ppf.kth`): each round
    the server sends midpoints, every party encrypts its counts of values ≤ each
    midpoint, the server adds the ciphertexts and the pooled counts are decrypted
@@ -50,6 +51,8 @@ from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain.robust import QUARTILES, RobustResult
 from fednorm.protocols.ppf import kth
 from fednorm.protocols.ppf import minmax as ppf_minmax
+from fednorm.protocols.ppf.checks import vabs_vector
+from fednorm.protocols.ppf.minmax_layout import error_bound
 from fednorm.protocols.quantiles import QuantilePlan, plan_quantiles
 from fednorm.protocols.rank import (
     SortedColumns,
@@ -135,7 +138,8 @@ async def _finish_party(rc: RoleContext, width: int) -> RobustNormalizer:
 async def paper_server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:
     crypto = await setup_server(rc, options.preset, **ppf_minmax.setup_arguments(options))
     count = await kth.reveal_pooled_counts(crypto)
-    low, high = await ppf_minmax.minmax_server(crypto, len(count), options)
+    low, high = search_bracket(await ppf_minmax.minmax_server(crypto, len(count), options),
+                               options, len(rc.parties))
     plan = plan_quantiles(count, QUARTILES, options.quantile_rule)
     search = start_search(plan, count, low, high, options,
                           max_points=kth.probe_capacity(crypto, count))
@@ -149,9 +153,20 @@ async def paper_party(rc: RoleContext, X: np.ndarray, options: FitOptions
                                **flooding_arguments(options))
     width = X.shape[1]
     count = await kth.share_pooled_counts(crypto, feature_counts(X))
-    low, high = await ppf_minmax.minmax_party(crypto, X, options)
+    low, high = search_bracket(await ppf_minmax.minmax_party(crypto, X, options), options,
+                               crypto.n_parties)
     columns = SortedColumns(X, probe_limit(options_probes(options), QUARTILES), bounds=(low, high),
                             max_rounds=round_limit(low, high, options))
     await kth.kth_party(crypto, columns, count)
     return await _finish_party(rc, width)
+
+
+def search_bracket(extremes: tuple[np.ndarray, np.ndarray], options: FitOptions,
+                   parties: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the k-th search starts: PPF MinMax's (min, max) widened by its error bound
+    (public: V_abs, the passes, P and the flooding), so that a quartile on the pooled
+    min or max (ties) lies inside the bracket; every role computes the same bracket."""
+    low, high = extremes
+    margin = error_bound(options, parties) * vabs_vector(options, len(low))
+    return low - margin, high + margin
 

@@ -80,7 +80,7 @@ class FitOptions:
     either way).  Also a party's own choice that never travels (:data:`LOCAL`), so a party
     that takes its options from a server always floods; off, it exists only to measure
     what flooding costs beside the same run with it (``fednorm bench``, the ``_unflooded``
-    and ``_unprotected`` cases): never turn it off where the server is not trusted.
+    and ``_paper_unprotected`` cases): never turn it off where the server is not trusted.
     """
 
     algorithm: Algorithm = "default"

@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="P grid of the totals vs P (default 3,10,25,50,100)")
     p.add_argument("--scaling-methods", type=_list_of(str, "--scaling-methods"),
                    help="benchmark cases of the totals vs P, as --cases (default "
-                        "zscore,zscore_paper)")
+                        "zscore,zscore_paper_on_trust)")
     p.add_argument("--epsilons", type=_list_of(float, "--epsilons"),
                    help="ε grid of the k-th search (default 1e-1,...,1e-6)")
     p.add_argument("--results", help="write the report here as the project's results "

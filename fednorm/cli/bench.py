@@ -54,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-parties", type=_list_of(int, "--micro-parties"),
                    help="Table IV party counts (default 10,20,30,50)")
     p.add_argument("--scaling-parties", type=_list_of(int, "--scaling-parties"),
-                   help="P grid of the totals vs P (default 3,10,25,50,100)")
+                   help="P grid of the totals vs P (default 3,10,25,50)")
     p.add_argument("--scaling-methods", type=_list_of(str, "--scaling-methods"),
                    help="benchmark cases of the totals vs P, as --cases (default "
                         "zscore,zscore_paper_on_trust)")

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fednorm.bench import cases, communication, kth, report
+from fednorm.bench import cases, communication, kth, protocols, report
 from fednorm.cli import main
 from fednorm.engine.errors import InputError
 
@@ -241,3 +241,16 @@ def test_the_paper_on_trust_runs_beside_its_replayed_run_on_the_same_wire() -> N
     assert trusted["bytes_total"] == replayed["bytes_total"]
     assert trusted["x_faster"] == pytest.approx(replayed["median_s"] / trusted["median_s"])
     assert max(trusted["errors"].values()) < 1e-6
+
+
+def test_a_failed_run_names_its_cause_in_the_log_as_it_happens(capsys) -> None:
+    """The section's notes are written only when it ends, so the progress log must carry
+    the cause of a failed run at once (a killed process would lose it otherwise)."""
+    failures: list[str] = []
+
+    def broken() -> protocols.RunRecord:
+        raise MemoryError("no room for 100 parties")
+
+    assert protocols.attempt("scaling z-score P=100", failures, broken) is None
+    assert "MemoryError: no room for 100 parties" in capsys.readouterr().err
+    assert "no room for 100 parties" in failures[0]

@@ -167,10 +167,12 @@ def attempt(label: str, failures: list[str], run: Callable[[], RunRecord]
     t = time.perf_counter()
     try:
         rec = run()
-    except Exception as exc:  # reported in the section's notes
-        failures.append(f"{label} failed after {time.perf_counter() - t:.0f} s: "
-                        f"`{type(exc).__name__}: {exc}`.")
-        step(f"{label} FAILED", time.perf_counter() - t)
+    except Exception as exc:  # reported in the section's notes, and in the log at once
+        cause = f"{type(exc).__name__}: {exc}"
+        failures.append(f"{label} failed after {time.perf_counter() - t:.0f} s: `{cause}`.")
+        # The notes are written when the section ends; a process killed before that (the
+        # OOM killer, 2026-11-29) would lose the cause, so the progress line names it.
+        step(f"{label} FAILED: {cause[:300]}", time.perf_counter() - t)
         return None
     step(f"{label}, {rec.bytes_total / 1e6:.0f} MB", rec.seconds)
     return rec

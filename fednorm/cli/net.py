@@ -37,7 +37,7 @@ from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
 from fednorm.protocols.base import ALLOW_UNFLOODED, UNUSABLE_DATA
 from fednorm.session import root_cause
-from fednorm.transport.tcp import parse_address
+from fednorm.transport.tcp import DEFAULT_MAX_FRAME, parse_address
 from fednorm.transport.tls import init_certs
 
 T = TypeVar("T")
@@ -100,6 +100,7 @@ def serve_command(args: argparse.Namespace) -> int:
         privacy=args.privacy, options=fit_options(args),
         timeouts=_timeouts(args), sessions=None if args.keep_serving else args.sessions,
         out=args.out, features=_features(args.features), force=args.force,
+        max_frame=args.max_frame,
     )
     progress = progress_for(args, "fednorm serve")
     server = Server(config, log=_logger("serve", progress), tracer=progress,
@@ -121,6 +122,7 @@ def party_command(args: argparse.Namespace) -> int:
     check_data_path(args.data)
     progress = progress_for(args, f"fednorm party {args.id}")
     party = Party(PartyConfig(host, port, args.id, args.certs, _timeouts(args),
+                              max_frame=args.max_frame,
                               allow_unflooded=args.allow_paper_algorithms),
                   log=_logger(f"party {args.id}", progress), tracer=progress)
     try:
@@ -144,13 +146,29 @@ def _run(main: Callable[[], Awaitable[T]]) -> T:
         raise root_cause(group) from None
 
 
-def _add_timeouts(p: argparse.ArgumentParser) -> None:
+def _add_link_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds the server waits for each party's protocol message "
                         "(default 60); a party waits 2×S+5 for the server's, so that a "
                         "stalled party is named by the server")
     p.add_argument("--join-timeout", type=float, default=120.0, metavar="S",
                    help="seconds to wait for the other parties to join (default 120)")
+    p.add_argument("--max-frame", type=_mebibytes, default=DEFAULT_MAX_FRAME, metavar="MIB",
+                   help=f"largest frame this role sends or accepts, in MiB (default "
+                        f"{DEFAULT_MAX_FRAME >> 20}); a decryption request relays every "
+                        "party's upload in one frame, ~2-3.5 MiB each at the paper preset, "
+                        "so federations of more than ~18 parties need more, on every role")
+
+
+def _mebibytes(text: str) -> int:
+    """``--max-frame``: a positive whole number of MiB, in bytes."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of MiB, got {text!r}")
+    return value << 20
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -191,7 +209,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help="serve K sessions, then exit (default 1)")
     sessions.add_argument("--keep-serving", action="store_true",
                           help="serve sessions until interrupted")
-    _add_timeouts(serve)
+    _add_link_options(serve)
     serve.set_defaults(handler=serve_command)
 
     party = subparsers.add_parser("party", help="run one party of a multi-host federation")
@@ -211,5 +229,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     party.add_argument("--force", action="store_true",
                        help="write into a non-empty --out, replacing its files")
     add_quiet_option(party)
-    _add_timeouts(party)
+    _add_link_options(party)
     party.set_defaults(handler=party_command)

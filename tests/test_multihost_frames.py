@@ -37,3 +37,21 @@ def test_a_server_limited_to_one_mib_refuses_the_key_shares_it_would_forward(
     assert all("party 1 announced a frame of" in err for _, err in [results[0], *results[2:]])
     assert results[1][0] == 1 and "server dropped" in results[1][1], results[1]
     assert nothing_written(outs)
+
+
+def test_a_party_limited_to_one_mib_refuses_the_key_shares_forwarded_to_it(
+    spawn: Callable[..., subprocess.Popen[bytes]], certs: Path, csvs: list[Path],
+    tmp_path: Path,
+) -> None:
+    """The party side of the option: party 2, at 1 MiB, refuses the lead's forwarded key
+    shares and names its limit; nothing is written anywhere."""
+    outs = [tmp_path / f"out-{role}" for role in range(4)]
+    server, port = start_server(spawn, certs, "zscore", outs[0], "--privacy", "mhe",
+                                "--preset", "test")
+    parties = [start_party(spawn, port, p, csvs[p - 1], certs, outs[p],
+                           *(["--max-frame", 1] if p == 2 else []), timeout=60)
+               for p in (1, 2, 3)]
+    results = [finish(proc, timeout=120) for proc in [server, *parties]]
+    assert all(code == 1 for code, _ in results), results
+    assert f"the limit is {1 << 20}" in results[2][1], results[2]
+    assert nothing_written(outs)

@@ -19,11 +19,10 @@ from key_share_attack import KeyShareRead, attack
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import FrameEvent, Tracer
-from fednorm.protocols import FitOptions, get_protocol
+from fednorm.protocols import FitOptions
 from fednorm.protocols.base import agreed_width
 from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto, setup_server
-from fednorm.protocols.collective.messages import RelayedInputs
-from fednorm.protocols.collective.rounds import request_shares
+from fednorm.protocols.collective.rounds import relay, request_shares
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import minmax as ppf_minmax
@@ -154,8 +153,7 @@ class ForgedRelay(ServerCrypto):
         uploads = list(cts.values())
         if not isinstance(uploads[0], InputUpload) or uploads[0].index == 0:
             return await super().add_all(cts)
-        for upload in [uploads[1], *uploads[1:]]:
-            await self.rc.broadcast(RelayedInputs(index=1, uploads=[upload]))
+        await relay(self.rc, 1, [uploads[1], *uploads[1:]])
         return await self.rc.run_sync(InputUpload.combined, self.ckks,
                                       [u.ciphertext for u in uploads])
 
@@ -327,26 +325,3 @@ def test_across_processes_each_party_replays_with_keys_of_its_own(
         params = json.loads((out / "params.json").read_text())["params"]
         np.testing.assert_allclose(params["min"], np.nanmin(pooled, axis=0), atol=0.1)
         np.testing.assert_allclose(params["max"], np.nanmax(pooled, axis=0), atol=0.1)
-
-
-@dataclass
-class FrameSizes(Tracer):
-    """The size of every frame the server sent and received, by kind."""
-
-    sizes: dict[str, list[int]] = field(default_factory=dict)
-
-    def frame(self, event: FrameEvent) -> None:
-        self.sizes.setdefault(event.kind, []).append(event.size)
-
-
-async def test_a_relay_frame_holds_one_upload_whatever_the_number_of_parties() -> None:
-    """Relayed input uploads travel one per frame, so a relay frame is an upload's size
-    at any P (all P of them in one frame passed msgpack's 100 MiB buffer at P = 30,
-    paper preset, and would pass a TCP link's 64 MiB frame limit at P = 10): no relay
-    frame is larger than a party's first message, which holds two uploads."""
-    rng = np.random.default_rng(9)
-    sizes = FrameSizes()
-    await run_federation(get_protocol("zscore", "mhe"),
-                         [rng.normal(3, 2, size=(5, 2)) for _ in range(3)], PAPER,
-                         timeout=120, tracer=sizes)
-    assert max(sizes.sizes["ckks.relayed_inputs"]) < min(sizes.sizes["ppf_zscore.encrypted_sums"])

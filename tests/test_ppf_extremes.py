@@ -230,7 +230,7 @@ def _forging(forge):
             replies = await rc.gather(extremes.EncryptedBits)
             index, uploads = forge(crypto, {p: r.chunks[0] for p, r in replies.items()})
             shares = await request_shares(rc, "decrypt_product", ProductDecryptRequest(
-                index=index, uploads=uploads), DecryptShare)
+                index=index), DecryptShare, (index, uploads))
         received.extend(rc.parties[:len(shares)])
 
     return server, received
@@ -269,8 +269,8 @@ def test_product_uploads_are_not_decrypted_as_a_sum() -> None:
         with rc.subprotocol("extremes"):
             replies = await rc.gather(extremes.EncryptedBits)
             uploads = [replies[p].chunks[0] for p in rc.parties]
-            shares = await request_shares(rc, "decrypt_sum", SumDecryptRequest(
-                index=0, uploads=uploads), DecryptShare)
+            shares = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=0),
+                                          DecryptShare, (0, uploads))
         received.extend(rc.parties[:len(shares)])
 
     assert "sum" in str(_attack(server))

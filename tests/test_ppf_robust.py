@@ -185,8 +185,8 @@ def test_the_default_search_s_first_round_travels_with_the_count() -> None:
     slots = shared_context("test").slots
     assert len(opening_probe(3, slots - 3, QUARTILES, options).points) == 3 * 255
     after_setup = kinds.sent[kinds.sent.index("ckks.setup_done") + 1:]
-    assert after_setup[:3] == ["ckks.decrypt_sum_request", "ppf_robust.pooled_counts",
-                               "rank.probe"], after_setup
+    assert after_setup[:4] == ["ckks.decrypt_sum_request", "ckks.relayed_upload",
+                               "ppf_robust.pooled_counts", "rank.probe"], after_setup
     assert kinds.decrypted[0] == 3 + 3 * 255, kinds.decrypted  # n_g, then the opening's
 
 

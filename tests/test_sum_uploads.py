@@ -47,9 +47,8 @@ def _attack(forge: Forge, links: StarLinks) -> tuple[BaseException, list[int]]:
                                                **ppf_zscore.setup_arguments(options))
         sums = await rc.gather(ppf_zscore.EncryptedSums)
         index, uploads = forge(crypto, {p: m.count for p, m in sums.items()})
-        replies = await request_shares(rc, "decrypt_sum",
-                                       SumDecryptRequest(index=index, uploads=uploads),
-                                       DecryptShare)
+        replies = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=index),
+                                       DecryptShare, (index, uploads))
         received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
         raise ProtocolError("the attacking server stops here")
 
@@ -100,8 +99,8 @@ def test_a_set_of_uploads_is_decrypted_once(links: StarLinks) -> None:
         sums = await rc.gather(ppf_zscore.EncryptedSums)
         pooled = await crypto.add_all({p: m.count for p, m in sums.items()})
         await crypto.decrypt_sum(pooled, 2)
-        request = SumDecryptRequest(index=pooled.index, uploads=list(pooled.uploads))
-        replies = await request_shares(rc, "decrypt_sum", request, DecryptShare)
+        replies = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=pooled.index),
+                                       DecryptShare, (pooled.index, pooled.uploads))
         received.extend(rc.parties[:len(replies)])
 
     with pytest.raises(ProtocolError, match="already decrypted"):

@@ -26,8 +26,9 @@ Fields = Mapping[str, frozenset[str]]
 # Every PPF protocol: the key setup names each party's key tag (random identifiers),
 # each share carries its maker's signature and certificate (public), and the server
 # names digests of the evaluation keys it installed; a bootstrap request and its
-# shares name the index of the common random element (a counter); a relay of input
-# uploads names their index (a counter); a decryption request names the noise its step
+# shares name the index of the common random element (a counter); a relayed upload and
+# a sum or product decryption request name the uploads' index (a counter); a decryption
+# request names the noise its step
 # declares (the kind of computation, its measured noise, the P it was measured at).
 _SIGNED = frozenset({"signature", "certificate"})
 COLLECTIVE: Fields = {
@@ -39,7 +40,7 @@ COLLECTIVE: Fields = {
     "ckks.boot_request": frozenset({"index"}),
     "ckks.decrypt_request": frozenset({"noise_kind", "noise_log2", "noise_parties"}),
     "ckks.boot_share": _SIGNED | {"index"},
-    "ckks.relayed_inputs": frozenset({"index"}),
+    "ckks.relayed_upload": frozenset({"index"}),
     "ckks.decrypt_sum_request": frozenset({"index"}),
     "ckks.decrypt_product_request": frozenset({"index"}),
 }

@@ -32,7 +32,7 @@ from fednorm.protocols.collective.messages import (
     ProductDecryptRequest,
     SumDecryptRequest,
 )
-from fednorm.protocols.collective.rounds import request_shares, send_share
+from fednorm.protocols.collective.rounds import relayed, request_shares, send_share
 from fednorm.protocols.collective.sums import (
     PooledUploads,
     ProductUpload,
@@ -99,15 +99,15 @@ def shifted(context: ckks.CkksContext, request: openfhe.Ciphertext) -> openfhe.C
 async def decrypt_pooled(crypto: ServerCrypto, pooled: PooledUploads, n: int
                          ) -> np.ndarray:
     """Server: the flooded decryption of a combination (sum, product) of signed uploads,
-    first ``n`` slots; the request relays the uploads, from which each party recomputes
-    the combination."""
+    first ``n`` slots; the uploads follow the request, one a frame, and each party
+    recomputes the combination from them."""
     crypto.decryptions += 1
     name, kind = _COMBINED[pooled.kind]
-    request = kind(index=pooled.index, uploads=list(pooled.uploads))
     combination: list[openfhe.Ciphertext] = []
     async with trio.open_nursery() as nursery:  # the server's combination meanwhile
         nursery.start_soon(_combine, crypto, pooled, combination)
-        replies = await request_shares(crypto.rc, name, request, DecryptShare)
+        replies = await request_shares(crypto.rc, name, kind(index=pooled.index),
+                                       DecryptShare, (pooled.index, pooled.uploads))
     return await _fused(crypto, ckks.SumDecryption(crypto.ckks), replies, combination[0], n)
 
 
@@ -163,7 +163,7 @@ async def answer_product_decryption(crypto: PartyCrypto, request: ProductDecrypt
 async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
                            kind: type[SignedUpload]) -> None:
     """Party: a flooded decryption share (this party's s and τ) of the combination it
-    recomputes from the relayed uploads of ``kind``, each checked
+    recomputes from the uploads of ``kind`` relayed after the request, each checked
     (:func:`.sums.verified_combination`); one decryption per set of uploads."""
     index, sent = request.index, crypto.held.own_uploads.get(kind.KIND, [])
     noun = f"a {kind.NOUN} decryption request"
@@ -173,12 +173,13 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
     if (kind.KIND, index) in crypto.held.decrypted_uploads:
         raise ProtocolError(f"{noun} asks again for {kind.NOUN} uploads #{index}, already "
                             "decrypted")
-    uploads = request.uploads if isinstance(request.uploads, list) else []
+    name, _ = _COMBINED[kind]
+    with crypto.rc.subprotocol(name):
+        uploads = await relayed(crypto.rc, index, crypto.n_parties, noun)
     combined = await crypto.recombined(kind, index, uploads)
     crypto.count_flooded_share()
     crypto.held.decrypted_uploads.add((kind.KIND, index))
-    flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)
-    name, _ = _COMBINED[kind]
+    flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)  # type: ignore[attr-defined]
     await _answer(crypto, ckks.SumDecryption(crypto.ckks, flooding), name, combined)
 
 

@@ -185,22 +185,21 @@ class DecryptRequest(Message):
 
 @message("ckks.decrypt_sum_request")
 class SumDecryptRequest(Message):
-    """Decrypt the sum of every party's sum upload #``index``, relayed here in party
-    order: every party checks their signatures, recomputes the sum and floods its share
-    (docs/LEAKAGE.md)."""
+    """Decrypt the sum of every party's sum upload #``index``, whose P uploads follow in
+    this sub-protocol, one :class:`RelayedUpload` a frame, in party order: every party
+    checks their signatures, recomputes the sum and floods its share (docs/LEAKAGE.md)."""
 
     index: int
-    uploads: list[SumUpload]
 
 
 @message("ckks.decrypt_product_request")
 class ProductDecryptRequest(Message):
-    """Decrypt the product of every party's product upload #``index``, relayed here in
-    party order: every party checks their signatures, recomputes the product by the same
-    tree and floods its share (docs/LEAKAGE.md)."""
+    """Decrypt the product of every party's product upload #``index``, whose P uploads
+    follow as for a sum (:class:`SumDecryptRequest`): every party checks their
+    signatures, recomputes the product by the same tree and floods its share
+    (docs/LEAKAGE.md)."""
 
     index: int
-    uploads: list[ProductUpload]
 
 
 @message("ckks.decrypt_share")
@@ -258,13 +257,14 @@ class BootShare(Signed):
                    h1=share.h1)
 
 
-# -- inputs of the server's encrypted computation ------------------------------------------
-@message("ckks.relayed_inputs")
-class RelayedInputs(Message):
-    """Input uploads #``index``, in party order, relayed to every party: each checks the
-    signatures and adds them up itself (:mod:`.sums`).  One upload per frame (the server
-    sends one of these per party whose upload it relays), so a frame stays the size of an
-    upload at any P, within a TCP link's frame limit."""
+# -- relays --------------------------------------------------------------------------------
+@message("ckks.relayed_upload")
+class RelayedUpload(Message):
+    """One party's signed upload #``index`` (of any kind), relayed to every party: the
+    server relays each party's in party order, one a frame, so a frame stays the size of
+    one upload at any P, within a TCP link's frame limit.  Each party checks every
+    signature and combines the uploads itself (:mod:`.sums`): the inputs of the server's
+    encrypted computation, and what a sum or product decryption request decrypts."""
 
     index: int
-    uploads: list[InputUpload]
+    upload: InputUpload | SumUpload | ProductUpload

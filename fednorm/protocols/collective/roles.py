@@ -21,9 +21,9 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.codec import register_ext_type
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.collective import bootstrap, decryption, sums
-from fednorm.protocols.collective.messages import RelayedInputs
+from fednorm.protocols.collective.rounds import relay, relayed
 from fednorm.protocols.collective.signatures import keyring_of
 from fednorm.protocols.collective.sums import (
     AnUpload,
@@ -125,13 +125,12 @@ class ServerCrypto(_OnHeldKeys):
         """⊕ over the parties' ciphertexts (by party id), each checked to be a joint one;
         over signed sum uploads, the :class:`PooledUploads` that keeps them for its
         decryption; over signed input uploads, their sum, once every party was sent them
-        all (:class:`~.messages.RelayedInputs`) to recompute it."""
+        all (:func:`.rounds.relay`) to recompute it."""
         if any(isinstance(ct, SumUpload) for ct in cts.values()):
             return await self.rc.run_sync(self._pool, cts, SumUpload)
         if any(isinstance(ct, InputUpload) for ct in cts.values()):  # any group of parties
             pooled = await self.rc.run_sync(self._pool, cts, InputUpload, False)
-            for upload in pooled.uploads:
-                await self.rc.broadcast(RelayedInputs(index=pooled.index, uploads=[upload]))
+            await relay(self.rc, pooled.index, pooled.uploads)
             return await self.rc.run_sync(pooled.combined, self.ckks)
         for party, ct in cts.items():
             self.check_joint(ct, f"ciphertext from party {party}")
@@ -265,16 +264,9 @@ class PartyCrypto(_OnHeldKeys):
         ``upload``'s index, added up here from the server's relay, each checked
         (:func:`.sums.verified_combination`)."""
         parties = parties or range(1, self.n_parties + 1)
-        uploads: list[object] = []
-        for _ in parties:  # one upload per frame
-            relay = await self.rc.receive(SERVER, RelayedInputs)
-            if relay.index != upload.index or not (isinstance(relay.uploads, list)
-                                                   and len(relay.uploads) == 1):
-                raise ProtocolError("the server relayed something other than one input "
-                                    f"upload #{upload.index} in a frame")
-            uploads += relay.uploads
-        return await self.recombined(InputUpload, upload.index, uploads, parties,
-                                     "the relay of input uploads")
+        request = "the relay of input uploads"
+        uploads = await relayed(self.rc, upload.index, len(parties), request)
+        return await self.recombined(InputUpload, upload.index, uploads, parties, request)
 
     async def recombined(self, kind: type[SignedUpload], index: int, uploads: list[object],
                          parties: Sequence[int] | None = None, request: str = ""

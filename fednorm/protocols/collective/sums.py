@@ -96,7 +96,7 @@ class ProductUpload(SignedUpload):
 class InputUpload(_AddedUp):
     """An input of the server's encrypted computation (the paper's algorithms: a count
     to invert, a numerator to divide): added up like a sum upload, but never decrypted
-    as one.  The server relays every party's (:class:`~.messages.RelayedInputs`), so each
+    as one.  The server relays every party's (:class:`~.messages.RelayedUpload`), so each
     party recomputes the pooled input, and from it every ciphertext the server will ask
     it to decrypt or refresh (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
 

@@ -61,11 +61,28 @@ async def test_frames_reassemble_from_single_bytes() -> None:
         assert await link.receive() == b"ok"
 
 
-async def test_an_oversized_length_prefix_is_refused_before_reading_the_body() -> None:
+async def test_an_oversized_length_prefix_is_refused_and_its_body_never_kept() -> None:
+    """A 4 GiB frame announced, no body sent: refused within a second, nothing kept."""
     link, raw = link_and_raw(max_frame=1024)
     await raw.send_all(struct.pack(">I", 2**32 - 1))  # and no body at all
     with trio.fail_after(2), pytest.raises(ProtocolError, match="4294967295 bytes"):
         await link.receive()
+    assert not link._buffer
+
+
+async def test_an_oversized_frame_is_read_to_its_end_so_its_sender_is_not_reset() -> None:
+    """The refused frame's body is read to its last byte and dropped (over TCP, the
+    sender's send then completes and it can read the abort that says why, where unread
+    bytes would reset the connection under it): what the stream holds next is what
+    followed the frame, and nothing of it stays in the buffer."""
+    link, raw = link_and_raw(max_frame=1024)
+    body = b"x" * 5000
+    with trio.fail_after(2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(raw.send_all, struct.pack(">I", len(body)) + body + b"after")
+            with pytest.raises(ProtocolError, match="5000 bytes"):
+                await link.receive()
+            assert await link._read(5, boundary=False) == b"after"
 
 
 async def test_an_oversized_frame_is_not_sent() -> None:

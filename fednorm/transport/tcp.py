@@ -19,9 +19,11 @@ import trio
 
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 
-DEFAULT_MAX_FRAME = 64 * 2**20  # room for 2^15-ring relinearization-key shares (~25 MB)
+DEFAULT_MAX_FRAME = 64 * 2**20  # room for 2^15-ring key shares with relinearization (30 MiB)
 _PREFIX = struct.Struct(">I")
 _CLOSE_GRACE = 1.0  # seconds a graceful TLS close may take before it is forced
+_DISCARD_SECONDS = 10.0  # at most this long is spent reading a refused frame's bytes,
+_DISCARD_IDLE = 0.5  # and no longer than this once they stop coming
 
 
 class HandshakeRefused(ProtocolError):
@@ -62,9 +64,29 @@ class TcpLink:
     async def receive(self) -> bytes:
         (length,) = _PREFIX.unpack(await self._read(_PREFIX.size, boundary=True))
         if length > self.max_frame:
+            await self._discard(length)
             raise ProtocolError(f"{self.peer} announced a frame of {length} bytes; "
                                 f"the limit is {self.max_frame}")
         return await self._read(length, boundary=False)
+
+    async def _discard(self, size: int) -> None:
+        """Read a refused frame's ``size`` bytes and keep none (for at most
+        ``_DISCARD_SECONDS``, while they come): the sender's send then completes and it
+        reads why its frame was refused (the role's abort), where closing with its
+        bytes unread would reset the connection under it ("connection lost", not the
+        cause)."""
+        buffered = min(size, len(self._buffer))
+        del self._buffer[:buffered]
+        left = size - buffered
+        with trio.move_on_after(_DISCARD_SECONDS), suppress(trio.BrokenResourceError,
+                                                            trio.ClosedResourceError):
+            while left > 0:
+                chunk = b""
+                with trio.move_on_after(_DISCARD_IDLE):
+                    chunk = await self.stream.receive_some(min(left, 2**20))
+                if not chunk:
+                    return
+                left -= len(chunk)
 
     async def _read(self, size: int, *, boundary: bool) -> bytes:
         """Exactly ``size`` bytes; EOF is a dropout, and says whether it cut a frame."""

@@ -155,9 +155,9 @@ def _add_link_options(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the other parties to join (default 120)")
     p.add_argument("--max-frame", type=_mebibytes, default=DEFAULT_MAX_FRAME, metavar="MIB",
                    help=f"largest frame this role sends or accepts, in MiB (default "
-                        f"{DEFAULT_MAX_FRAME >> 20}); a decryption request relays every "
-                        "party's upload in one frame, ~2-3.5 MiB each at the paper preset, "
-                        "so federations of more than ~18 parties need more, on every role")
+                        f"{DEFAULT_MAX_FRAME >> 20}); the largest frames, one party's key "
+                        "shares, are 30-54 MiB at the paper preset whatever the number "
+                        "of parties")
 
 
 def _mebibytes(text: str) -> int:

@@ -19,7 +19,7 @@ import trio
 
 from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 
-DEFAULT_MAX_FRAME = 64 * 2**20  # room for 2^15-ring key shares with relinearization (30 MiB)
+DEFAULT_MAX_FRAME = 64 * 2**20  # room for 2^15-ring key shares (30-54 MiB)
 _PREFIX = struct.Struct(">I")
 _CLOSE_GRACE = 1.0  # seconds a graceful TLS close may take before it is forced
 _DISCARD_SECONDS = 10.0  # at most this long is spent reading a refused frame's bytes,

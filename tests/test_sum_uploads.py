@@ -187,3 +187,30 @@ def test_what_the_server_decrypts_depends_on_the_pooled_data_alone() -> None:
     assert len(reads[0]) == len(reads[1]) > 0
     for first, second in zip(*reads, strict=True):
         np.testing.assert_allclose(first, second, rtol=1e-9, atol=1e-9)
+
+
+class Combinations(Tracer):
+    """Every combination of relayed uploads a role made: the server's (``PooledUploads.
+    combined``) and each party's (``verified_combination``), as objects."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, object]] = []
+
+    def crypto_call(self, event: CryptoEvent) -> None:
+        if event.call in ("PooledUploads.combined", "verified_combination"):
+            self.made.append((event.role, event.result))
+
+
+def test_in_a_simulation_the_server_and_the_parties_share_each_product() -> None:
+    """All roles in one process: the server's product of the bit uploads and every
+    party's are one object, made once (each host makes its own in a deployment, at the
+    same time), not twice one after the other on the simulation's cores; each party
+    still checks every upload before it gets it."""
+    made = Combinations()
+    simulate(PARTS, "minmax", "mhe", FitOptions(preset="test"), tracer=made,
+             party_tracer=made)
+    server = [result for role, result in made.made if role == "server"]
+    assert len(server) > 0
+    assert {role for role, _ in made.made} == {"server", "party 1", "party 2", "party 3"}
+    for role, result in made.made:
+        assert any(result is ours for ours in server), role

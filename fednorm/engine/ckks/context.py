@@ -336,6 +336,12 @@ class CkksContext:
         with self._computed_lock:
             self._computed.clear()
 
+    @property
+    def roles_share_results(self) -> bool:
+        """Whether every role runs in this process now (:func:`in_process_run`), so that
+        :meth:`computed_once` hands one role's result to the others."""
+        return _IN_PROCESS_RUNS > 0
+
     def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
         """``compute()``, deterministic on the inputs ``key`` names (digests, or a parsed
         object itself).  While all roles share this process (:func:`in_process_run`) the

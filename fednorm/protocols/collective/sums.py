@@ -123,8 +123,30 @@ class PooledUploads:
 
     def combined(self, context: ckks.CkksContext) -> openfhe.Ciphertext:
         """The server's own combination, the shape the parties' shares must have: made
-        while the parties make theirs (a product takes a while)."""
-        return self.kind.combined(context, [u.ciphertext for u in self.uploads])
+        while the parties make theirs (a product takes a while; :func:`combination`)."""
+        return combination(context, self.kind, [u.ciphertext for u in self.uploads])
+
+
+def combination(context: ckks.CkksContext, kind: type[SignedUpload],
+                ciphertexts: Sequence[openfhe.Ciphertext],
+                digests: Sequence[bytes] | None = None) -> openfhe.Ciphertext:
+    """``kind``'s combination of ``ciphertexts`` (party order), deterministic.  While every
+    role runs in this process (a simulation) it is made once for the server and all the
+    parties, keyed by the uploads' digests (``digests``, where the caller has them), as
+    each host makes its own at the same time in a deployment."""
+    if not context.roles_share_results:
+        return kind.combined(context, ciphertexts)
+    if digests is None:
+        digests = [parsed_digest(context, ct) for ct in ciphertexts]
+    return context.computed_once((kind.KIND, *digests),
+                                 lambda: kind.combined(context, ciphertexts))
+
+
+def parsed_digest(context: ckks.CkksContext, ciphertext: openfhe.Ciphertext) -> bytes:
+    """:func:`~fednorm.engine.ckks.object_digest` of a ciphertext parsed off the wire
+    (once per parsed object in a simulation, whose parties share a broadcast's parse)."""
+    return context.computed_once(("object_digest", ciphertext),
+                                 partial(ckks.object_digest, ciphertext))
 
 
 def statement(session: str, party: int, index: int, digest: bytes,
@@ -254,9 +276,7 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
         if type(upload) is not kind or upload.index != index:
             raise ProtocolError(f"{request} relays, as party {party}'s, something other "
                                 f"than its {kind.NOUN} upload #{index}")
-        digest = context.computed_once(  # of the ciphertext parsed from the request
-            ("object_digest", upload.ciphertext), partial(ckks.object_digest,
-                                                          upload.ciphertext))
+        digest = parsed_digest(context, upload.ciphertext)
         if party == keyring.party and digest != own.digest:
             raise ProtocolError(f"{request} relays, as this party's upload #{index}, a "
                                 "ciphertext it did not send")
@@ -272,8 +292,7 @@ def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, se
             ) from None
         checked.append(upload.ciphertext)
         digests.append(digest)
-    return context.computed_once((kind.KIND, *digests),
-                                 lambda: kind.combined(context, checked))
+    return combination(context, kind, checked, digests)
 
 
 def register_codec(context: ckks.CkksContext, register) -> None:  # type: ignore[no-untyped-def]

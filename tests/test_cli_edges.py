@@ -283,3 +283,19 @@ def test_simulate_errors_are_against_the_rows_the_parties_hold(
             assert code == 0, err
             report = json.loads(out)
             assert report["max_rel_error"] <= bound, (split, method, report["max_rel_error"])
+
+
+def test_flooding_too_loud_for_many_parties_bits_names_the_decryptions_that_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The default MinMax of 50 parties at the test preset: refused with exit 2 before any
+    key is made, naming the --flooding-decryptions that fit; the option reaches the fit."""
+    argv = ["simulate", "--dataset", "bcw", "--parties", "50", "--method", "minmax",
+            "--privacy", "mhe", "--preset", "test"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "Declare at most" in err and "--flooding-decryptions" in err, err
+    most = int(re.search(r"at most (\d+) flooded", err).group(1))
+    code, _, err = run_cli([*argv, "--flooding-decryptions", str(most + 1)], capsys)
+    assert code == 2 and f"τ = {most + 1} flooded" in err, err
+    code, _, err = run_cli([*argv, "--flooding-decryptions", "0"], capsys)
+    assert code == 2 and "flooded decryptions per key must be a positive" in err, err

@@ -9,8 +9,10 @@ party roles (test preset throughout).
 
 from __future__ import annotations
 
+import re
 import warnings
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -41,7 +43,7 @@ from fednorm.protocols.collective.sums import (
     product_of,
     sign_upload,
 )
-from fednorm.protocols.ppf import extremes
+from fednorm.protocols.ppf import checks, extremes
 from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate
 
@@ -146,7 +148,37 @@ def test_more_parties_than_the_preset_multiplies_are_refused() -> None:
     context = ckks.CkksContext("test")  # depth 9: products of at most 2^7 parties
     assert product_level(context, 128) == 0
     with pytest.raises(InputError, match="multiplies at most 128 parties"):
-        extremes.require_levels_for(context, 129)
+        checks.require_product_for(context, 129, 30, 1)
+
+
+def test_flooding_too_loud_for_the_bits_is_refused_naming_the_decryptions_that_fit(
+) -> None:
+    """Paper preset, s = 30, the default τ = 1024: the flooded product of 100 parties'
+    bits carries σ ≈ 0.24 per bit, where a bit reads wrong at 0.5 (a default MinMax of
+    100 parties stopped after key setup: "the pooled bits are not bits").  Refused
+    before anything is sent, naming the largest τ that fits; that τ passes, one more
+    does not; at the default τ, 27 parties pass and 28 do not (docs/LEAKAGE.md)."""
+    context = ckks.CkksContext("paper")
+    with pytest.raises(InputError, match=r"Declare at most \d+ flooded") as refused:
+        checks.require_product_for(context, 100, 30, 1024)
+    most = int(re.search(r"at most (\d+) flooded", str(refused.value)).group(1))
+    checks.require_product_for(context, 100, 30, most)
+    with pytest.raises(InputError, match="too close to 0 and 1"):
+        checks.require_product_for(context, 100, 30, most + 1)
+    checks.require_product_for(context, 27, 30, 1024)
+    with pytest.raises(InputError, match="Declare at most"):
+        checks.require_product_for(context, 28, 30, 1024)
+
+
+def test_a_default_minmax_whose_bits_flooding_would_drown_stops_before_key_setup() -> None:
+    """50 parties at the test preset (σ ≈ 0.043 per bit at τ = 1024): the server refuses
+    before key setup and every role reports that cause."""
+    kinds: list[str] = []
+    parts = [np.arange(4.0).reshape(2, 2) + p for p in range(50)]
+    with pytest.raises(InputError, match="Declare at most"):
+        simulate(parts, "minmax", "mhe", TEST,
+                 tracer=SimpleNamespace(frame=lambda event: kinds.append(event.kind)))
+    assert not any(kind.startswith("ckks.") for kind in kinds)
 
 
 # -- the noise of a product, and the flooded bits ------------------------------------------

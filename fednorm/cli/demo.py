@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fednorm.cli.progress import add_quiet_option
 from fednorm.cli.simulate import human_session_report, run_simulation
+from fednorm.engine.ckks.flooding import DEFAULT_DECRYPTIONS
 from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS
 from fednorm.protocols.progress import human_bytes
@@ -61,6 +62,7 @@ def _simulate_args(args: argparse.Namespace, methods: tuple[str, ...], privacy: 
         method=methods, privacy=privacy, algorithm="default", epsilon=None,
         ckks_preset=args.preset,
         rank_probes=None, reveal_counts=False, vabs=None, no_replay=False, json=False,
+        flooding_decryptions=DEFAULT_DECRYPTIONS,
         quiet=args.quiet,
         command="demo")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from fednorm.engine.ckks.flooding import DEFAULT_DECRYPTIONS
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
 from fednorm.session import check_fit_options
@@ -32,6 +33,12 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
                              "a round and needs fewer rounds (default: 1, the paper's "
                              "bisection, plain and --algorithm paper; under mhe's default "
                              "algorithm as many as one ciphertext holds, at most 255)")
+    parser.add_argument("--flooding-decryptions", type=int, default=DEFAULT_DECRYPTIONS,
+                        metavar="TAU",
+                        help="mhe: flooded decryptions one joint key serves at most (τ; "
+                             "default %(default)s); the flooding noise grows as √τ, so "
+                             "federations of many parties may need fewer (the error says "
+                             "how many)")
     parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
                                        "value or one per feature separated by commas"
                                        + vabs_default)
@@ -40,7 +47,8 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
 def fit_options(args: argparse.Namespace) -> FitOptions:
     options = FitOptions(algorithm=args.algorithm, epsilon=args.epsilon, preset=args.ckks_preset,
                          rank_probes=args.rank_probes, reveal_counts=args.reveal_counts,
-                         vabs=parse_vabs(args.vabs))
+                         vabs=parse_vabs(args.vabs),
+                         flooding_decryptions=args.flooding_decryptions)
     return check_fit_options(options)
 
 

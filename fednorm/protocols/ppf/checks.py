@@ -8,6 +8,7 @@ protocol run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,15 +39,48 @@ def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
 
 
-def require_levels_for(context: ckks.CkksContext, parties: int) -> None:
-    """InputError when the preset has too few levels for a product of ``parties``'
-    uploads (⌈log2 P⌉ levels), before anything is sent."""
-    product_level(context, parties)
-
-
 BIT_TOLERANCE = 0.25
 """How far a decrypted product of bits may lie from 0 or 1 (flooded, honest: within
-~0.02)."""
+~0.02 at P = 10)."""
+
+BIT_MARGIN = 7.0
+"""Standard deviations of the flooded product's noise that must fit in
+:data:`BIT_TOLERANCE`: a value lands past it with probability ~3e-12 (a search reads
+~10^5 of them)."""
+
+
+def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int,
+                        flooding_decryptions: int) -> None:
+    """InputError, before anything is sent, when a flooded product of ``parties``' bit
+    uploads cannot be read at this preset: too few levels for its tree (⌈log2 P⌉), or
+    flooding (s, τ) whose noise is too close to the bits.
+
+    The noise all P parties' flooding adds to each bit grows as P^1.5 (each party's σ is
+    proportional to the product's noise bound, which grows as P) and as √τ: at the paper
+    preset, s = 30 and τ = 1024, σ ≈ 0.008 at P = 10 and 0.24 at P = 100
+    (:func:`product_bit_noise`), where a bit is read wrong at ~0.5."""
+    product_level(context, parties)
+    noise = product_bit_noise(context.preset, parties, flooding_bits, flooding_decryptions)
+    limit = BIT_TOLERANCE / BIT_MARGIN
+    if noise > limit:
+        most = int(flooding_decryptions * (limit / noise) ** 2)
+        raise InputError(
+            f"a flooded product of {parties} parties' bits at the {context.preset.name!r} "
+            f"preset carries noise σ = {noise:.3f} per bit with τ = {flooding_decryptions} "
+            f"flooded decryptions and s = {flooding_bits}: too close to 0 and 1 to read "
+            f"every bit (σ at most {limit:.3f}). Declare at most {most} flooded "
+            "decryptions for these keys (--flooding-decryptions, "
+            "FitOptions(flooding_decryptions=...)), or fewer parties")
+
+
+def product_bit_noise(preset: ckks.CkksPreset, parties: int, flooding_bits: int,
+                      flooding_decryptions: int) -> float:
+    """σ of the noise all parties' flooding adds to each bit of a product of their bit
+    uploads (scale Δ² each, the product decrypted at scale Δ)."""
+    scale = 2.0 ** preset.scaling_mod_bits
+    flooding = ckks.ProductFlooding(preset.ring_dim, parties, parties, flooding_bits,
+                                    flooding_decryptions, growth=1 / scale)
+    return flooding.slot_sigma(scale) * math.sqrt(parties)
 
 
 def product_bits(values: np.ndarray, what: str) -> np.ndarray:

@@ -61,7 +61,7 @@ from fednorm.protocols.collective import (
 from fednorm.protocols.collective.sums import ProductUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
-from fednorm.protocols.ppf.checks import product_bits, require_levels_for
+from fednorm.protocols.ppf.checks import product_bits, require_product_for
 from fednorm.protocols.ppf.minmax import MinMaxExtremes
 from fednorm.protocols.ppf.phases import serve_phase
 
@@ -208,7 +208,6 @@ async def extremes_server(crypto: ServerCrypto, width: int | None
     """The server's side of the search after key setup (:func:`setup_arguments`): returns
     and broadcasts (min, max) per feature.  ``width`` None: the first party's."""
     rc = crypto.rc
-    require_levels_for(crypto.ckks, len(rc.parties))
     with rc.subprotocol("extremes"):
         replies = await rc.gather(EncryptedBits)
         layout = Layout(agreed_width(replies, width), crypto.ckks.slots)
@@ -260,7 +259,8 @@ def _as_bits(values: np.ndarray) -> np.ndarray:
 # -- party ----------------------------------------------------------------------------------
 async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A party's side of the search after key setup: returns (min, max) per feature."""
-    require_levels_for(crypto.ckks, crypto.n_parties)
+    require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits,
+                        crypto.held.flooding_decryptions)
     rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.slots)
     tops = local_tops(X)
     start = Brackets.start(layout.brackets)
@@ -296,8 +296,15 @@ def _received_thresholds(value: object, layout: Layout) -> np.ndarray:
 
 
 # -- the registered protocol (default PPF MinMax) --------------------------------------------
+def require_search_for(rc: RoleContext, options: FitOptions) -> None:
+    """Server, before key setup: InputError if the flooded products of this many parties'
+    bits cannot be read with ``options``' preset and flooding (:func:`require_product_for`)."""
+    require_product_for(shared_context(options.preset), len(rc.parties),
+                        options.flooding_bits, options.flooding_decryptions)
+
+
 async def server(rc: RoleContext, options: FitOptions) -> MinMaxNormalizer:
-    require_levels_for(shared_context(options.preset), len(rc.parties))
+    require_search_for(rc, options)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     low, high = await extremes_server(crypto, None)
     return MinMaxNormalizer(low, high)

@@ -68,7 +68,7 @@ from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import (
     product_bits,
     require_counts_within,
-    require_levels_for,
+    require_product_for,
 )
 from fednorm.protocols.ppf.driver import run_core
 from fednorm.protocols.ppf.quotient import (
@@ -167,7 +167,8 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     if not counts_revealed(options):
-        require_levels_for(shared_context(options.preset), len(rc.parties))
+        require_product_for(shared_context(options.preset), len(rc.parties),
+                            options.flooding_bits, options.flooding_decryptions)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     sums = await rc.gather(EncryptedSums)
     width = agreed_width(sums)
@@ -246,7 +247,8 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     counts = feature_counts(X)
     passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
-        require_levels_for(crypto.ckks, crypto.n_parties)
+        require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits,
+                            crypto.held.flooding_decryptions)
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
         total=await passes.upload(crypto, total),

@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -336,20 +337,15 @@ class CkksContext:
         with self._computed_lock:
             self._computed.clear()
 
-    @property
-    def roles_share_results(self) -> bool:
-        """Whether every role runs in this process now (:func:`in_process_run`), so that
-        :meth:`computed_once` hands one role's result to the others."""
-        return _IN_PROCESS_RUNS > 0
-
-    def computed_once(self, key: tuple[object, ...], compute: Callable[[], Any]) -> Any:
-        """``compute()``, deterministic on the inputs ``key`` names (digests, or a parsed
-        object itself).  While all roles share this process (:func:`in_process_run`) the
-        first role's result is handed to the others with the same key, as :meth:`from_bytes`
-        hands them a broadcast's parse (every party digests the same relayed uploads and
-        recomputes their product, one host each in a deployment); callers do not mutate it."""
+    def computed_once(self, key: tuple[object, ...] | Callable[[], tuple[object, ...]],
+                      compute: Callable[[], Any]) -> Any:
+        """``compute()``, deterministic on what ``key`` names (digests or a parsed object;
+        a callable: made only if needed).  In a simulation (:func:`in_process_run`) the
+        first role's result goes to the others with the same key (every role recomputes
+        the parties' product: one host each in a deployment); callers do not mutate it."""
         if not _IN_PROCESS_RUNS:
             return compute()
+        key = key() if callable(key) else key
         with self._computed_lock:  # the others wait for the first, then share its result
             if key not in self._computed:
                 self._computed[key] = compute()
@@ -374,10 +370,8 @@ class CkksContext:
     ) -> None:
         """Hand the engine codec an ext code (16..19) and en/decoder per OpenFHE type."""
         for kind in serial.KINDS.values():
-            register(kind.code, kind.cls, self.to_bytes, self._loader(kind.name))
+            register(kind.code, kind.cls, self.to_bytes, partial(self.from_bytes, kind.name))
 
-    def _loader(self, kind: str) -> Callable[[bytes], Any]:
-        return lambda data: self.from_bytes(kind, data)
 
 
 @contextmanager

@@ -134,12 +134,11 @@ def combination(context: ckks.CkksContext, kind: type[SignedUpload],
     role runs in this process (a simulation) it is made once for the server and all the
     parties, keyed by the uploads' digests (``digests``, where the caller has them), as
     each host makes its own at the same time in a deployment."""
-    if not context.roles_share_results:
-        return kind.combined(context, ciphertexts)
-    if digests is None:
-        digests = [parsed_digest(context, ct) for ct in ciphertexts]
-    return context.computed_once((kind.KIND, *digests),
-                                 lambda: kind.combined(context, ciphertexts))
+    def key() -> tuple[object, ...]:
+        return (kind.KIND, *(digests if digests is not None
+                             else [parsed_digest(context, ct) for ct in ciphertexts]))
+
+    return context.computed_once(key, lambda: kind.combined(context, ciphertexts))
 
 
 def parsed_digest(context: ckks.CkksContext, ciphertext: openfhe.Ciphertext) -> bytes:

@@ -210,11 +210,11 @@ def test_key_setup_composes_the_key_operations() -> None:
     ctx = CkksContext("test")
     setup = KeySetup(ctx, relinearize=True, rotations=(4,))
     lead = setup.generate_keys(None)
-    lead_shares = setup.generate_shares(lead, None)
+    lead_shares = setup.generate_share(lead, 1, None)
     assert (lead_shares.relin.round, lead_shares.rotation.indices) == (1, (4,))
     others = [setup.generate_keys(lead_shares) for _ in range(2)]
-    shares = [lead_shares] + [setup.generate_shares(p, lead_shares) for p in others]
-    total = setup.round_one_sum()  # as a server adds them up: one party at a time
+    shares = [lead_shares] + [setup.generate_share(p, 1, lead_shares) for p in others]
+    total = setup.running_sum(1)  # as a server adds them up: one party at a time
     for share in shares[:2]:
         total.add(share)
     with pytest.raises(ProtocolError, match="rotation-key share is missing"):
@@ -232,21 +232,21 @@ def test_key_setup_composes_the_key_operations() -> None:
         lambda acc, key: raw.MultiAddPubKeys(acc, key, tag), [s.public_key.key for s in shares]))
     assert serialize(round_one.relin) == serialize(functools.reduce(
         lambda acc, key: raw.MultiAddEvalKeys(acc, key, tag), [s.relin.key for s in shares]))
-    total.finalize_rotations(round_one.joint)
+    total.finalize(round_one.joint)
     parties = [lead, *others]
-    round_two = setup.round_two_sum(round_one.joint)
+    round_two = setup.running_sum(2, round_one.joint)
     for party in parties:
-        round_two.add(setup.generate_round_two_share(party, round_one), round_one.joint.tag)
+        round_two.add(setup.generate_share(party, 2, round_one))
     with pytest.raises(ProtocolError, match="round-2 relinearization share #3 is of round 1"):
-        round_two.add(lead_shares.relin, round_one.joint.tag)
-    setup.install_relin(round_one.joint, round_two)
+        round_two.add(lead_shares.relin)
+    round_two.finalize()
     x = np.arange(1.0, 9.0) / 8
     ct = ctx.encrypt(round_one.joint.public_key, x)
     got = decrypt_locally(ctx, round_one.joint, parties, ctx.rotate(ctx.mul(ct, ct), 4), 4)
     np.testing.assert_allclose(got, (x * x)[4:], atol=DOUBLED_ABS_TOL)
     without = KeySetup(ctx, relinearize=False)
-    assert without.generate_shares(lead, None).relin is None
-    assert without.generate_round_two_share(lead, round_one) is None
+    assert without.generate_share(lead, 1, None).relin is None
+    assert without.generate_share(lead, 2, round_one) is None
 
 
 

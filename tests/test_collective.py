@@ -22,7 +22,7 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     ctx = shared_context("test")
     setup = ckks.KeySetup(ctx, relinearize=True, rotations=(1,))
     lead = setup.generate_keys(None)
-    shares = setup.generate_shares(lead, None)
+    shares = setup.generate_share(lead, 1, None)
     message = LeadKeys.of(shares)
     assert list(message.fields()) == ["signature", "certificate", "public_key", "relin_share",
                                       "rotation_share"]
@@ -32,7 +32,7 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     assert (back.relin.round, back.relin.key) == (1, shares.relin.key)
     assert (back.rotation.indices, back.rotation.keys) == ((1,), shares.rotation.keys)
     other = setup.generate_keys(back)
-    assert isinstance(KeyShares.of(setup.generate_shares(other, back)), KeyShares)
+    assert isinstance(KeyShares.of(setup.generate_share(other, 1, back)), KeyShares)
     without_relin = KeyShares(signature=b"", certificate=b"", public_key=message.public_key,
                               relin_share=None, rotation_share=message.rotation_share)
     with pytest.raises(ProtocolError, match="relin-key share is missing"):
@@ -40,13 +40,13 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     plain = ckks.KeySetup(ctx, relinearize=False)
     assert (message.shares(plain).relin, message.shares(plain).rotation) == (None, None)
 
-    total = setup.round_one_sum()
-    for shares_of_party in (back, setup.generate_shares(other, back)):
+    total = setup.running_sum(1)
+    for shares_of_party in (back, setup.generate_share(other, 1, back)):
         total.add(shares_of_party)
     round_one = total.result()
     received = JointRound1.of(round_one).round_one()
     assert received.joint == round_one.joint and received.relin is round_one.relin
-    round_two = setup.generate_round_two_share(other, received)
+    round_two = setup.generate_share(other, 2, received)
     assert RelinRound2.of(round_two).as_share() == round_two
 
 
@@ -84,7 +84,7 @@ def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> No
                 self.events.append("read" if event.direction == "received" else "forward")
 
         def crypto_call(self, event: CryptoEvent) -> None:
-            if event.call in ("RoundOneSum.add", "RelinSum.add"):
+            if event.call in ("RoundOneSum.add", "RoundTwoSum.add"):
                 self.events.append("add")
 
     seen = Order()
@@ -112,9 +112,9 @@ def _round_one(ctx: ckks.CkksContext, parties: int = 3) -> tuple[
         ckks.KeySetup, list[ckks.PartyKeys], list[ckks.SetupShares]]:
     setup = ckks.KeySetup(ctx, relinearize=True, rotations=(1,))
     lead = setup.generate_keys(None)
-    lead_shares = setup.generate_shares(lead, None)
+    lead_shares = setup.generate_share(lead, 1, None)
     keys = [lead] + [setup.generate_keys(lead_shares) for _ in range(parties - 1)]
-    return setup, keys, [lead_shares] + [setup.generate_shares(k, lead_shares)
+    return setup, keys, [lead_shares] + [setup.generate_share(k, 1, lead_shares)
                                          for k in keys[1:]]
 
 
@@ -126,7 +126,7 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
 
     ctx = shared_context("test")
     setup, _, shares = _round_one(ctx)
-    made, parsed = setup.round_one_sum(), setup.round_one_sum()
+    made, parsed = setup.running_sum(1), setup.running_sum(1)
     for share in shares:
         made.add(share)
         parsed.add(_parsed(ctx, share))
@@ -158,7 +158,7 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
 def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
     ctx = shared_context("test")
     setup, keys, shares = _round_one(ctx)
-    honest = setup.round_one_sum()
+    honest = setup.running_sum(1)
     for share in shares:
         honest.add(share)
     server = honest.result()
@@ -170,7 +170,7 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
         return mine
 
     other_setup, _, other_shares = _round_one(ctx)  # a key pair of the server's own
-    fake = other_setup.round_one_sum()
+    fake = other_setup.running_sum(1)
     for share in other_shares:
         fake.add(share)
     forged = fake.result()
@@ -185,11 +185,11 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
 
     mine = check()
     round_one = mine.check_round_one(server)
-    round_two = setup.round_two_sum(round_one.joint)
+    round_two = setup.running_sum(2, round_one.joint)
     for party in keys:
-        share = setup.generate_round_two_share(party, round_one)
-        round_two.add(share, round_one.joint.tag)
-        mine.add_round_two(share)
+        share = setup.generate_share(party, 2, round_one)
+        round_two.add(share)
+        mine.add(share)
     installed = ckks.KeyDigests.of(round_two.result(), honest.rotation_result())
     mine.check_final(installed)
     with pytest.raises(ProtocolError, match="relinearization key the server installed"):

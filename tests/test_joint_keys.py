@@ -115,7 +115,7 @@ def forged_shares(lead: Message) -> KeyShares:
 
     setup = ckks.KeySetup(shared_context("test"), **ppf.setup_arguments(TEST))
     lead_shares = lead.shares(setup)
-    return KeyShares.of(setup.generate_shares(setup.generate_keys(lead_shares), lead_shares))
+    return KeyShares.of(setup.generate_share(setup.generate_keys(lead_shares), 1, lead_shares))
 
 
 def unsigned(msg: KeyShares, rc: RoleContext) -> KeyShares:

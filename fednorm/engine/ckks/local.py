@@ -29,20 +29,19 @@ def setup_locally(ctx: CkksContext, n_parties: int,
         raise InputError("need at least one party")
     setup = KeySetup(ctx, relinearize=True, rotations=rotations)
     lead = setup.generate_keys(None)
-    lead_shares = setup.generate_shares(lead, None)
+    lead_shares = setup.generate_share(lead, 1, None)
     parties = [lead] + [setup.generate_keys(lead_shares) for _ in range(n_parties - 1)]
-    shares = [lead_shares] + [setup.generate_shares(p, lead_shares) for p in parties[1:]]
-    total = setup.round_one_sum()
+    shares = [lead_shares] + [setup.generate_share(p, 1, lead_shares) for p in parties[1:]]
+    total = setup.running_sum(1)
     for share in shares:
         total.add(share)
     round_one = total.result()
-    total.finalize_rotations(round_one.joint)
-    relin_sum = setup.round_two_sum(round_one.joint)
-    if relin_sum is not None:
-        for party in parties:
-            relin_sum.add(setup.generate_round_two_share(party, round_one),
-                          round_one.joint.tag)
-    setup.install_relin(round_one.joint, relin_sum)
+    total.finalize(round_one.joint)
+    round_two = setup.running_sum(2, round_one.joint)
+    for party in parties:
+        if (relin := setup.generate_share(party, 2, round_one)) is not None:
+            round_two.add(relin)
+    round_two.finalize()
     return parties, round_one.joint
 
 

@@ -89,13 +89,12 @@ async def setup_server(
     with rc.subprotocol(SETUP):
         round_one, rotation_keys = await _round_one(rc, setup)
         joint = round_one.joint
-        relin_sum = setup.round_two_sum(joint)
+        round_two = setup.running_sum(2, joint)
         relin_key = None
-        if relin_sum is not None:
+        if setup.relin is not None:
             rc.stats.rounds += 1
-            await _relay(rc, rc.parties, RelinRound2, RelinRound2.as_share,
-                         partial(relin_sum.add, tag=joint.tag))
-            relin_key = await rc.run_sync(setup.install_relin, joint, relin_sum)
+            await _relay(rc, rc.parties, RelinRound2, RelinRound2.as_share, round_two.add)
+            relin_key = await rc.run_sync(round_two.finalize)
         digests = await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys)
         await rc.broadcast(SetupDone.of(digests))
     rc.held_keys = ckks.HeldKeys(context, joint, relinearized=relinearize,
@@ -108,14 +107,14 @@ async def _round_one(rc: RoleContext, setup: ckks.KeySetup
     """Server: every party's shares (the lead's first) added up and forwarded as they
     arrive, the joint keys of round one broadcast, the rotation keys finalized (and
     returned)."""
-    total = setup.round_one_sum()
+    total = setup.running_sum(1)
     rc.stats.rounds += 1
     await _relay(rc, [LEAD], LeadKeys, partial(LeadKeys.shares, setup=setup), total.add)
     await _relay(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
                  total.add)
     round_one = await rc.run_sync(total.result)
     await rc.broadcast(JointRound1.of(round_one))
-    return round_one, await rc.run_sync(total.finalize_rotations, round_one.joint)
+    return round_one, await rc.run_sync(total.finalize, round_one.joint)
 
 
 def flooding_arguments(options: FloodingOptions) -> dict[str, int | bool]:
@@ -180,7 +179,7 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     if rc.me != LEAD:
         lead = (await verified(rc, LEAD, await rc.receive(SERVER, LeadKeys))).shares(setup)
     keys = await rc.run_sync(setup.generate_keys, lead)
-    mine = await rc.run_sync(setup.generate_shares, keys, lead)
+    mine = await rc.run_sync(setup.generate_share, keys, 1, lead)
     message = await signed(rc, (KeyShares if lead else LeadKeys).of(mine))
     if lead is not None:
         await rc.run_sync(check.add, lead)
@@ -214,7 +213,7 @@ async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.Par
     sent once the earlier parties' have arrived (at once over a link that moves in
     rounds, :func:`_eager`); every party's added up, every other one signature-checked
     first."""
-    share = await rc.run_sync(setup.generate_round_two_share, keys, round_one)
+    share = await rc.run_sync(setup.generate_share, keys, 2, round_one)
     message, eager = await signed(rc, RelinRound2.of(share)), _eager(rc)
     if eager:
         await rc.send(SERVER, message)
@@ -222,10 +221,10 @@ async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.Par
         if party == rc.me:
             if not eager:
                 await rc.send(SERVER, message)
-            await rc.run_sync(check.add_round_two, share)
+            await rc.run_sync(check.add, share)
         else:
             other = await verified(rc, party, await rc.receive(SERVER, RelinRound2))
-            await rc.run_sync(check.add_round_two, other.as_share())
+            await rc.run_sync(check.add, other.as_share())
 
 
 def _eager(rc: RoleContext) -> bool:

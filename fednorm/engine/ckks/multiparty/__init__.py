@@ -14,7 +14,8 @@ flooded decryption of  :class:`FloodedDecryption` the same
 a computed ciphertext
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
                                                finalize (common_element: the seeded CRS)
-key setup              :class:`KeySetup`       the three key operations, composed
+key setup              :class:`KeySetup`       the three key operations, composed in two
+                                               rounds: generate_share, running_sum, finalize
                        :class:`KeyCheck`       a party's own aggregate of a setup, compared
                                                with the server's
 =====================  ======================  ==============================================
@@ -24,7 +25,7 @@ PartyKeys`, which never hands the secret out), the server — anyone holding no 
 *aggregates shares* and *finalizes* (the key installed, the plaintext decoded, the
 ciphertext re-encrypted). The key operations also aggregate one share at a time
 (``running_sum``: :class:`PublicKeySum`, :class:`RelinSum`, :class:`RotationSum`; for a
-key setup ``round_one_sum`` (:class:`RoundOneSum`) and ``round_two_sum``), so a server
+key setup :class:`RoundOneSum` and :class:`RoundTwoSum`), so a server
 adds each party's shares as they arrive instead of holding all P of them. An operation
 on a ciphertext starts with the server's *prepare*: what it sends the parties to make
 shares of. Each share is a dataclass that says what it is a share of
@@ -61,6 +62,7 @@ from fednorm.engine.ckks.multiparty.setup import (
     KeyDigests,
     KeySetup,
     RoundOneSum,
+    RoundTwoSum,
     SetupShares,
 )
 
@@ -87,6 +89,7 @@ __all__ = [
     "RotationShare",
     "RotationSum",
     "RoundOneSum",
+    "RoundTwoSum",
     "SetupShares",
     "SumDecryption",
 ]

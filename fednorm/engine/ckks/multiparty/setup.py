@@ -5,14 +5,19 @@ multiplies ciphertexts) and :class:`RotationKeyGen` (if it rotates) side by side
 parties send the shares of all of them together:
 
 1. the lead party generates its keys and its first share of every operation
-   (:meth:`KeySetup.generate_shares` with ``lead=None``); those are the common elements
+   (:meth:`KeySetup.generate_share` of round 1 on ``None``); those are the common elements
    every other party's shares are made on;
 2. every other party generates its keys and shares on the lead's; the server adds up
    the public-key, round-1 relinearization and rotation-key shares as they arrive
-   (:meth:`KeySetup.round_one_sum`), sends the joint keys and installs the rotation keys;
+   (:meth:`KeySetup.running_sum` of round 1), sends the joint keys and installs the
+   rotation keys (:meth:`RoundOneSum.finalize`);
 3. every party generates its round-2 relinearization share on the round-1 aggregate,
    the server adds them up and installs the relinearization key
-   (:meth:`KeySetup.round_two_sum`, :meth:`KeySetup.install_relin`).
+   (:meth:`KeySetup.running_sum` of round 2, :meth:`RoundTwoSum.finalize`).
+
+Every round has the same verbs: :meth:`KeySetup.generate_share` (a party),
+:meth:`KeySetup.running_sum` and its ``add`` (the server, and each party's
+:class:`KeyCheck`), ``finalize`` (install the round's evaluation keys).
 
 A server adds each party's shares to running sums as they arrive, so it never holds every
 party's shares at once (at ring 2^15, ~31 MB a party in round one, 25 MB in round two).
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import openfhe
 
@@ -79,7 +85,7 @@ class KeySetup:
         the lead's from scratch, every other party's on the lead's public key."""
         return PartyKeys.generate(self.ctx, lead.public_key.key if lead else None)
 
-    def generate_shares(self, keys: PartyKeys, lead: SetupShares | None) -> SetupShares:
+    def _round_one_shares(self, keys: PartyKeys, lead: SetupShares | None) -> SetupShares:
         """This party's first share of every operation (on the lead's, unless it is it)."""
         if lead is not None:
             self.require_complete(lead)
@@ -96,31 +102,46 @@ class KeySetup:
             if needed is not None and getattr(shares, name) is None:
                 raise ProtocolError(f"a {name}-key share is missing")
 
-    def round_one_sum(self) -> RoundOneSum:
-        """Server: round one's shares added up as they arrive (lead first)."""
-        return RoundOneSum(self)
+    @overload
+    def running_sum(self, round_: Literal[1], joint: None = None) -> RoundOneSum: ...
 
-    def round_two_sum(self, joint: JointKeys) -> RelinSum | None:
-        """Server: the round-2 relinearization shares added as they arrive (None
-        without relinearization); :meth:`install_relin` installs the sum."""
-        return self.relin.running_sum(joint.tag, 2) if self.relin else None
+    @overload
+    def running_sum(self, round_: Literal[2], joint: JointKeys) -> RoundTwoSum: ...
 
-    def install_relin(self, joint: JointKeys,
-                      relin_sum: RelinSum | None) -> openfhe.EvalKey | None:
-        """Server: install the relinearization key summed by :meth:`round_two_sum` (and
-        return it; None without relinearization)."""
-        if self.relin and relin_sum is not None:
-            return self.relin.finalize(joint, relin_sum.result())
-        return None
+    def running_sum(self, round_: int, joint: JointKeys | None = None
+                    ) -> RoundOneSum | RoundTwoSum:
+        """A round's shares added up as they arrive (round 1: lead first; round 2: on the
+        ``joint`` keys of round 1), as each key operation's ``running_sum``."""
+        if round_ == 1:
+            return RoundOneSum(self)
+        if round_ == 2 and joint is not None:
+            return RoundTwoSum(self, joint)
+        raise ProtocolError(f"a key setup has rounds 1 and 2 (round 2 on the joint keys), "
+                            f"not {round_}")
 
-    def generate_round_two_share(self, keys: PartyKeys,
-                                 round_one: JointRoundOne) -> RelinShare | None:
-        """This party's round-2 relinearization share (None without relinearization)."""
-        if not self.relin:
-            return None
-        if round_one.relin is None:
-            raise ProtocolError("a relin-key share is missing")
-        return self.relin.generate_share(keys, 2, round_one.relin)
+    @overload
+    def generate_share(self, keys: PartyKeys, round_: Literal[1],
+                       on: SetupShares | None) -> SetupShares: ...
+
+    @overload
+    def generate_share(self, keys: PartyKeys, round_: Literal[2],
+                       on: JointRoundOne) -> RelinShare | None: ...
+
+    def generate_share(self, keys: PartyKeys, round_: int,
+                       on: SetupShares | JointRoundOne | None) -> SetupShares | RelinShare | None:
+        """This party's share of round ``round_``: round 1, its first share of every
+        operation, made on the lead's (``on``; None for the lead itself); round 2, its
+        relinearization share on round one's aggregate (None without relinearization)."""
+        if round_ == 1 and not isinstance(on, JointRoundOne):
+            return self._round_one_shares(keys, on)
+        if round_ == 2 and isinstance(on, JointRoundOne):
+            if not self.relin:
+                return None
+            if on.relin is None:
+                raise ProtocolError("a relin-key share is missing")
+            return self.relin.generate_share(keys, 2, on.relin)
+        raise ProtocolError(f"a round-{round_} key-setup share cannot be made on "
+                            f"{type(on).__name__}")
 
 
 class RoundOneSum:
@@ -166,12 +187,38 @@ class RoundOneSum:
             return None
         return self.rotation.result()
 
-    def finalize_rotations(self, joint: JointKeys) -> openfhe.EvalKeyMap | None:
+    def finalize(self, joint: JointKeys) -> openfhe.EvalKeyMap | None:
         """Install the rotation keys, and return them (none: nothing to do)."""
         keys = self.rotation_result()
         if self.setup.rotation is not None and keys is not None:
             self.setup.rotation.finalize(joint, keys)
         return keys
+
+
+class RoundTwoSum:
+    """Round two added up as the parties' relinearization shares arrive, each under the
+    joint tag (nothing to add without relinearization)."""
+
+    def __init__(self, setup: KeySetup, joint: JointKeys) -> None:
+        self.setup, self.joint = setup, joint
+        self.relin = setup.relin.running_sum(joint.tag, 2) if setup.relin else None
+
+    def add(self, share: RelinShare) -> None:
+        """Add one party's round-2 share (party order)."""
+        if self.relin is None:
+            raise ProtocolError("a round-2 relinearization share without relinearization")
+        self.relin.add(share, self.joint.tag)
+
+    def result(self) -> openfhe.EvalKey | None:
+        """The summed relinearization key (None: the setup makes none)."""
+        return self.relin.result() if self.relin is not None else None
+
+    def finalize(self) -> openfhe.EvalKey | None:
+        """Install the relinearization key, and return it (None: nothing to do)."""
+        key = self.result()
+        if self.setup.relin is not None and key is not None:
+            self.setup.relin.finalize(self.joint, key)
+        return key
 
 
 @dataclass(frozen=True)
@@ -204,13 +251,18 @@ class KeyCheck:
 
     def __init__(self, setup: KeySetup) -> None:
         self.setup = setup
-        self.round_one = setup.round_one_sum()
-        self.joint: JointKeys | None = None
-        self.round_two: RelinSum | None = None
+        self.round_one = setup.running_sum(1)
+        self.round_two: RoundTwoSum | None = None
 
-    def add(self, shares: SetupShares) -> None:
-        """Add one party's round-one shares (lead first), checked as the server does."""
-        self.round_one.add(shares)
+    def add(self, shares: SetupShares | RelinShare) -> None:
+        """Add one party's shares, checked as the server does: round one's (lead first),
+        then, once :meth:`check_round_one` passed, round two's (party order)."""
+        if isinstance(shares, SetupShares):
+            self.round_one.add(shares)
+        elif self.round_two is not None:
+            self.round_two.add(shares)
+        else:
+            raise ProtocolError("a round-2 relinearization share before round one")
 
     def check_round_one(self, theirs: JointRoundOne) -> JointRoundOne:
         """This party's own round one, once the server's equals it; else ProtocolError
@@ -228,16 +280,8 @@ class KeyCheck:
         if ours.relin is not None:
             _require_same("round-1 relinearization aggregate", theirs.relin, ours.relin,
                           "signed round-1 shares: refusing to make a round-2 share on it")
-        self.joint = ours.joint
-        self.round_two = self.setup.round_two_sum(ours.joint)
+        self.round_two = self.setup.running_sum(2, ours.joint)
         return ours
-
-    def add_round_two(self, share: RelinShare) -> None:
-        """Add one party's round-2 relinearization share (party order)."""
-        if self.joint is None or self.round_two is None:
-            raise ProtocolError("a round-2 relinearization share before round one, or "
-                                "without relinearization")
-        self.round_two.add(share, self.joint.tag)
 
     def check_final(self, theirs: KeyDigests) -> None:
         """ProtocolError unless the evaluation keys the server installed are this
@@ -255,11 +299,10 @@ class KeyCheck:
         """Install this party's own evaluation keys, checked equal to the server's
         (:meth:`check_final`): a party recomputing the server's products and rotations
         needs them."""
-        if self.joint is None:
+        if self.round_two is None:
             return
-        if self.round_two is not None:
-            self.setup.install_relin(self.joint, self.round_two)
-        self.round_one.finalize_rotations(self.joint)
+        self.round_two.finalize()
+        self.round_one.finalize(self.round_two.joint)
 
 
 def _require_same(what: str, theirs: object, ours: object, why: str) -> None:

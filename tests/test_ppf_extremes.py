@@ -166,6 +166,8 @@ def test_flooding_too_loud_for_the_bits_is_refused_naming_the_decryptions_that_f
     with pytest.raises(InputError, match="too close to 0 and 1"):
         checks.require_product_for(context, 100, 30, most + 1)
     checks.require_product_for(context, 27, 30, 1024)
+    with pytest.raises(InputError, match="No τ fits"):
+        checks.require_product_for(context, 100, 60, 1)
     with pytest.raises(InputError, match="Declare at most"):
         checks.require_product_for(context, 28, 30, 1024)
 

@@ -64,13 +64,15 @@ def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: 
     limit = BIT_TOLERANCE / BIT_MARGIN
     if noise > limit:
         most = int(flooding_decryptions * (limit / noise) ** 2)
+        remedy = (f"Declare at most {most} flooded decryptions for these keys "
+                  "(--flooding-decryptions, FitOptions(flooding_decryptions=...)), or "
+                  "fewer parties" if most >= 1 else "No τ fits: fewer parties, or a "
+                  "smaller s (flooding_bits)")
         raise InputError(
             f"a flooded product of {parties} parties' bits at the {context.preset.name!r} "
             f"preset carries noise σ = {noise:.3f} per bit with τ = {flooding_decryptions} "
             f"flooded decryptions and s = {flooding_bits}: too close to 0 and 1 to read "
-            f"every bit (σ at most {limit:.3f}). Declare at most {most} flooded "
-            "decryptions for these keys (--flooding-decryptions, "
-            "FitOptions(flooding_decryptions=...)), or fewer parties")
+            f"every bit (σ at most {limit:.3f}). {remedy}")
 
 
 def product_bit_noise(preset: ckks.CkksPreset, parties: int, flooding_bits: int,

@@ -173,7 +173,7 @@ class CkksContext:
 
         Fresh encryption noise is a fixed amount in the ring (~2^11 per coefficient), so
         at scale 2^100 it sits ~2^-82 below the values: the decryption's flooding noise
-        (:mod:`.flooding`), 2^s·√N times larger, still costs no precision that matters.
+        (:mod:`.flooding`), √(12τ)·2^(s/2) times larger, costs no precision that matters.
         |values| must stay within :data:`MAX_SUM_VALUE` (OpenFHE fails to encode 2^60).
         """
         arr = np.asarray(values, dtype=np.float64)

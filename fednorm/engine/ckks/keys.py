@@ -203,7 +203,7 @@ class PartyKeys:
     def decrypt_sum_share(self, ct: openfhe.Ciphertext, flooding: Flooding) -> openfhe.Ciphertext:
         """Flooded partial decryption of a sum of fresh uploads (:meth:`CkksContext.
         encrypt_sum`): the share at the sum's own towers and scale Δ², plus Gaussian noise
-        2^s·√N above the sum's noise bound (:mod:`.flooding`), so the server learns the
+        √(12τ)·2^(s/2) times the sum's noise bound (:mod:`.flooding`): the server learns the
         sum, not the noise that depends on this party's secret.
 
         Only a ciphertext shaped like such a sum (two elements, scale Δ², the sum towers)

@@ -102,8 +102,8 @@ class ServerCrypto(_OnHeldKeys):
         slots, to the server.  The request relays the signed uploads, from which every
         party recomputes the sum it decrypts (:mod:`.sums`).
 
-        Each party adds noise 2^s·√N above the sum's noise bound to its share, so the
-        fused values carry an absolute error of ~1e-11 (paper preset, P=10, s=30).
+        Each party adds noise √(12τ)·2^(s/2) times the sum's noise bound to its share
+        (:mod:`~fednorm.engine.ckks.flooding`; docs/LEAKAGE.md gives the error it leaves).
         """
         return await decryption.decrypt_pooled(self, pooled, n)
 

@@ -143,7 +143,7 @@ class Decryption:
 class SumDecryption(Decryption):
     """Flooded collective decryption of a sum of the parties' sum uploads
     (:meth:`CkksContext.encrypt_sum`): shares at the sum's own towers and scale, each
-    with noise 2^s·√N above the sum's noise bound (:mod:`..flooding`).
+    with noise √(12τ)·2^(s/2) times the sum's noise bound (:mod:`..flooding`).
 
     ``flooding`` is needed only to generate shares (the party's choice of s); the
     server aggregates without it.

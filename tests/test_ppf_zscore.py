@@ -229,10 +229,10 @@ def test_a_party_refuses_scales_that_would_overflow_its_encoding() -> None:
         await rc.broadcast(quotient.Scales(scales=np.full(2, 2.0**60)))
         await rc.gather(quotient.EncryptedVector)
 
-    cheat = deviating("zscore", server=scaling_server)  # the default: sums, not relayed
+    cheat = deviating("zscore", server=scaling_server)  # revealed counts: sums, not relayed
     with pytest.raises(InputError, match="would pass 2\\^50"):
         trio.run(run_federation, cheat, [np.full((4, 2), 3.0)] * 3,
-                 FitOptions(preset="test"))
+                 FitOptions(algorithm="paper", preset="test", reveal_counts=True))
 
 
 @pytest.mark.parametrize("reveal_counts", [False, True])

@@ -20,10 +20,9 @@ from deviating import deviating
 
 from fednorm.engine.errors import ProtocolError
 from fednorm.protocols import FitOptions
-from fednorm.protocols.base import agreed_width
 from fednorm.protocols.collective import setup_server
 from fednorm.protocols.plain.robust import QUARTILES
-from fednorm.protocols.ppf import quotient, zscore
+from fednorm.protocols.ppf import moments, pooled, quotient
 from fednorm.protocols.ppf.kth import EncryptedCountAggregator, reveal_counts_and_opening
 from fednorm.protocols.rank import RankProbe
 from fednorm.sim.federation import run_federation
@@ -44,25 +43,24 @@ def _run(server, links: StarLinks, method: str = "zscore") -> None:
 
 
 def test_scales_sent_to_one_party_alone_are_refused(links: StarLinks) -> None:
-    """The default z-score's server, honest up to the mean's scales, then 2^20 for party
-    1 and the honest scales for the others: the precise pass would give it party 1's
+    """The default z-score's server, honest up to the last pass's scales, then 2^20 for
+    party 1 and the honest scales for the others: the last pass would give it party 1's
     own Σx; every party refuses to decrypt it, and the server reads nothing."""
     read: dict[str, np.ndarray] = {}
 
     async def server(rc, options):
-        crypto = await setup_server(rc, options.preset, relinearize=False)
-        sums = await rc.gather(zscore.EncryptedSums)
-        width = agreed_width(sums)
-        await crypto.decrypt_sum(await crypto.add_all({p: m.count for p, m in sums.items()}),
-                                 width)
-        pooled = await crypto.decrypt_sum(
-            await crypto.add_all({p: m.total for p, m in sums.items()}), width)
-        honest = quotient.power_of_two_scales(pooled)
+        crypto = await setup_server(rc, options.preset, **moments.setup_arguments(options))
+        count, scaled_total = np.split(await pooled.pooled_sum(crypto), 2)
+        total = scaled_total / moments.FIRST_PASS_SCALE
+        await rc.broadcast(moments.CoarseMean(mean=total / count))
+        await pooled.pooled_sum(crypto, len(count))
+        honest = quotient.power_of_two_scales(total / count)
         for party in rc.parties:
             lever = LEVER if party == 1 else 1.0
-            await rc.send(party, quotient.Scales(scales=honest * lever))
-        scaled = await crypto.decrypt_sum(await quotient.pooled_vector(crypto), width)
-        read["sum of party 1"] = (scaled / honest - pooled) / (LEVER - 1.0)
+            await rc.send(party, moments.PreciseScales(mean=honest * lever,
+                                                       squares=np.ones(len(count))))
+        scaled, _ = np.split(await pooled.pooled_sum(crypto, 2 * len(count)), 2)
+        read["sum of party 1"] = (scaled / honest - total) / (LEVER - 1.0)
         raise ProtocolError("the attacking server stops here")
 
     with pytest.raises(ProtocolError) as refusal:

@@ -7,37 +7,20 @@ exact bit, and the paper's algorithms.  Importing this package registers the ``m
 roles.
 """
 
-import numpy as np
-
-from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import (
-    FitOptions,
-    Kind,
-    register,
-    some_decryptions_unflooded,
-)
-from fednorm.protocols.normalizers import Normalizer
+from fednorm.protocols.base import Kind, register, some_decryptions_unflooded
 from fednorm.protocols.ppf import (
     extremes,
     minmax,
     minmax_layout,
+    moments,
     robust,
     yeojohnson,
     yeojohnson_sums,
     zscore,
 )
 
-
-async def _zscore_server(rc: RoleContext, options: FitOptions) -> Normalizer:
-    return await zscore.server(rc, zscore.revealing(options))
-
-
-async def _zscore_party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> Normalizer:
-    return await zscore.party(rc, X, zscore.revealing(options))
-
-
 register("zscore", "mhe",
-         Kind(_zscore_server, _zscore_party, zscore.setup_arguments),
+         Kind(moments.server, moments.party, moments.setup_arguments),
          Kind(zscore.server, zscore.party, zscore.setup_arguments,
               unflooded=zscore.unflooded_decryptions))
 register("minmax", "mhe",

@@ -35,7 +35,6 @@ fresh numerator.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -99,11 +98,9 @@ PLAINTEXT = {
 }
 """The ledger's entry for μ and σ² (and their scales); the sums carry their width."""
 
-LEDGER_FIELDS = {**COLLECTIVE, **PLAINTEXT, "ppf_zscore.encrypted_sums": ("width",)}
-LEDGER = declare("zscore", "mhe", LEDGER_FIELDS)
-"""The default: Algorithm 1 with the pooled count revealed (every decryption a flooded sum
-of the parties' uploads)."""
-PAPER_LEDGER = declare("zscore", "mhe", LEDGER_FIELDS, algorithm="paper")
+PAPER_LEDGER = declare("zscore", "mhe", {**COLLECTIVE, **PLAINTEXT,
+                                          "ppf_zscore.encrypted_sums": ("width",)},
+                       algorithm="paper")
 """Allowances: :data:`PRESENCE` (:data:`REVEALED_COUNT` with revealed counts), then per
 quotient (μ, σ²) :data:`~.quotient.COARSE`
 (:data:`~.quotient.COARSE_FLOODED` with revealed counts) and :data:`~.quotient.PRECISE`;
@@ -141,15 +138,10 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
     return X
 
 
-def revealing(options: FitOptions) -> FitOptions:
-    """The options of the default algorithm: Algorithm 1 with n_g revealed."""
-    return replace(options, reveal_counts=True)
-
-
 def counts_revealed(options: FitOptions) -> bool:
-    """The default algorithm always decrypts n_g (a flooded sum); the paper's inverts it
-    under encryption unless ``reveal_counts``."""
-    return options.reveal_counts or options.algorithm == "default"
+    """Algorithm 1 inverts n_g under encryption unless ``reveal_counts`` (then n_g is a
+    flooded sum; the default algorithm, :mod:`.moments`, always reveals it)."""
+    return options.reveal_counts
 
 
 def unflooded_decryptions(options: FitOptions) -> bool:

@@ -54,11 +54,10 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str, links: Sta
     from contextlib import nullcontext
 
     from fednorm.protocols.collective import setup_server
-    from fednorm.protocols.ppf import extremes, kth
-    from fednorm.protocols.ppf import zscore as ppf_zscore
+    from fednorm.protocols.ppf import extremes, kth, pooled
     from fednorm.protocols.ppf.keys import key_needs
 
-    first = {"zscore": ppf_zscore.EncryptedSums, "robust": kth.CountsAndOpening,
+    first = {"zscore": pooled.EncryptedSum, "robust": kth.CountsAndOpening,
              "minmax": extremes.EncryptedBits, "yeojohnson": extremes.EncryptedBits}[method]
     read: dict[int, np.ndarray] = {}
 

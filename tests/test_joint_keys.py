@@ -24,7 +24,7 @@ from fednorm.engine.messages import Message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import JointRound1, KeyShares, shared_context
-from fednorm.protocols.ppf import zscore as ppf
+from fednorm.protocols.ppf import moments as ppf
 from fednorm.sim.federation import run_federation
 
 Edit = Callable[[int, Message], Message]
@@ -228,13 +228,13 @@ def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
     server receives no share."""
     from fednorm.protocols.collective import DecryptRequest, DecryptShare, setup_server
     from fednorm.protocols.collective.rounds import request_shares
-    from fednorm.protocols.ppf import zscore as ppf_zscore
+    from fednorm.protocols.ppf import moments, pooled
 
     received: list[object] = []
 
     async def server(rc, options):
-        await setup_server(rc, options.preset, **ppf_zscore.setup_arguments(options))
-        own = (await rc.gather(ppf_zscore.EncryptedSums))[1].total.ciphertext
+        await setup_server(rc, options.preset, **moments.setup_arguments(options))
+        own = (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
         received.extend(await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
                                              DecryptShare))
         raise ProtocolError("the attacking server stops here")

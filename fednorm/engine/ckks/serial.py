@@ -110,7 +110,10 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     the caller knows ``obj`` came off the wire, so its bytes are already in that form
     (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
     evaluation key's digest is the one taken of its payload as it was parsed
-    (:func:`remember_received`), with no serialization at all.
+    (:func:`remember_received`), with no serialization at all.  Any other parsed object
+    is digested once and the digest kept with it: in a simulation the parties share one
+    parse of a broadcast (:meth:`~.context.CkksContext.from_bytes`), which no reader
+    changes, so the ten parties of a run digest a public-key share once, not ten times.
     """
     kind_of(obj)  # refuses secret keys
     if parsed:
@@ -122,7 +125,11 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     if isinstance(obj, openfhe.PublicKey) and not parsed:
         data = openfhe.Serialize(deserialize(openfhe.DeserializePublicKeyString, data),
                                  openfhe.BINARY)
-    return hashlib.sha256(data).digest()
+    digest = hashlib.sha256(data).digest()
+    if parsed:
+        with _RECEIVED_LOCK:
+            _RECEIVED_DIGESTS[obj] = digest
+    return digest
 
 
 def objects_digest(objs: Iterable[Any], *, parsed: bool = False) -> bytes:

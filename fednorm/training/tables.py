@@ -38,9 +38,11 @@ def write_interval_tables(rows: Sequence[dict[str, str]], out_dir: Path) -> list
     text = ("Federated − local per dataset × clients × skew × method, paired on the seed: "
             "a win where the paired bootstrap 95 % interval of the mean difference "
             "excludes 0 (undecided otherwise, and with one seed); p < 0.05: Wilcoxon "
-            "signed-rank; margin: the paper's 0.005 margin on seed means (federated / "
-            "local / ties); seeds: how many the dataset's rows hold. References: mean "
-            "score over the same partitions. R² below 0 counts as 0.\n")
+            "signed-rank, which cannot fall below 2 / 2ⁿ with n seeds (0.25 at 3, 0.0625 "
+            "at 5), so this column counts nothing below 6 seeds; margin: the paper's "
+            "0.005 margin on seed means (federated / local / ties); seeds: how many the "
+            "dataset's rows hold. References: mean score over the same partitions. R² "
+            "below 0 counts as 0.\n")
     cell_rows: list[list[object]] = []
     for reading, metric_of in SCORE_READINGS.items():
         differences = paired_differences(rows, metric_of)

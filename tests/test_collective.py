@@ -196,3 +196,21 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
         mine.check_final(ckks.KeyDigests(b"\0" * 32, installed.rotation))
     with pytest.raises(ProtocolError, match="rotation keys the server installed differ"):
         mine.check_final(ckks.KeyDigests(installed.relin, None))
+
+
+def test_a_received_key_share_is_forwarded_as_the_bytes_it_came_in() -> None:
+    """A server forwards each party's evaluation-key shares to the others: it sends the
+    frame it read, not a fresh serialization of the parsed share (25 MB at the paper
+    preset), and those are the bytes a serialization would give (the wire is the same)."""
+    import openfhe
+
+    ctx = shared_context("test")
+    _, _, shares = _round_one(ctx)
+    for share, kind in ((shares[1].relin.key, "eval_key"),
+                        (shares[1].rotation.keys, "eval_key_map")):
+        framed = ctx.to_bytes(share)
+        parsed = ctx.from_bytes(kind, framed)
+        forwarded = ctx.to_bytes(parsed)
+        assert forwarded is framed  # the very bytes read, no serialization made
+        payload = openfhe.Serialize(parsed, openfhe.BINARY)
+        assert forwarded == framed[:-len(payload)] + payload

@@ -317,7 +317,7 @@ class CkksContext:
             return cached[1]
         payload, sha256 = serial.unframe_digested(kind, data, self.preset.fingerprint)
         self._templates.check(kind, payload)
-        serial.remember_received(kind, obj := serial.load(kind, payload), sha256)
+        serial.remember_received(kind, obj := serial.load(kind, payload), sha256, bytes(data))
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
         if _IN_PROCESS_RUNS:  # a broadcast's other readers get this object

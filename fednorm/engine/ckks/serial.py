@@ -77,8 +77,17 @@ def kind_of(obj: Any) -> Kind:
 
 
 def frame(obj: Any, fingerprint: bytes) -> bytes:
-    """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring)."""
+    """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring).
+
+    An evaluation key (or map) parsed here from a frame serializes to that frame's very
+    payload (:data:`SERIALIZED_AS_PARSED`), so the frame it came in is its frame: a
+    server forwarding a party's 25 MB key share sends the bytes it read instead of
+    serializing and digesting the share again (:func:`remember_received`)."""
     kind = kind_of(obj)
+    with _RECEIVED_LOCK:
+        received = _RECEIVED_FRAMES.get(obj)
+    if received is not None and _HEADER.unpack_from(received)[2] == fingerprint:
+        return received
     payload = openfhe.Serialize(obj, openfhe.BINARY)
     header = _HEADER.pack(MAGIC, kind.code, fingerprint, payload_digest(payload))
     return b"".join((header, payload))
@@ -95,6 +104,7 @@ SERIALIZED_AS_PARSED = frozenset({"eval_key", "eval_key_map"})
 """Kinds whose parsed object serializes to the very bytes it was parsed from (openfhe
 1.6.1, tested): the SHA-256 of the payload is :func:`object_digest` of the object."""
 _RECEIVED_DIGESTS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+_RECEIVED_FRAMES: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
 _RECEIVED_LOCK = threading.Lock()
 
 
@@ -110,13 +120,14 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     the caller knows ``obj`` came off the wire, so its bytes are already in that form
     (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
     evaluation key's digest is the one taken of its payload as it was parsed
-    (:func:`remember_received`), with no serialization at all.  Any other parsed object
+    (:func:`remember_received`), with no serialization at all — whatever ``parsed``
+    says, since such a key serializes alike either way.  Any other parsed object
     is digested once and the digest kept with it: in a simulation the parties share one
     parse of a broadcast (:meth:`~.context.CkksContext.from_bytes`), which no reader
     changes, so the ten parties of a run digest a public-key share once, not ten times.
     """
-    kind_of(obj)  # refuses secret keys
-    if parsed:
+    kind = kind_of(obj)  # refuses secret keys
+    if parsed or kind.name in SERIALIZED_AS_PARSED:
         with _RECEIVED_LOCK:
             received = _RECEIVED_DIGESTS.get(obj)
         if received is not None:
@@ -176,13 +187,17 @@ def unframe_digested(kind_name: str, data: bytes, fingerprint: bytes) -> tuple[b
     return payload, full
 
 
-def remember_received(kind_name: str, obj: Any, payload_sha256: bytes) -> None:
+def remember_received(kind_name: str, obj: Any, payload_sha256: bytes,
+                      framed: bytes = b"") -> None:
     """Keep the digest of a key share parsed from a payload of that SHA-256 for
     :func:`object_digest` (a party checks each share's signature against it: a 25 MB key
-    need not be serialized again to be digested)."""
+    need not be serialized again to be digested), and the checked frame it came in
+    (``framed``) for :func:`frame`, both for as long as the object lives."""
     if kind_name in SERIALIZED_AS_PARSED:
         with _RECEIVED_LOCK:
             _RECEIVED_DIGESTS[obj] = payload_sha256
+            if framed:
+                _RECEIVED_FRAMES[obj] = framed
 
 
 class Templates:

@@ -214,3 +214,31 @@ def test_a_received_key_share_is_forwarded_as_the_bytes_it_came_in() -> None:
         assert forwarded is framed  # the very bytes read, no serialization made
         payload = openfhe.Serialize(parsed, openfhe.BINARY)
         assert forwarded == framed[:-len(payload)] + payload
+
+
+def test_the_parties_of_a_simulation_share_each_step_of_their_key_checks() -> None:
+    """Every party adds every party's signed shares to check the joint keys; in one
+    process the first to reach a step makes it and the others take it (the same objects,
+    made once), by the trail of signed digests that led there: a party sent other shares
+    makes its own sums, and outside a simulation each party makes its own."""
+    ctx = shared_context("test")
+    setup, _, shares = _round_one(ctx)
+
+    def checked(received: list[ckks.SetupShares]) -> ckks.JointRoundOne:
+        check = ckks.KeyCheck(setup)
+        for share in received:  # each with the digest its maker signed
+            check.add(share, ckks.objects_digest(
+                (share.public_key.key, share.relin.key, share.rotation.keys)))
+        return check.round_one.result()
+
+    with ckks.in_process_run():
+        first, second = checked(shares), checked(shares)
+        other = setup.generate_share(setup.generate_keys(shares[0]), 1, shares[0])
+        split = checked([shares[0], other, shares[2]])
+    alone = checked(shares)
+    assert first.joint.public_key is second.joint.public_key
+    assert first.relin is second.relin
+    assert split.relin is not first.relin
+    assert ckks.object_digest(split.relin) != ckks.object_digest(first.relin)
+    assert alone.relin is not first.relin
+    assert ckks.object_digest(alone.relin) == ckks.object_digest(first.relin)

@@ -25,8 +25,7 @@ from strategies import federations
 
 from fednorm.bench.decryption_noise import joint_phase
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks import ProductFlooding, SumDecryption
-from fednorm.engine.ckks.context import in_process_run
+from fednorm.engine.ckks import ProductFlooding, SumDecryption, in_process_run
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions

@@ -28,7 +28,6 @@ from fednorm.engine.ckks.compare import (
 from fednorm.engine.ckks.context import (
     MAX_SUM_VALUE,
     CkksContext,
-    in_process_run,
     sum_rotation_indices,
 )
 from fednorm.engine.ckks.cores import ensure_levels
@@ -41,6 +40,7 @@ from fednorm.engine.ckks.flooding import (
     check_decryptions,
     check_security_bits,
 )
+from fednorm.engine.ckks.inprocess import in_process_run
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import (
     DECRYPT_SHARE_TOWERS,

@@ -11,16 +11,14 @@ each call, so on a small machine use threads *or* OpenMP (OMP_NUM_THREADS), not 
 from __future__ import annotations
 
 import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 import openfhe
 
-from fednorm.engine.ckks import ring, serial
+from fednorm.engine.ckks import inprocess, ring, serial
 from fednorm.engine.ckks.levels import (
     LevelBudgetError,
     consumed_levels,
@@ -40,9 +38,6 @@ _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| 
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
 RECENT_BYTES = 256 * 2**20  # framed bytes of the parsed objects kept for in-process readers
 KEPT_RESULTS = 64  # results of computations kept for the other roles of an in-process run
-_IN_PROCESS_RUNS = 0  # simulations under way (see in_process_run)
-_IN_PROCESS_LOCK = threading.Lock()
-_CONTEXTS: weakref.WeakSet[CkksContext] = weakref.WeakSet()  # whose memory the last run frees
 
 
 def _build_crypto_context(preset: CkksPreset) -> openfhe.CryptoContext:
@@ -83,7 +78,7 @@ class CkksContext:
         self._recent_lock = threading.Lock()
         self._computed: dict[tuple[object, ...], Any] = {}
         self._computed_lock = threading.Lock()
-        _CONTEXTS.add(self)
+        inprocess.keep_for_runs(self)
 
     def __repr__(self) -> str:
         return f"CkksContext({self.preset.name!r})"
@@ -320,7 +315,7 @@ class CkksContext:
         serial.remember_received(kind, obj := serial.load(kind, payload), sha256, bytes(data))
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
-        if _IN_PROCESS_RUNS:  # a broadcast's other readers get this object
+        if inprocess.active():  # a broadcast's other readers get this object
             self._remember(key, bytes(data), obj)
         return obj
 
@@ -343,7 +338,7 @@ class CkksContext:
         a callable: made only if needed).  In a simulation (:func:`in_process_run`) the
         first role's result goes to the others with the same key (every role recomputes
         the parties' product: one host each in a deployment); callers do not mutate it."""
-        if not _IN_PROCESS_RUNS:
+        if not inprocess.active():
             return compute()
         key = key() if callable(key) else key
         with self._computed_lock:  # the others wait for the first, then share its result
@@ -372,25 +367,6 @@ class CkksContext:
         for kind in serial.KINDS.values():
             register(kind.code, kind.cls, self.to_bytes, partial(self.from_bytes, kind.name))
 
-
-
-@contextmanager
-def in_process_run() -> Iterator[None]:
-    """Mark a run whose roles all share this process (a simulation): while one is under
-    way, :meth:`CkksContext.from_bytes` keeps what it parsed for a broadcast's other
-    readers, up to :data:`RECENT_BYTES`, and the last run to end lets it all go.
-    Elsewhere (one role per process) no bytes are read twice, and nothing is kept."""
-    global _IN_PROCESS_RUNS
-    with _IN_PROCESS_LOCK:
-        _IN_PROCESS_RUNS += 1
-    try:
-        yield
-    finally:
-        with _IN_PROCESS_LOCK:
-            _IN_PROCESS_RUNS -= 1
-            if not _IN_PROCESS_RUNS:
-                for context in list(_CONTEXTS):
-                    context.forget_objects()
 
 
 def sum_rotation_indices(width: int) -> list[int]:

@@ -53,7 +53,11 @@ from fednorm.protocols.collective.roles import (
     ServerCrypto,
     shared_context,
 )
-from fednorm.protocols.collective.signatures import keyring_of, signed, verified
+from fednorm.protocols.collective.signatures import (
+    keyring_of,
+    signed_with_digest,
+    verified_digest,
+)
 
 LEAD = 1
 SETUP = "setup"
@@ -175,14 +179,17 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     parties' have arrived (they come in party order) — or at once over a link that
     moves in rounds (:func:`_eager`).  Returns its keys and the server's round one,
     which ends the forwarded shares."""
-    lead = None
+    lead, lead_digest = None, b""
     if rc.me != LEAD:
-        lead = (await verified(rc, LEAD, await rc.receive(SERVER, LeadKeys))).shares(setup)
+        lead_keys = await rc.receive(SERVER, LeadKeys)
+        lead_digest = await verified_digest(rc, LEAD, lead_keys)
+        lead = lead_keys.shares(setup)
+        del lead_keys
     keys = await rc.run_sync(setup.generate_keys, lead)
     mine = await rc.run_sync(setup.generate_share, keys, 1, lead)
-    message = await signed(rc, (KeyShares if lead else LeadKeys).of(mine))
+    message, digest = await signed_with_digest(rc, (KeyShares if lead else LeadKeys).of(mine))
     if lead is not None:
-        await rc.run_sync(check.add, lead)
+        await rc.run_sync(check.add, lead, lead_digest)
     eager = _eager(rc)
     if eager:
         await rc.send(SERVER, message)
@@ -191,7 +198,7 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     if not eager:
         await rc.send(SERVER, message)
     del message
-    await rc.run_sync(check.add, mine)
+    await rc.run_sync(check.add, mine, digest)
     del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
     party = rc.me
     while not isinstance(msg := await rc.receive(SERVER, (KeyShares, JointRound1)),
@@ -203,8 +210,8 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
 
 async def _add_round_one(rc: RoleContext, party: int, msg: KeyShares,
                          setup: ckks.KeySetup, check: ckks.KeyCheck) -> None:
-    shares = (await verified(rc, party, msg)).shares(setup)
-    await rc.run_sync(check.add, shares)
+    digest = await verified_digest(rc, party, msg)
+    await rc.run_sync(check.add, msg.shares(setup), digest)
 
 
 async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
@@ -214,17 +221,18 @@ async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.Par
     rounds, :func:`_eager`); every party's added up, every other one signature-checked
     first."""
     share = await rc.run_sync(setup.generate_share, keys, 2, round_one)
-    message, eager = await signed(rc, RelinRound2.of(share)), _eager(rc)
+    (message, digest), eager = await signed_with_digest(rc, RelinRound2.of(share)), _eager(rc)
     if eager:
         await rc.send(SERVER, message)
     for party in range(LEAD, round_one.joint.n_parties + 1):
         if party == rc.me:
             if not eager:
                 await rc.send(SERVER, message)
-            await rc.run_sync(check.add, share)
+            await rc.run_sync(check.add, share, digest)
         else:
-            other = await verified(rc, party, await rc.receive(SERVER, RelinRound2))
-            await rc.run_sync(check.add, other.as_share())
+            other = await rc.receive(SERVER, RelinRound2)
+            step = await verified_digest(rc, party, other)
+            await rc.run_sync(check.add, other.as_share(), step)
 
 
 def _eager(rc: RoleContext) -> bool:

@@ -34,22 +34,35 @@ def keyring_of(rc: RoleContext) -> signing.Keyring:
 
 async def signed(rc: RoleContext, msg: S) -> S:
     """``msg`` signed by this party, with its certificate (if it has one)."""
+    return (await signed_with_digest(rc, msg))[0]
+
+
+async def signed_with_digest(rc: RoleContext, msg: S) -> tuple[S, bytes]:
+    """:func:`signed`, and the digest of the shares it signed."""
     signer = keyring_of(rc).signer
     digest = await rc.run_sync(msg.share_digest)
     signature = signer.sign(_statement(rc, msg, rc.me, digest))
-    return dataclasses.replace(msg, signature=signature, certificate=signer.certificate)
+    return (dataclasses.replace(msg, signature=signature, certificate=signer.certificate),
+            digest)
 
 
 async def verified(rc: RoleContext, party: int, msg: S) -> S:
     """``msg``, forwarded by the server, once checked to be signed by party ``party``
     (for this session, sub-protocol, round and kind): else ProtocolError naming it."""
+    await verified_digest(rc, party, msg)
+    return msg
+
+
+async def verified_digest(rc: RoleContext, party: int, msg: Signed) -> bytes:
+    """:func:`verified`, returning the digest of the shares party ``party`` signed: the
+    same as its own :func:`signed_with_digest` gave it."""
     try:
         digest = await rc.run_sync(msg.share_digest, True)  # it came off the wire
     except InputError as exc:  # a field that is no OpenFHE object
         raise ProtocolError(f"party {party}'s {msg.KIND!r} is malformed: {exc}") from None
     signing.verify(keyring_of(rc).verifier, _statement(rc, msg, party, digest),
                    msg.signature, msg.certificate)
-    return msg
+    return digest
 
 
 def _statement(rc: RoleContext, msg: Signed, party: int, digest: bytes) -> signing.Statement:

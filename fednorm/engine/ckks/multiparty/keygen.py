@@ -102,15 +102,17 @@ class PublicKeySum:
             raise ProtocolError("two public-key shares carry the same key tag")
         return tag
 
-    def include(self, share: PublicKeyShare, tag: str) -> None:
-        """Add a share :meth:`check` accepted (with the tag it returned)."""
+    def include(self, share: PublicKeyShare, tag: str, step: bytes = b"") -> None:
+        """Add a share :meth:`check` accepted (with the tag it returned; ``step``: the
+        digest its maker signed, see :class:`~.checks.RunningSum`)."""
         if self._sum is None:
             joint = joint_tag_for(tag)
             self._sum = RunningSum(
                 lambda acc, key: self.ctx.raw.MultiAddPubKeys(acc, key, joint),
-                lambda lone: retagged_copy(lone, joint, openfhe.DeserializePublicKeyString))
+                lambda lone: retagged_copy(lone, joint, openfhe.DeserializePublicKeyString),
+                chain=("public key", joint))
         self.party_tags.append(tag)
-        self._sum.add(share.key)
+        self._sum.add(share.key, step)
 
     def result(self) -> PublicKeyAggregate:
         if self._sum is None:
@@ -186,17 +188,19 @@ class RelinSum:
             raise ProtocolError(f"the relinearization key has rounds 1 and 2, not {round_}")
         raw = ctx.raw
         self.round = round_
+        chain = ("relinearization", joint_tag, round_)
         self._sum = RunningSum(
             lambda acc, key: raw.MultiAddEvalKeys(acc, key, joint_tag),
             lambda lone: retagged_copy(lone, joint_tag, openfhe.DeserializeEvalKeyString),
+            chain,
         ) if round_ == 1 else RunningSum(
-            lambda acc, key: raw.MultiAddEvalMultKeys(acc, key, joint_tag))
+            lambda acc, key: raw.MultiAddEvalMultKeys(acc, key, joint_tag), chain=chain)
 
-    def add(self, share: RelinShare, tag: str) -> None:
+    def add(self, share: RelinShare, tag: str, step: bytes = b"") -> None:
         """Add one party's share, which must carry key ``tag`` (its own in round 1, the
         joint one in round 2)."""
         self.check(share, tag)
-        self.include(share)
+        self.include(share, step)
 
     def check(self, share: RelinShare, tag: str) -> None:
         what = f"round-{self.round} relinearization share #{self._sum.count}"
@@ -206,9 +210,9 @@ class RelinSum:
             raise ProtocolError(f"{what} is of round {share.round}")
         require_tag(share.key, tag, what)
 
-    def include(self, share: RelinShare) -> None:
+    def include(self, share: RelinShare, step: bytes = b"") -> None:
         """Add a share :meth:`check` accepted."""
-        self._sum.add(share.key)
+        self._sum.add(share.key, step)
 
     def result(self) -> openfhe.EvalKey:
         return self._sum.result()
@@ -274,7 +278,7 @@ class RotationSum:
         self._gen = gen
         self._tags = (lead_tag, joint_tag)
         self._sum = RunningSum(lambda acc, keys: gen.ctx.raw.MultiAddEvalAutomorphismKeys(
-            acc, keys, joint_tag))
+            acc, keys, joint_tag), chain=("rotation", joint_tag))
 
     def add(self, share: RotationShare) -> None:
         self.check(share)
@@ -288,9 +292,9 @@ class RotationSum:
         self._gen.require_indices(share, what)
         _require_map_tag(share.keys, self._tags[0] if i == 0 else self._tags[1], what)
 
-    def include(self, share: RotationShare) -> None:
+    def include(self, share: RotationShare, step: bytes = b"") -> None:
         """Add a share :meth:`check` accepted."""
-        self._sum.add(share.keys)
+        self._sum.add(share.keys, step)
 
     def result(self) -> openfhe.EvalKeyMap:
         return self._sum.result()

@@ -156,9 +156,10 @@ class RoundOneSum:
         self.relin: RelinSum | None = None
         self.rotation: RotationSum | None = None
 
-    def add(self, shares: SetupShares) -> None:
+    def add(self, shares: SetupShares, step: bytes = b"") -> None:
         """Check one party's shares of every operation, then add them (a refused share
-        leaves every sum as it was)."""
+        leaves every sum as it was); ``step``: the digest their maker signed, which lets
+        the parties of a simulation share each step (:class:`~.checks.RunningSum`)."""
         setup = self.setup
         setup.require_complete(shares)
         tag = self.public_key.check(shares.public_key)
@@ -170,11 +171,11 @@ class RoundOneSum:
         if setup.rotation is not None and shares.rotation is not None:
             self.rotation = self.rotation or setup.rotation.running_sum(joint_tag, lead_tag)
             self.rotation.check(shares.rotation)
-        self.public_key.include(shares.public_key, tag)
+        self.public_key.include(shares.public_key, tag, step)
         if self.relin is not None and shares.relin is not None:
-            self.relin.include(shares.relin)
+            self.relin.include(shares.relin, step)
         if self.rotation is not None and shares.rotation is not None:
-            self.rotation.include(shares.rotation)
+            self.rotation.include(shares.rotation, step)
 
     def result(self) -> JointRoundOne:
         """The joint keys and the round-1 relinearization aggregate, to send the parties."""
@@ -203,11 +204,11 @@ class RoundTwoSum:
         self.setup, self.joint = setup, joint
         self.relin = setup.relin.running_sum(joint.tag, 2) if setup.relin else None
 
-    def add(self, share: RelinShare) -> None:
+    def add(self, share: RelinShare, step: bytes = b"") -> None:
         """Add one party's round-2 share (party order)."""
         if self.relin is None:
             raise ProtocolError("a round-2 relinearization share without relinearization")
-        self.relin.add(share, self.joint.tag)
+        self.relin.add(share, self.joint.tag, step)
 
     def result(self) -> openfhe.EvalKey | None:
         """The summed relinearization key (None: the setup makes none)."""
@@ -254,13 +255,14 @@ class KeyCheck:
         self.round_one = setup.running_sum(1)
         self.round_two: RoundTwoSum | None = None
 
-    def add(self, shares: SetupShares | RelinShare) -> None:
+    def add(self, shares: SetupShares | RelinShare, step: bytes = b"") -> None:
         """Add one party's shares, checked as the server does: round one's (lead first),
-        then, once :meth:`check_round_one` passed, round two's (party order)."""
+        then, once :meth:`check_round_one` passed, round two's (party order); ``step``:
+        the digest their maker signed (:meth:`RoundOneSum.add`)."""
         if isinstance(shares, SetupShares):
-            self.round_one.add(shares)
+            self.round_one.add(shares, step)
         elif self.round_two is not None:
-            self.round_two.add(shares)
+            self.round_two.add(shares, step)
         else:
             raise ProtocolError("a round-2 relinearization share before round one")
 

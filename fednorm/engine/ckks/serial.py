@@ -121,10 +121,11 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
     evaluation key's digest is the one taken of its payload as it was parsed
     (:func:`remember_received`), with no serialization at all — whatever ``parsed``
-    says, since such a key serializes alike either way.  Any other parsed object
-    is digested once and the digest kept with it: in a simulation the parties share one
-    parse of a broadcast (:meth:`~.context.CkksContext.from_bytes`), which no reader
-    changes, so the ten parties of a run digest a public-key share once, not ten times.
+    says, since such a key serializes alike either way.  Any other parsed object, and
+    any evaluation key, is digested once and the digest kept with it: in a simulation
+    the parties share one parse of a broadcast (:meth:`~.context.CkksContext.from_bytes`)
+    and one sum of the key shares (:class:`~.multiparty.checks.RunningSum`), which no one
+    changes (keys are retagged on copies), so the ten parties of a run digest each once.
     """
     kind = kind_of(obj)  # refuses secret keys
     if parsed or kind.name in SERIALIZED_AS_PARSED:
@@ -137,7 +138,7 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
         data = openfhe.Serialize(deserialize(openfhe.DeserializePublicKeyString, data),
                                  openfhe.BINARY)
     digest = hashlib.sha256(data).digest()
-    if parsed:
+    if parsed or kind.name in SERIALIZED_AS_PARSED:
         with _RECEIVED_LOCK:
             _RECEIVED_DIGESTS[obj] = digest
     return digest

@@ -102,17 +102,21 @@ class PublicKeySum:
             raise ProtocolError("two public-key shares carry the same key tag")
         return tag
 
-    def include(self, share: PublicKeyShare, tag: str, step: bytes = b"") -> None:
-        """Add a share :meth:`check` accepted (with the tag it returned; ``step``: the
-        digest its maker signed, see :class:`~.checks.RunningSum`)."""
+    def include(self, share: PublicKeyShare, tag: str) -> None:
+        """Add a share :meth:`check` accepted (with the tag it returned).
+
+        Unlike the evaluation keys' sums, this one is never shared between the parties of
+        a simulation (:class:`~.checks.RunningSum`'s ``chain``): a ciphertext encrypted
+        under the joint key serializes in the form of the key's towers (made in this
+        process or parsed), so a shared key would make the bytes on the wire depend on
+        which party made a step first."""
         if self._sum is None:
             joint = joint_tag_for(tag)
             self._sum = RunningSum(
                 lambda acc, key: self.ctx.raw.MultiAddPubKeys(acc, key, joint),
-                lambda lone: retagged_copy(lone, joint, openfhe.DeserializePublicKeyString),
-                chain=("public key", joint))
+                lambda lone: retagged_copy(lone, joint, openfhe.DeserializePublicKeyString))
         self.party_tags.append(tag)
-        self._sum.add(share.key, step)
+        self._sum.add(share.key)
 
     def result(self) -> PublicKeyAggregate:
         if self._sum is None:

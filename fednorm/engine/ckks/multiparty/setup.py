@@ -171,7 +171,7 @@ class RoundOneSum:
         if setup.rotation is not None and shares.rotation is not None:
             self.rotation = self.rotation or setup.rotation.running_sum(joint_tag, lead_tag)
             self.rotation.check(shares.rotation)
-        self.public_key.include(shares.public_key, tag, step)
+        self.public_key.include(shares.public_key, tag)
         if self.relin is not None and shares.relin is not None:
             self.relin.include(shares.relin, step)
         if self.rotation is not None and shares.rotation is not None:

@@ -14,10 +14,12 @@ each pooled sum is a function of the pooled data alone:
 Why the passes: the server decodes a decrypted sum in float64, so each slot comes out to
 about 2^-52 of the *largest* slot of its ciphertext; a feature of order 1e-4 beside one of
 order 1e12 would be noise.  The coarse passes give every feature's magnitude, and in the
-last every slot is brought near n_g·2^16.  The first pass scales Σx down so that n_g,
+last every slot is brought near n_g·2^16 (down to the floors of
+:func:`~.quotient.power_of_two_scales`).  The first pass scales Σx down so that n_g,
 in the same ciphertext, stays exact (a slot's error stays far below 1/2).  σ² comes from
 Σ(x − μ̃)² less n_g·(μ − μ̃)², where μ̃ is off by ~2^-52 of the largest mean: the
-correction is negligible unless σ is below ~1e-15 of the largest |μ|.
+correction is negligible, by this estimate (not tested), unless σ is below ~1e-15 of
+the largest |μ|.
 
 Three decryptions where Algorithm 1 with revealed counts (``--algorithm paper
 --reveal-counts``, :mod:`.zscore`) makes five — n_g, then a coarse and a precise pass for
@@ -30,8 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fednorm.engine import ckks
-from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import FitOptions, feature_counts
@@ -46,7 +47,12 @@ from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf.phases import serve_phase
-from fednorm.protocols.ppf.quotient import MAX_SCALED_VALUE, power_of_two_scales
+from fednorm.protocols.ppf.quotient import (
+    power_of_two_scales,
+    received_scales,
+    require_sum_values,
+    scaled,
+)
 from fednorm.protocols.ppf.zscore import SQUARES_FLOOR, PpfZScoreResult, check_ppf_values
 
 FIRST_PASS_SCALE = 2.0**-20
@@ -122,8 +128,9 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     squares, _ = deviation_sums(X, _vector(coarse.mean, width, "coarse mean"))
     await _send(crypto, squares)
     scales = await serve_phase(crypto, PreciseScales, pooled.POOLED_SUM)
-    await _send(crypto, np.concatenate([_scaled(total, _scales(scales.mean, width)),
-                                        _scaled(squares, _scales(scales.squares, width))]))
+    await _send(crypto, np.concatenate([scaled(total, received_scales(scales.mean, width)),
+                                        scaled(squares, received_scales(scales.squares,
+                                                                        width))]))
     result = await serve_phase(crypto, PpfZScoreResult, pooled.POOLED_SUM)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))
@@ -132,11 +139,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
 async def _send(crypto: PartyCrypto, values: np.ndarray) -> None:
     """``values`` as this party's next sum upload, refused (InputError) beyond what a sum
     upload holds, before anything is encrypted."""
-    if np.abs(values).max(initial=0.0) > ckks.MAX_SUM_VALUE:
-        raise InputError(
-            "PPF z-score's sums travel as sum uploads, which hold up to 2^50 "
-            f"({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or Σ(x−μ)²) is larger: rescale "
-            "the data")
+    require_sum_values(values, "rescale the data")
     await pooled.send_sum(crypto, values)
 
 
@@ -145,22 +148,3 @@ def _vector(values: np.ndarray, width: int, what: str) -> np.ndarray:
     if not np.isfinite(vector).all():
         raise ProtocolError(f"the {what} from the server is not finite")
     return vector
-
-
-def _scales(values: np.ndarray, width: int) -> np.ndarray:
-    scales = _vector(values, width, "scales")
-    if not np.all(scales > 0):
-        raise ProtocolError("the server sent invalid scales")
-    return scales
-
-
-def _scaled(local: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """``local`` times the server's scales; InputError if that passes 2^50 (a pooled value
-    this close to zero beside this party's large ones cannot be resolved)."""
-    scaled = local * scales
-    if np.abs(scaled).max(initial=0.0) > MAX_SCALED_VALUE:
-        raise InputError(
-            "the precise pass cannot resolve a pooled mean this close to zero beside this "
-            "party's large sums (|sum × scale| would pass 2^50, what CKKS "
-            "encodes): refused (center or rescale the data first)")
-    return scaled

@@ -232,11 +232,7 @@ class Passes:
     async def upload(self, crypto: PartyCrypto, values: np.ndarray
                      ) -> InputUpload | SumUpload:
         if self.revealed:
-            if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
-                raise InputError(
-                    "with revealed counts this party's sums travel as sum uploads, which "
-                    f"hold up to 2^50 ({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or "
-                    "Σ(x−μ)²) is larger: rescale the data, or use the encrypted inverse")
+            require_sum_values(values, "rescale the data, or use the encrypted inverse")
             return await crypto.encrypt_for_sum(values)
         return await crypto.encrypt_input(values, numerator_level(crypto.ckks))
 
@@ -274,15 +270,36 @@ async def precise_quotient_party(crypto: PartyCrypto, local: np.ndarray, width: 
     re-encrypt scaled."""
     first = before != NOTHING
     scales = await passes.serve(crypto, Scales, passes.coarse + before, first=first)
-    factors = as_float_vector(scales.scales, width, "scales from the server")
+    await passes.send(crypto, scaled(local, received_scales(scales.scales, width)))
+
+
+def require_sum_values(values: np.ndarray, remedy: str) -> None:
+    """InputError, before anything is encrypted, if a value passes what a sum upload
+    holds (2^50); ``remedy`` says what the user can do."""
+    if np.nanmax(np.abs(values), initial=0.0) > ckks.MAX_SUM_VALUE:
+        raise InputError(
+            "this party's sums travel as sum uploads, which hold up to 2^50 "
+            f"({float(ckks.MAX_SUM_VALUE):.3g}); a sum (Σx or Σ(x−μ)²) is larger: {remedy}")
+
+
+def received_scales(values: object, width: int) -> np.ndarray:
+    """The server's per-feature powers of two; ProtocolError unless finite and positive."""
+    factors = as_float_vector(values, width, "scales from the server")
     if not np.all(np.isfinite(factors) & (factors > 0)):
         raise ProtocolError("the server sent invalid scales")
-    if np.nanmax(np.abs(local * factors), initial=0.0) > MAX_SCALED_VALUE:
+    return factors
+
+
+def scaled(local: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    """``local`` times the server's scales; InputError if that passes 2^50: a pooled
+    value this close to zero beside this party's large sums cannot be resolved."""
+    lifted = local * factors
+    if np.nanmax(np.abs(lifted), initial=0.0) > MAX_SCALED_VALUE:
         raise InputError(
             "the precise pass cannot resolve a pooled mean this close to zero beside this "
             "party's large sums (|sum × scale| would pass 2^50, what CKKS encodes): refused "
             "(center or rescale the data first)")
-    await passes.send(crypto, local * factors)
+    return lifted
 
 
 def numerator_level(context: ckks.CkksContext) -> int:

@@ -87,13 +87,11 @@ class RunningSum:
 
     def add(self, value: Any, step: bytes = b"") -> None:
         """Add ``value``; ``step``: the digest its maker signed (b"": unknown)."""
-        trail = self._trail
-        self._trail = hashlib.sha256(trail + step).digest() if trail is not None and step \
-            else None
+        named = self._chain is not None and self._trail is not None and step
+        self._trail = hashlib.sha256(self._trail + step).digest() if named else None
         if self.count == 0:
             self._sum = value
-        elif self._chain is None or trail is None or self._trail is None \
-                or not inprocess.active():
+        elif self._trail is None or not inprocess.active():
             self._sum = self._add(self._sum, value)
         else:
             self._sum = _SHARED.step(self._chain, self._trail,

@@ -21,7 +21,7 @@ from fednorm.engine.runtime import SERVER, role_name
 from fednorm.engine.tracing import CryptoEvent, PhaseEvent, Tracer
 
 SERVER_NAME = role_name(SERVER)
-SERIALIZATION_CALLS = frozenset({"encode_body", "decode_frame"})
+SERIALIZATION_CALLS = frozenset({"encode_body", "decode_frame", "decode_received"})
 """Worker calls that turn messages into bytes and back: work a run in one process could
 avoid, so they are not part of :meth:`Timeline.limit_seconds`."""
 

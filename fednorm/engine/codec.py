@@ -9,6 +9,8 @@ opaque to this module: the CKKS layer registers encoders for its types with
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from fednorm.engine import inprocess
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, build_message
 
@@ -98,12 +101,20 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return ext.decode(data)
 
 
-def encode_body(msg: Message) -> bytes:
-    """The packed body of ``msg``: encode once, frame many times (broadcasts)."""
+def encode_body(msg: Message) -> bytes | memoryview:
+    """The packed body of ``msg``: encode once, frame many times (broadcasts).  A large
+    message this process received (:func:`decode_received`) is not encoded again: its
+    body is the one it came in (a message is frozen, so those bytes still say what it
+    holds), and a server forwarding a party's 31 MB key shares sends them as read."""
+    with _BODIES_LOCK:
+        received = _RECEIVED_BODIES.get(msg)
+    if received is not None:
+        return received
     return msgpack.packb(msg.fields(), default=_default, use_bin_type=True)
 
 
-def encode_frame(header: Header, msg: Message, body: bytes | None = None) -> bytes:
+def encode_frame(header: Header, msg: Message, body: bytes | memoryview | None = None
+                 ) -> bytes:
     """Serialize one message with its header (``body``: its :func:`encode_body`, if known).
 
     A msgpack array is its length byte followed by its packed elements, so the header
@@ -123,12 +134,48 @@ HEADER_BYTES = 64 * 2**10  # more than any header: short strings and integers
 def frame_body(data: bytes) -> bytes:
     """The packed body of a well-formed frame (what :func:`encode_frame` appends to the
     header), as it travelled: the same bytes for every receiver of one message."""
+    return data[_body_start(data):]
+
+
+def _body_start(data: bytes) -> int:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=HEADER_BYTES)
     unpacker.feed(data[:HEADER_BYTES])  # not the body: it may pass the unpacker's limit
     unpacker.read_array_header()
     for _ in range(6):  # the header fields
         unpacker.skip()
-    return data[unpacker.tell():]
+    return unpacker.tell()
+
+
+SHARED_PARSE_BYTES = 1 << 16
+
+
+def decode_received(data: bytes) -> tuple[Header, Message]:
+    """:func:`decode_frame` of a frame a role received.  In a simulation the readers of
+    one frame object (a broadcast, a forwarded key share) share one parse
+    (:func:`~fednorm.engine.inprocess.parsed_once`), but for a message holding a numpy
+    array, which a reader may change: each such reader gets its own.  Frames under
+    :data:`SHARED_PARSE_BYTES` parse faster than they are looked up: each its own."""
+    if len(data) < SHARED_PARSE_BYTES:
+        return decode_frame(data)
+    return inprocess.parsed_once(data, _decode_keeping_body, _without_arrays)
+
+
+_RECEIVED_BODIES: weakref.WeakKeyDictionary[Message, memoryview] = \
+    weakref.WeakKeyDictionary()
+_BODIES_LOCK = threading.Lock()
+
+
+def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
+    """:func:`decode_frame`, and the message's body kept as it came (its frame is kept
+    while the message lives): a role that forwards the message sends those bytes."""
+    header, msg = decode_frame(data)
+    with _BODIES_LOCK:
+        _RECEIVED_BODIES[msg] = memoryview(data)[_body_start(data):]
+    return header, msg
+
+
+def _without_arrays(parsed: tuple[Header, Message]) -> bool:
+    return not any(isinstance(value, np.ndarray) for value in parsed[1].fields().values())
 
 
 def decode_frame(data: bytes) -> tuple[Header, Message]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from fednorm.engine.codec import Header, decode_frame, encode_body, encode_frame, frame_body
+from fednorm.engine.codec import Header, decode_received, encode_body, encode_frame, frame_body
 from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
@@ -182,7 +182,7 @@ class RoleContext:
         except KeyError:
             raise ValueError(f"{role_name(self.me)} has no link to {role_name(peer)}") from None
 
-    async def send(self, peer: int, msg: Message, body: bytes | None = None,
+    async def send(self, peer: int, msg: Message, body: bytes | memoryview | None = None,
                    frames: dict[int, bytes] | None = None) -> None:
         """Send one message to ``peer`` (``body``: its pre-encoded body, for broadcasts;
         ``frames``: the broadcast's frames so far, by send round)."""
@@ -228,10 +228,9 @@ class RoleContext:
         return frame
 
     async def _parse(self, frame: bytes) -> tuple[Header, Message]:
-        # Crypto objects take milliseconds to parse: do it off the event loop.
-        if len(frame) < _INLINE_DECODE_BYTES:
-            return decode_frame(frame)
-        return await self.run_sync(decode_frame, frame)
+        # Crypto objects take milliseconds to parse: off the event loop (codec docs).
+        small = len(frame) < _INLINE_DECODE_BYTES
+        return decode_received(frame) if small else await self.run_sync(decode_received, frame)
 
     def _accept(self, peer: int, frame: bytes, parsed: tuple[Header, Message],
                 accepted: Mapping[type[Message], str]) -> Message:

@@ -40,7 +40,6 @@ from fednorm.engine.ckks.flooding import (
     check_decryptions,
     check_security_bits,
 )
-from fednorm.engine.ckks.inprocess import in_process_run
 from fednorm.engine.ckks.inversion import COUNT_RANGE, InversePlan, inverse, plan_inverse
 from fednorm.engine.ckks.keys import (
     DECRYPT_SHARE_TOWERS,
@@ -88,6 +87,7 @@ from fednorm.engine.ckks.multiparty import (
 )
 from fednorm.engine.ckks.presets import PAPER, PRESETS, TEST, CkksPreset, get_preset
 from fednorm.engine.ckks.serial import KINDS, object_digest, objects_digest
+from fednorm.engine.inprocess import in_process_run
 
 __all__ = [
     "COUNT_RANGE",

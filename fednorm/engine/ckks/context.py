@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import openfhe
 
-from fednorm.engine.ckks import inprocess, ring, serial
+from fednorm.engine import inprocess
+from fednorm.engine.ckks import ring, serial
 from fednorm.engine.ckks.levels import (
     LevelBudgetError,
     consumed_levels,

@@ -17,7 +17,7 @@ from typing import Any
 
 import openfhe
 
-from fednorm.engine.ckks import inprocess
+from fednorm.engine import inprocess
 from fednorm.engine.ckks.context import CkksContext
 from fednorm.engine.ckks.keys import JointKeys
 from fednorm.engine.ckks.serial import deserialize

@@ -17,6 +17,7 @@ from fednorm.engine.codec import (
     SHARED_PARSE_BYTES,
     Header,
     decode_received,
+    encode_body,
     encode_frame,
     frame_body,
 )
@@ -123,3 +124,12 @@ def test_a_server_forwards_key_shares_and_relays_uploads_as_the_bytes_it_read() 
     assert forwarded and relayed
     assert all(frame_body(event.frame) in bodies for event in forwarded)
     assert all(set(_ext_payloads(frame_body(e.frame))) <= uploads for e in relayed)
+
+
+def test_only_a_forwarding_role_keeps_the_bytes_a_message_came_in() -> None:
+    """The server forwards what it receives and keeps each large message's body for
+    that; a party keeps nothing (at P = 100 it holds 100 relayed uploads a round)."""
+    kept, plain = decode_received(BIG, forwarding=True)[1], decode_received(BIG)[1]
+    assert isinstance(encode_body(kept), memoryview)
+    assert bytes(encode_body(kept)) == frame_body(BIG)
+    assert isinstance(encode_body(plain), bytes)

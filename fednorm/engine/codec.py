@@ -149,26 +149,40 @@ def _body_start(data: bytes) -> int:
 SHARED_PARSE_BYTES = 1 << 16
 
 
-def decode_received(data: bytes) -> tuple[Header, Message]:
+def decode_received(data: bytes, forwarding: bool = False) -> tuple[Header, Message]:
     """:func:`decode_frame` of a frame a role received.  In a simulation the readers of
     one frame object (a broadcast, a forwarded key share) share one parse
     (:func:`~fednorm.engine.inprocess.parsed_once`), but for a message holding a numpy
     array, which a reader may change: each such reader gets its own.  Frames under
-    :data:`SHARED_PARSE_BYTES` parse faster than they are looked up: each its own."""
+    :data:`SHARED_PARSE_BYTES` parse faster than they are looked up: each its own.
+    ``forwarding``: the role forwards what it receives (the server), so a large message
+    keeps the bytes it came in, for :func:`encode_body`."""
     if len(data) < SHARED_PARSE_BYTES:
         return decode_frame(data)
-    return inprocess.parsed_once(data, _decode_keeping_body, _without_arrays)
+    parse = _decode_keeping_body if forwarding else decode_frame
+    return inprocess.parsed_once(data, parse, _without_arrays)
 
 
 _RECEIVED_BODIES: weakref.WeakKeyDictionary[Message, memoryview] = \
     weakref.WeakKeyDictionary()
 _BODIES_LOCK = threading.Lock()
+_KEEPING = threading.local()
+
+
+def keeping_received_bytes() -> bool:
+    """Whether this thread is decoding a frame whose parts are to be sent on as they came
+    (an ext decoder may then keep its bytes with the object it makes)."""
+    return getattr(_KEEPING, "on", False)
 
 
 def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
     """:func:`decode_frame`, and the message's body kept as it came (its frame is kept
     while the message lives): a role that forwards the message sends those bytes."""
-    header, msg = decode_frame(data)
+    _KEEPING.on = True
+    try:
+        header, msg = decode_frame(data)
+    finally:
+        _KEEPING.on = False
     with _BODIES_LOCK:
         _RECEIVED_BODIES[msg] = memoryview(data)[_body_start(data):]
     return header, msg

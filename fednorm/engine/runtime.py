@@ -230,7 +230,8 @@ class RoleContext:
     async def _parse(self, frame: bytes) -> tuple[Header, Message]:
         # Crypto objects take milliseconds to parse: off the event loop (codec docs).
         small = len(frame) < _INLINE_DECODE_BYTES
-        return decode_received(frame) if small else await self.run_sync(decode_received, frame)
+        return decode_received(frame) if small else \
+            await self.run_sync(decode_received, frame, self.is_server)
 
     def _accept(self, peer: int, frame: bytes, parsed: tuple[Header, Message],
                 accepted: Mapping[type[Message], str]) -> Message:

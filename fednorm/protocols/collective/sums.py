@@ -35,6 +35,7 @@ import openfhe
 
 from fednorm.engine import ckks, signing
 from fednorm.engine.ckks.context import PRODUCT_TOWERS
+from fednorm.engine.codec import keeping_received_bytes
 from fednorm.engine.errors import InputError, ProtocolError
 
 
@@ -326,8 +327,9 @@ def _register_kind(context: ckks.CkksContext, register,  # type: ignore[no-untyp
                 isinstance(b, bytes) for b in (body, signature, certificate)):
             raise ProtocolError(f"malformed {kind.NOUN} upload in frame")
         upload = kind(index, context.from_bytes("ciphertext", body), signature, certificate)
-        with _RECEIVED_LOCK:
-            _RECEIVED[upload] = data
+        if keeping_received_bytes():  # the server, which relays it
+            with _RECEIVED_LOCK:
+                _RECEIVED[upload] = data
         return upload
 
     register(kind.EXT, kind, encode, decode)

@@ -3,6 +3,8 @@ operations (what they are shares of) and refuses a share the setup needs but lac
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from fednorm.engine import ckks
@@ -198,10 +200,10 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
         mine.check_final(ckks.KeyDigests(installed.relin, None))
 
 
-def test_a_received_key_share_is_forwarded_as_the_bytes_it_came_in() -> None:
-    """A server forwards each party's evaluation-key shares to the others: it sends the
-    frame it read, not a fresh serialization of the parsed share (25 MB at the paper
-    preset), and those are the bytes a serialization would give (the wire is the same)."""
+def test_a_parsed_evaluation_key_serializes_to_the_payload_it_was_parsed_from() -> None:
+    """Why a received evaluation-key share's digest is the SHA-256 of its payload
+    (``serial.SERIALIZED_AS_PARSED``): parsed, it serializes to those very bytes.  (The
+    server forwards the share with the body it came in: tests/test_shared_parses.py.)"""
     import openfhe
 
     ctx = shared_context("test")
@@ -210,10 +212,10 @@ def test_a_received_key_share_is_forwarded_as_the_bytes_it_came_in() -> None:
                         (shares[1].rotation.keys, "eval_key_map")):
         framed = ctx.to_bytes(share)
         parsed = ctx.from_bytes(kind, framed)
-        forwarded = ctx.to_bytes(parsed)
-        assert forwarded is framed  # the very bytes read, no serialization made
         payload = openfhe.Serialize(parsed, openfhe.BINARY)
-        assert forwarded == framed[:-len(payload)] + payload
+        assert ctx.to_bytes(parsed) == framed
+        assert framed.endswith(payload)
+        assert ckks.object_digest(parsed) == hashlib.sha256(payload).digest()
 
 
 def test_the_parties_of_a_simulation_share_each_step_of_their_key_checks() -> None:

@@ -313,7 +313,7 @@ class CkksContext:
             return cached[1]
         payload, sha256 = serial.unframe_digested(kind, data, self.preset.fingerprint)
         self._templates.check(kind, payload)
-        serial.remember_received(kind, obj := serial.load(kind, payload), sha256, bytes(data))
+        serial.remember_received(kind, obj := serial.load(kind, payload), sha256)
         if kind in ("ciphertext", "public_key"):
             self.check_same_context(obj, kind)
         if inprocess.active():  # a broadcast's other readers get this object

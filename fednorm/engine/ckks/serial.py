@@ -77,17 +77,10 @@ def kind_of(obj: Any) -> Kind:
 
 
 def frame(obj: Any, fingerprint: bytes) -> bytes:
-    """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring).
-
-    An evaluation key (or map) parsed here from a frame serializes to that frame's very
-    payload (:data:`SERIALIZED_AS_PARSED`), so the frame it came in is its frame: a
-    server forwarding a party's 25 MB key share sends the bytes it read instead of
-    serializing and digesting the share again (:func:`remember_received`)."""
+    """Frame ``obj``'s OpenFHE BINARY serialization (see module docstring).  (A server
+    forwards a party's key shares with the body they came in, not framed again:
+    :func:`fednorm.engine.codec.encode_body`.)"""
     kind = kind_of(obj)
-    with _RECEIVED_LOCK:
-        received = _RECEIVED_FRAMES.get(obj)
-    if received is not None and _HEADER.unpack_from(received)[2] == fingerprint:
-        return received
     payload = openfhe.Serialize(obj, openfhe.BINARY)
     header = _HEADER.pack(MAGIC, kind.code, fingerprint, payload_digest(payload))
     return b"".join((header, payload))
@@ -104,7 +97,6 @@ SERIALIZED_AS_PARSED = frozenset({"eval_key", "eval_key_map"})
 """Kinds whose parsed object serializes to the very bytes it was parsed from (openfhe
 1.6.1, tested): the SHA-256 of the payload is :func:`object_digest` of the object."""
 _RECEIVED_DIGESTS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
-_RECEIVED_FRAMES: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
 _RECEIVED_LOCK = threading.Lock()
 
 
@@ -188,17 +180,13 @@ def unframe_digested(kind_name: str, data: bytes, fingerprint: bytes) -> tuple[b
     return payload, full
 
 
-def remember_received(kind_name: str, obj: Any, payload_sha256: bytes,
-                      framed: bytes = b"") -> None:
+def remember_received(kind_name: str, obj: Any, payload_sha256: bytes) -> None:
     """Keep the digest of a key share parsed from a payload of that SHA-256 for
     :func:`object_digest` (a party checks each share's signature against it: a 25 MB key
-    need not be serialized again to be digested), and the checked frame it came in
-    (``framed``) for :func:`frame`, both for as long as the object lives."""
+    need not be serialized again to be digested), for as long as the object lives."""
     if kind_name in SERIALIZED_AS_PARSED:
         with _RECEIVED_LOCK:
             _RECEIVED_DIGESTS[obj] = payload_sha256
-            if framed:
-                _RECEIVED_FRAMES[obj] = framed
 
 
 class Templates:

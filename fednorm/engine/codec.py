@@ -44,6 +44,7 @@ class _ExtType:
     cls: type
     encode: Callable[[Any], bytes]
     decode: Callable[[bytes], Any]
+    relayed: bool = False
 
 
 _EXT_BY_CODE: dict[int, _ExtType] = {}
@@ -51,15 +52,18 @@ _EXT_BY_CLASS: dict[type, _ExtType] = {}
 
 
 def register_ext_type(
-    code: int, cls: type, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any]
+    code: int, cls: type, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any],
+    relayed: bool = False,
 ) -> None:
-    """Teach the codec to carry objects of ``cls`` as msgpack ext ``code``."""
+    """Teach the codec to carry objects of ``cls`` as msgpack ext ``code``.  ``relayed``:
+    a server sends such objects on inside messages of its own (a party's signed upload),
+    so one it decoded keeps the bytes it came in and is encoded as those bytes."""
     if code == NUMPY_EXT or not 0 <= code <= 127:
         raise ValueError(f"ext code {code} is reserved or out of range")
     existing = _EXT_BY_CODE.get(code)
     if existing is not None and existing.cls is not cls:
         raise ValueError(f"ext code {code} already used by {existing.cls.__name__}")
-    ext = _ExtType(code, cls, encode, decode)
+    ext = _ExtType(code, cls, encode, decode, relayed)
     _EXT_BY_CODE[code] = ext
     _EXT_BY_CLASS[cls] = ext
 
@@ -89,7 +93,8 @@ def _default(obj: Any) -> msgpack.ExtType:
     ext = _EXT_BY_CLASS.get(type(obj))
     if ext is None:
         raise TypeError(f"cannot encode {type(obj).__name__} in a frame")
-    return msgpack.ExtType(ext.code, ext.encode(obj))
+    received = _received(obj) if ext.relayed else None
+    return msgpack.ExtType(ext.code, received if received is not None else ext.encode(obj))
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -98,7 +103,10 @@ def _ext_hook(code: int, data: bytes) -> Any:
     ext = _EXT_BY_CODE.get(code)
     if ext is None:
         raise ProtocolError(f"unknown ext type {code} in frame")
-    return ext.decode(data)
+    obj = ext.decode(data)
+    if ext.relayed and getattr(_KEEPING, "on", False):
+        _remember(obj, data)
+    return obj
 
 
 def encode_body(msg: Message) -> bytes | memoryview:
@@ -106,8 +114,7 @@ def encode_body(msg: Message) -> bytes | memoryview:
     message this process received (:func:`decode_received`) is not encoded again: its
     body is the one it came in (a message is frozen, so those bytes still say what it
     holds), and a server forwarding a party's 31 MB key shares sends them as read."""
-    with _BODIES_LOCK:
-        received = _RECEIVED_BODIES.get(msg)
+    received = _received(msg)
     if received is not None:
         return received
     return msgpack.packb(msg.fields(), default=_default, use_bin_type=True)
@@ -163,16 +170,20 @@ def decode_received(data: bytes, forwarding: bool = False) -> tuple[Header, Mess
     return inprocess.parsed_once(data, parse, _without_arrays)
 
 
-_RECEIVED_BODIES: weakref.WeakKeyDictionary[Message, memoryview] = \
-    weakref.WeakKeyDictionary()
-_BODIES_LOCK = threading.Lock()
-_KEEPING = threading.local()
+_RECEIVED: weakref.WeakKeyDictionary[Any, bytes | memoryview] = weakref.WeakKeyDictionary()
+_RECEIVED_LOCK = threading.Lock()
+_KEEPING = threading.local()  # on while this thread decodes a frame for a forwarding role
 
 
-def keeping_received_bytes() -> bool:
-    """Whether this thread is decoding a frame whose parts are to be sent on as they came
-    (an ext decoder may then keep its bytes with the object it makes)."""
-    return getattr(_KEEPING, "on", False)
+def _remember(obj: Any, data: bytes | memoryview) -> None:
+    """Keep the bytes ``obj`` came in, while it lives, to send it on as those bytes."""
+    with _RECEIVED_LOCK:
+        _RECEIVED[obj] = data
+
+
+def _received(obj: Any) -> bytes | memoryview | None:
+    with _RECEIVED_LOCK:
+        return _RECEIVED.get(obj)
 
 
 def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
@@ -183,8 +194,7 @@ def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
         header, msg = decode_frame(data)
     finally:
         _KEEPING.on = False
-    with _BODIES_LOCK:
-        _RECEIVED_BODIES[msg] = memoryview(data)[_body_start(data):]
+    _remember(msg, memoryview(data)[_body_start(data):])
     return header, msg
 
 

@@ -96,8 +96,8 @@ def parsed_once(frame: bytes, parse: Callable[[bytes], T],
 
 def _entry(frame: bytes) -> _Parse:
     with _LOCK:
-        entry = _PARSES.get(id(frame))
-        if entry is None or entry.frame is not frame:
+        entry = _PARSES.get(id(frame))  # a kept entry holds its frame: the id is its own
+        if entry is None:
             entry = _PARSES[id(frame)] = _Parse(frame)
             kept = sum(len(e.frame) for e in _PARSES.values())
             while kept > SHARED_FRAME_BYTES and len(_PARSES) > 1:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +33,6 @@ import openfhe
 
 from fednorm.engine import ckks, signing
 from fednorm.engine.ckks.context import PRODUCT_TOWERS
-from fednorm.engine.codec import keeping_received_bytes
 from fednorm.engine.errors import InputError, ProtocolError
 
 
@@ -304,17 +301,9 @@ def register_codec(context: ckks.CkksContext, register) -> None:  # type: ignore
         _register_kind(context, register, kind)
 
 
-_RECEIVED: weakref.WeakKeyDictionary[SignedUpload, bytes] = weakref.WeakKeyDictionary()
-_RECEIVED_LOCK = threading.Lock()
-
-
 def _register_kind(context: ckks.CkksContext, register,  # type: ignore[no-untyped-def]
                    kind: type[SignedUpload]) -> None:
     def encode(upload: SignedUpload) -> bytes:
-        with _RECEIVED_LOCK:  # a relayed upload goes on as the bytes its party sent
-            received = _RECEIVED.get(upload)
-        if received is not None:
-            return received
         return msgpack.packb([upload.index, context.to_bytes(upload.ciphertext),
                               upload.signature, upload.certificate], use_bin_type=True)
 
@@ -326,10 +315,6 @@ def _register_kind(context: ckks.CkksContext, register,  # type: ignore[no-untyp
         if not isinstance(index, int) or not all(
                 isinstance(b, bytes) for b in (body, signature, certificate)):
             raise ProtocolError(f"malformed {kind.NOUN} upload in frame")
-        upload = kind(index, context.from_bytes("ciphertext", body), signature, certificate)
-        if keeping_received_bytes():  # the server, which relays it
-            with _RECEIVED_LOCK:
-                _RECEIVED[upload] = data
-        return upload
+        return kind(index, context.from_bytes("ciphertext", body), signature, certificate)
 
-    register(kind.EXT, kind, encode, decode)
+    register(kind.EXT, kind, encode, decode, relayed=True)  # the server relays uploads

@@ -121,25 +121,9 @@ def communication(records: list[RunRecord], preset: str, parties: int = 10,
     seen: dict[tuple[str, int, float], RunRecord] = {}
     for rec in records:  # traffic does not depend on the run: one per (method, P, ε)
         seen.setdefault((rec.method, rec.parties, rec.extra.get("epsilon", 0.0)), rec)
-    rows, cells = [], []
-    for (method, n, _), rec in sorted(seen.items()):
-        x = search_rounds(bcw_split(n)[1], TABLE_V_ROBUST_EPSILON)
-        paper_k, our_k = formula_for(rec, wire, x)
-        row: dict[str, Any] = {"method": method, "parties": n, "preset": preset,
-                               "bytes_total": rec.bytes_total, "bytes_setup": rec.bytes_setup,
-                               "bytes_protocol": rec.bytes_protocol, **rec.role_bytes(),
-                               "paper_formula": paper_k, "paper_formula_our_k": our_k,
-                               "x": int(rec.extra.get("kth_rounds", x)),
-                               "epsilon": rec.extra.get("epsilon")}
-        rows.append(row)
-        name = display_name(method) + (f", ε={row['epsilon']:g}" if row["epsilon"] else "")
-        cells.append([name, str(n), _mb(rec.bytes_total), _mb(rec.bytes_setup),
-                      _mb(rec.bytes_protocol), _mb(row["server_sent"]),
-                      _mb(row["server_received"]),
-                      f"{row['party_sent_median'] / 1e6:.1f}",
-                      f"{row['party_received_median'] / 1e6:.1f}",
-                      _mb(paper_k), _mb(our_k) if base_method(method) == "zscore" else "–",
-                      "–" if math.isnan(paper_k) else f"{rec.bytes_protocol / paper_k:.2f}"])
+    rows = [_communication_row(rec, method, n, preset, wire)
+            for (method, n, _), rec in sorted(seen.items())]
+    cells = [_communication_cells(row) for row in rows]
     header = ["protocol", "P", "MB total", "MB key setup", "MB after setup", "server sent",
               "server received", "party sent (median)", "party received (median)",
               "paper formula MB", "formula, our K_inv", "after setup / formula"]
@@ -164,6 +148,28 @@ def communication(records: list[RunRecord], preset: str, parties: int = 10,
     return finish(Section("communication", "Communication — bytes per role and protocol",
                           rows, [("", header, cells), _kinds_table(seen, parties)], notes,
                           meta), t0)
+
+
+def _communication_row(rec: RunRecord, method: str, parties: int, preset: str,
+                       wire: WireParams) -> dict[str, Any]:
+    """One run's bytes by role beside the paper's formula (X: its search's rounds)."""
+    x = search_rounds(bcw_split(parties)[1], TABLE_V_ROBUST_EPSILON)
+    paper_k, our_k = formula_for(rec, wire, x)
+    return {"method": method, "parties": parties, "preset": preset,
+            "bytes_total": rec.bytes_total, "bytes_setup": rec.bytes_setup,
+            "bytes_protocol": rec.bytes_protocol, **rec.role_bytes(),
+            "paper_formula": paper_k, "paper_formula_our_k": our_k,
+            "x": int(rec.extra.get("kth_rounds", x)), "epsilon": rec.extra.get("epsilon")}
+
+
+def _communication_cells(row: dict[str, Any]) -> list[str]:
+    paper_k, our_k = row["paper_formula"], row["paper_formula_our_k"]
+    name = display_name(row["method"]) + (f", ε={row['epsilon']:g}" if row["epsilon"] else "")
+    return [name, str(row["parties"]), _mb(row["bytes_total"]), _mb(row["bytes_setup"]),
+            _mb(row["bytes_protocol"]), _mb(row["server_sent"]), _mb(row["server_received"]),
+            f"{row['party_sent_median'] / 1e6:.1f}", f"{row['party_received_median'] / 1e6:.1f}",
+            _mb(paper_k), _mb(our_k) if base_method(row["method"]) == "zscore" else "–",
+            "–" if math.isnan(paper_k) else f"{row['bytes_protocol'] / paper_k:.2f}"]
 
 
 def _kinds_table(seen: dict[tuple[str, int, float], RunRecord], parties: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,33 @@ def kth_protocol(low: np.ndarray, high: np.ndarray, found: KthRounds) -> Protoco
     return Protocol.single("kth-mhe", "robust", "mhe", server, party)
 
 
+def _kth_run(parts: list[np.ndarray], pooled: np.ndarray, low: np.ndarray, high: np.ndarray,
+             eps: float, preset: str, widest: float) -> RunRecord:
+    """One measured search at ``eps``: its rounds, the server's time in it, its errors
+    against numpy and the paper's round count X for the widest feature."""
+    found, timeline = KthRounds(), Timeline()
+    result, rec = run_protocol(kth_protocol(low, high, found), "kth", parts,
+                               FitOptions(preset=preset, epsilon=eps), timeline)
+    rec.errors, rec.abs_errors = estimate_errors("kth", result.normalizer, pooled)
+    rec.extra = {"epsilon": eps, "error_over_epsilon": rec.abs_errors["median"] / eps,
+                 "kth_s": timeline.inclusive.get("kth", 0.0), "kth_rounds": found.rounds,
+                 "paper_x": math.ceil(math.log2(widest / eps))}
+    return rec
+
+
+def _kth_row(eps: float, recs: list[RunRecord]) -> dict[str, Any]:
+    """One ε's row: medians over its runs, its worst errors."""
+    row = {"epsilon": eps, "kth_s": median([r.extra["kth_s"] for r in recs]),
+           "total_s": median([r.seconds for r in recs]),
+           "rounds": recs[0].extra["kth_rounds"], "paper_x": recs[0].extra["paper_x"],
+           "bytes_protocol": recs[0].bytes_protocol,
+           "foreign_load": foreign_load([r.sample for r in recs]),
+           "median_rel_error": max(r.errors["median"] for r in recs),
+           "error_over_epsilon": max(r.extra["error_over_epsilon"] for r in recs)}
+    row["s_per_round"] = row["kth_s"] / max(row["rounds"], 1)
+    return row
+
+
 def kth_vs_epsilon(epsilons: Sequence[float], parties: int = 10, preset: str = "paper",
                    repeats: int = 1, command: str = "",
                    parts: list[np.ndarray] | None = None) -> tuple[Section, list[RunRecord]]:
@@ -99,34 +127,16 @@ def kth_vs_epsilon(epsilons: Sequence[float], parties: int = 10, preset: str = "
     records = []
     for rep in range(repeats):
         for eps in epsilons:
-            found, timeline = KthRounds(), Timeline()
-            result, rec = run_protocol(kth_protocol(low, high, found), "kth", parts,
-                                       FitOptions(preset=preset, epsilon=eps), timeline)
-            rec.errors, rec.abs_errors = estimate_errors("kth", result.normalizer, pooled)
-            rec.extra = {"epsilon": eps, "error_over_epsilon": rec.abs_errors["median"] / eps,
-                         "kth_s": timeline.inclusive.get("kth", 0.0),
-                         "kth_rounds": found.rounds,
-                         "paper_x": math.ceil(math.log2(widest / eps))}
-            records.append(rec)
-            step(f"k-th ε={eps:g} run {rep + 1}/{repeats}: {found.rounds} rounds",
-                 rec.seconds)
-    rows, cells = [], []
-    for eps in epsilons:
-        recs = [r for r in records if r.extra["epsilon"] == eps]
-        row = {"epsilon": eps, "kth_s": median([r.extra["kth_s"] for r in recs]),
-               "total_s": median([r.seconds for r in recs]),
-               "rounds": recs[0].extra["kth_rounds"], "paper_x": recs[0].extra["paper_x"],
-               "bytes_protocol": recs[0].bytes_protocol,
-               "foreign_load": foreign_load([r.sample for r in recs]),
-               "median_rel_error": max(r.errors["median"] for r in recs),
-               "error_over_epsilon": max(r.extra["error_over_epsilon"] for r in recs)}
-        row["s_per_round"] = row["kth_s"] / max(row["rounds"], 1)
-        rows.append(row)
-        cells.append([f"{eps:g}", f"{row['kth_s']:.1f}", str(row["rounds"]),
-                      str(row["paper_x"]), f"{row['s_per_round']:.2f}",
-                      f"{row['total_s']:.1f}", f"{row['bytes_protocol'] / 1e6:.0f}",
-                      f"{row['error_over_epsilon']:.2f}", sci(row["median_rel_error"]),
-                      f"{row['foreign_load']:.2f}"])
+            records.append(_kth_run(parts, pooled, low, high, eps, preset, widest))
+            step(f"k-th ε={eps:g} run {rep + 1}/{repeats}: "
+                 f"{records[-1].extra['kth_rounds']} rounds", records[-1].seconds)
+    rows = [_kth_row(eps, [r for r in records if r.extra["epsilon"] == eps])
+            for eps in epsilons]
+    cells = [[f"{row['epsilon']:g}", f"{row['kth_s']:.1f}", str(row["rounds"]),
+              str(row["paper_x"]), f"{row['s_per_round']:.2f}",
+              f"{row['total_s']:.1f}", f"{row['bytes_protocol'] / 1e6:.0f}",
+              f"{row['error_over_epsilon']:.2f}", sci(row["median_rel_error"]),
+              f"{row['foreign_load']:.2f}"] for row in rows]
     notes = [f"{data} over {parties} parties (IID, seed 0), preset `{preset}`, the median of "
              "every feature searched at once; bounds [min, max] of each feature given to "
              "the search (Algorithm 4's inputs; in PPF robust they come from PPF MinMax). "

@@ -12,6 +12,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import trio
@@ -216,28 +217,9 @@ def table_iv(parties: tuple[int, ...] = (10, 20, 30, 50), repeats: int = 3, fast
 
 def _table_iv_section(rows, parties, repeats, fast, slow, preset, meta, slots) -> Section:
     by = {(r["op"], r["parties"]): r for r in rows}
-    header = ["operation (ms)"]
-    for n in parties:
-        header += [f"P={n} ours", f"P={n} paper"]
-    cells = []
-    for key, name in PAPER_TABLE_IV_NAMES.items():
-        line = [name]
-        for n in parties:
-            r = by[key, n]
-            line += [fmt_ms(r["median_s"]), fmt_ms(r["paper_s"])]
-        cells.append(line)
-    detail_header = ["P", "operation", "median ms", "range ms", "samples", "one party's "
-                     "share ms", "server ms", "paper ms", "paper / ours", "cpu/wall",
-                     "foreign load", "load 1-min"]
-    detail = []
-    for r in rows:
-        party = "–" if r["op"] in _PARTY_INDEPENDENT | {"inv"} else fmt_ms(r["party_each_s"])
-        server = fmt_ms(r["server_s"]) if r["op"] not in _PARTY_INDEPENDENT | {"skgen"} else "–"
-        detail.append([
-            str(r["parties"]), r["op"], fmt_ms(r["median_s"]),
-            f"{fmt_ms(r['min_s'])}–{fmt_ms(r['max_s'])}", str(r["samples"]), party, server,
-            fmt_ms(r["paper_s"]), fmt_or_dash(r["speedup"], ".2f"), f"{r['cpu_over_wall']:.2f}",
-            f"{r['foreign_load']:.2f}", f"{r['load_1m']:.2f}"])
+    header = ["operation (ms)", *(f"P={n} {who}" for n in parties for who in ("ours", "paper"))]
+    cells = [[name, *(fmt_ms(by[key, n][col]) for n in parties for col in ("median_s", "paper_s"))]
+             for key, name in PAPER_TABLE_IV_NAMES.items()]
     inv = [r for r in rows if r["op"] == "inv"]
     notes = [
         f"Preset `{preset}`. Per P: collective key generation {repeats} times (T_skgen: every "
@@ -246,20 +228,7 @@ def _table_iv_section(rows, parties, repeats, fast, slow, preset, meta, slots) -
         f"{repeats} times; medians of wall-clock time. Collective operations run every "
         "party's share and the server's aggregation one after another in one process, so "
         "their time is the sum over all parties plus the server (as the paper's figures).",
-        "Definitions. T_skgen: one party's key generation — OpenFHE makes the secret key "
-        "and its public-key share in one call (`KeyGen` for the lead, "
-        "`MultipartyKeyGen` for the others), so this includes the public-key share. "
-        "T_pkgen: all P key generations plus the server's fold (`MultiAddPubKeys`). "
-        "T_relkgen: both rounds of relinearization-key shares for all P parties plus the "
-        "server's two folds and installing the key. T_encrypt: a full vector "
-        f"({slots} slots) under the joint key. T_decrypt: as `ServerCrypto.decrypt` does "
-        "it, on a fresh ciphertext: the server doubles the scale and compresses the "
-        "ciphertext to the share's towers, P parties make decryption shares, the server "
-        "fuses and decodes. T_mul: ct x ct with relinearization, fresh inputs. T_sum: ct + ct. "
-        "T_bootstrap: the interactive bootstrap of a ciphertext at the level budget "
-        "(server adjust + common random element, P shares, server aggregation and "
-        "re-encryption). T_inv: `ckks.inverse` of counts in [1, 2^20] as PPF z-score "
-        "calls it (out_scale 2^20, keep_levels 2), its collective bootstraps included.",
+        TABLE_IV_DEFINITIONS.format(slots=slots),
         "The inverse: " + "; ".join(
             f"P={r['parties']}: {r.get('bootstraps', 0):.0f} bootstraps taking "
             f"{r.get('bootstrap_s', 0):.1f} s of {r['median_s']:.1f} s" for r in inv)
@@ -270,8 +239,43 @@ def _table_iv_section(rows, parties, repeats, fast, slow, preset, meta, slots) -
     ]
     title = "Table IV — microbenchmarks at " + ", ".join(str(n) for n in parties) + " parties"
     return Section("table_iv", title,
-                   rows, [("", header, cells), ("Details.", detail_header, detail)],
+                   rows, [("", header, cells),
+                          ("Details.", TABLE_IV_DETAIL_HEADER, [_detail_cells(r) for r in rows])],
                    notes, meta)
+
+
+TABLE_IV_DETAIL_HEADER = ["P", "operation", "median ms", "range ms", "samples",
+                          "one party's share ms", "server ms", "paper ms", "paper / ours",
+                          "cpu/wall", "foreign load", "load 1-min"]
+
+
+def _detail_cells(r: dict[str, Any]) -> list[str]:
+    """One measured operation as the cells of :data:`TABLE_IV_DETAIL_HEADER` (a party's
+    share and the server's part only where the operation has them)."""
+    party = "–" if r["op"] in _PARTY_INDEPENDENT | {"inv"} else fmt_ms(r["party_each_s"])
+    server = fmt_ms(r["server_s"]) if r["op"] not in _PARTY_INDEPENDENT | {"skgen"} else "–"
+    return [str(r["parties"]), r["op"], fmt_ms(r["median_s"]),
+            f"{fmt_ms(r['min_s'])}–{fmt_ms(r['max_s'])}", str(r["samples"]), party, server,
+            fmt_ms(r["paper_s"]), fmt_or_dash(r["speedup"], ".2f"), f"{r['cpu_over_wall']:.2f}",
+            f"{r['foreign_load']:.2f}", f"{r['load_1m']:.2f}"]
+
+
+TABLE_IV_DEFINITIONS = (
+    "Definitions. T_skgen: one party's key generation — OpenFHE makes the secret key "
+    "and its public-key share in one call (`KeyGen` for the lead, "
+    "`MultipartyKeyGen` for the others), so this includes the public-key share. "
+    "T_pkgen: all P key generations plus the server's fold (`MultiAddPubKeys`). "
+    "T_relkgen: both rounds of relinearization-key shares for all P parties plus the "
+    "server's two folds and installing the key. T_encrypt: a full vector "
+    "({slots} slots) under the joint key. T_decrypt: as `ServerCrypto.decrypt` does "
+    "it, on a fresh ciphertext: the server doubles the scale and compresses the "
+    "ciphertext to the share's towers, P parties make decryption shares, the server "
+    "fuses and decodes. T_mul: ct x ct with relinearization, fresh inputs. T_sum: ct + ct. "
+    "T_bootstrap: the interactive bootstrap of a ciphertext at the level budget "
+    "(server adjust + common random element, P shares, server aggregation and "
+    "re-encryption). T_inv: `ckks.inverse` of counts in [1, 2^20] as PPF z-score "
+    "calls it (out_scale 2^20, keep_levels 2), its collective bootstraps included.")
+"""Table IV's definitions of the paper's operations, as measured here."""
 
 
 def wire_sizes(preset: str = "paper", parties: int = 3, command: str = "") -> Section:

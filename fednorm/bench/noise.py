@@ -34,44 +34,10 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
     meta = section_meta(command, started, load_average())
     ctx = col_context(preset)
     keys, joint = ckks.setup_locally(ctx, parties)
-    rows = []
     x = np.random.default_rng(1).uniform(-1, 1, ctx.slots)
-    ct = ctx.encrypt(joint.public_key, x)
-    fresh = ckks.decrypt_locally(ctx, joint, keys, ct, ctx.slots)
-    doubled = ckks.decrypt_locally(ctx, joint, keys, ctx.double_scale(ct), ctx.slots)
-    prepared = ckks.decrypt_locally(ctx, joint, keys, prepare_decryption(ctx, ct), ctx.slots)
-    three = ctx.double_scale(ctx.raw.Compress(ct, 3))  # compress first, then double
-    compress_then_double = ckks.decrypt_locally(ctx, joint, keys, three, ctx.slots)
-    raw = [k._sk for k in keys]  # probe only: uncompressed shares, for comparison
-    full = [ctx.raw.MultipartyDecryptLead([ct], raw[0])[0]] + [
-        ctx.raw.MultipartyDecryptMain([ct], sk)[0] for sk in raw[1:]]
-    uncompressed = ctx.decode(ctx.raw.MultipartyDecryptFusion(full), ctx.slots)
-    for name, got in (("decrypt, scale 2^50, shares compressed", fresh),
-                      ("decrypt, scale 2^50, shares uncompressed", uncompressed),
-                      ("decrypt, doubled scale", doubled),
-                      ("decrypt as ServerCrypto.decrypt (doubled, request compressed)",
-                       prepared),
-                      ("decrypt, request compressed to 3 towers, then scale doubled "
-                       f"({len(ctx.to_bytes(three)) / 1e6:.2f} MB request, vs "
-                       f"{len(ctx.to_bytes(prepare_decryption(ctx, ct))) / 1e6:.2f} MB)",
-                       compress_then_double)):
-        rows.append({"what": name, "max_abs_error": float(np.abs(got - x).max())})
+    rows = _decryption_noise(ctx, joint, keys, x)
     rows += _flooded_sum_noise(ctx, joint, keys, x)
-    counts = np.geomspace(*ckks.COUNT_RANGE, ctx.slots)
-    ct = ctx.encrypt(joint.public_key, counts)
-    hi = ckks.COUNT_RANGE[1]
-    for out_scale in (1.0, hi):
-        refresh = ckks.local_refresh(ctx, joint, keys)
-        out = trio.run(functools.partial(ckks.inverse, ctx, ct, *ckks.COUNT_RANGE, refresh,
-                                         out_scale=out_scale))
-        for e in (5, 10, 15, 20):  # one decryption per band: decoding noise follows the
-            band = (counts <= 2.0**e) & (counts > 2.0**(e - 5))  # largest slot
-            check = ckks.decrypt_locally(
-                ctx, joint, keys, ctx.mul(out, np.where(band, counts / out_scale, 0.0)),
-                ctx.slots)
-            rows.append({"what": f"inverse, out_scale={out_scale:g}, x in (2^{e - 5}, 2^{e}]",
-                         "max_rel_error": float(np.abs(check[band] - 1).max()),
-                         "bootstraps": refresh.calls})
+    rows += _inverse_noise(ctx, joint, keys)
     rows += _quotient_noise(ctx, joint, keys)
     cells = [[r["what"], sci(r.get("max_abs_error", float("nan"))),
               sci(r.get("max_rel_error", float("nan")))] for r in rows]
@@ -97,6 +63,53 @@ def noise_probe(preset: str = "paper", parties: int = 10, command: str = "") -> 
                             ("PPF z-score's two passes on small-valued data.",
                              ["quantity", "mean", "variance"], coarse_cells)],
                            notes, meta), t0)
+
+
+def _decryption_noise(ctx, joint, keys, x: np.ndarray) -> list[dict[str, Any]]:
+    """The error of a collective decryption of ``x`` as fresh, with uncompressed shares,
+    at doubled scale, as ``ServerCrypto.decrypt`` prepares it, and compressed first."""
+    ct = ctx.encrypt(joint.public_key, x)
+    fresh = ckks.decrypt_locally(ctx, joint, keys, ct, ctx.slots)
+    doubled = ckks.decrypt_locally(ctx, joint, keys, ctx.double_scale(ct), ctx.slots)
+    prepared = ckks.decrypt_locally(ctx, joint, keys, prepare_decryption(ctx, ct), ctx.slots)
+    three = ctx.double_scale(ctx.raw.Compress(ct, 3))  # compress first, then double
+    compress_then_double = ckks.decrypt_locally(ctx, joint, keys, three, ctx.slots)
+    raw = [k._sk for k in keys]  # probe only: uncompressed shares, for comparison
+    full = [ctx.raw.MultipartyDecryptLead([ct], raw[0])[0]] + [
+        ctx.raw.MultipartyDecryptMain([ct], sk)[0] for sk in raw[1:]]
+    uncompressed = ctx.decode(ctx.raw.MultipartyDecryptFusion(full), ctx.slots)
+    return [{"what": name, "max_abs_error": float(np.abs(got - x).max())}
+            for name, got in (
+                ("decrypt, scale 2^50, shares compressed", fresh),
+                ("decrypt, scale 2^50, shares uncompressed", uncompressed),
+                ("decrypt, doubled scale", doubled),
+                ("decrypt as ServerCrypto.decrypt (doubled, request compressed)", prepared),
+                ("decrypt, request compressed to 3 towers, then scale doubled "
+                 f"({len(ctx.to_bytes(three)) / 1e6:.2f} MB request, vs "
+                 f"{len(ctx.to_bytes(prepare_decryption(ctx, ct))) / 1e6:.2f} MB)",
+                 compress_then_double))]
+
+
+def _inverse_noise(ctx, joint, keys) -> list[dict[str, Any]]:
+    """The encrypted inverse's relative error per octave band of [1, 2^20], for both
+    output scalings (one decryption per band: decoding noise follows the largest slot)."""
+    counts = np.geomspace(*ckks.COUNT_RANGE, ctx.slots)
+    ct = ctx.encrypt(joint.public_key, counts)
+    hi = ckks.COUNT_RANGE[1]
+    rows = []
+    for out_scale in (1.0, hi):
+        refresh = ckks.local_refresh(ctx, joint, keys)
+        out = trio.run(functools.partial(ckks.inverse, ctx, ct, *ckks.COUNT_RANGE, refresh,
+                                         out_scale=out_scale))
+        for e in (5, 10, 15, 20):
+            band = (counts <= 2.0**e) & (counts > 2.0**(e - 5))
+            check = ckks.decrypt_locally(
+                ctx, joint, keys, ctx.mul(out, np.where(band, counts / out_scale, 0.0)),
+                ctx.slots)
+            rows.append({"what": f"inverse, out_scale={out_scale:g}, x in (2^{e - 5}, 2^{e}]",
+                         "max_rel_error": float(np.abs(check[band] - 1).max()),
+                         "bootstraps": refresh.calls})
+    return rows
 
 
 def _flooded_sum_noise(ctx, joint, keys, x: np.ndarray) -> list[dict[str, Any]]:

@@ -196,98 +196,107 @@ def totals(cases: Sequence[str], repeats: int, parties: int = 10, preset: str = 
     meta = section_meta(command, started, load_average())
     parts, pooled = bcw_split(parties)
     present, missing = present_cases(with_counterparts(cases))
-    runs: dict[str, list[RunRecord]] = {name: [] for name in present}
     failures: list[str] = []
+    runs: dict[str, list[RunRecord]] = {name: [] for name in present}
     for rep in range(repeats):
         for name in present:
             rec = attempt(f"Table V {display_name(name)} run {rep + 1}/{repeats}", failures,
                           functools.partial(run_case, name, parts, pooled, preset))
-            if rec:
-                runs[name].append(rec)
+            runs[name] += [rec] if rec else []
     comparable = preset == "paper" and parties == 10
     measured = {name: median([r.seconds for r in recs]) for name, recs in runs.items() if recs}
-    rows, cells = [], []
-    for name, recs in runs.items():
-        if not recs:
-            continue
-        case = CASES[name]
-        secs = [r.seconds for r in recs]
-        versus = measured.get(case.versus, math.nan) if case.versus else math.nan
-        row = {"method": name, "base_method": case.method, "algorithm": case.algorithm,
-               "name": case.display, "parties": parties, "preset": preset,
-               "median_s": measured[name], "runs_s": secs,
-               "cpu_s": median([r.sample.cpu for r in recs]), "rounds": recs[0].rounds,
-               "bytes_total": recs[0].bytes_total, "bytes_protocol": recs[0].bytes_protocol,
-               "foreign_load": foreign_load([r.sample for r in recs]),
-               "paper_s": case.paper_s,
-               "target_s": case.target_s if comparable else math.nan,
-               "stretch_s": case.stretch_s,
-               "versus": case.versus, "versus_median_s": versus,
-               "x_faster": versus / measured[name],
-               "speedup_target": case.speedup_target if comparable else math.nan,
-               "error_targets": case.error_targets,
-               "limit_s": median([r.extra["limit_s"] for r in recs]),
-               "beyond_limit_core_s": {cost: median([r.extra[f"beyond_{cost}_core_s"]
-                                                     for r in recs]) for cost in BEYOND},
-               **_worst_errors(recs)}
-        row["errors_met"] = _errors_met(row["errors"], row["error_targets"])
-        rows.append(row)
-        cells.append([row["name"], f"`{case.algorithm}`", f"{row['median_s']:.1f}",
-                      ", ".join(f"{s:.1f}" for s in secs), f"{row['cpu_s']:.1f}",
-                      str(row["rounds"]), f"{row['bytes_total'] / 1e6:.0f}",
-                      f"{row['limit_s']:.1f}", f"{row['median_s'] / row['limit_s']:.1f}",
-                      _beyond_text(row["beyond_limit_core_s"]),
-                      fmt_or_dash(row["paper_s"], ".0f"), fmt_or_dash(row["target_s"], ".1f"),
-                      met(row["median_s"], row["target_s"]), _speedup_text(row),
-                      _ratio(row["paper_s"], row["median_s"]) if comparable else "–",
-                      f"{row['foreign_load']:.2f}",
-                      errors_text(row["errors"], row["abs_errors"]),
-                      _errors_met_text(row["errors_met"], row["error_targets"])])
-    notes = [
-        f"BCW ({pooled.shape[0]} rows, {pooled.shape[1]} features) split IID over {parties} "
-        f"parties (seed 0), preset `{preset}`, {repeats} run(s) per case, the cases "
-        "alternating run by run. Each run is one federation in this process: collective key "
-        "generation, every party and the server, through the real codec. The paper's "
-        "figures count ciphertext computation only (no key generation, communication or "
-        "serialization). Cases (fednorm/bench/cases.py): algorithm `default` decrypts only "
-        "flooded sums and exact bits (no V_abs, no bootstraps; its z-score reveals the "
-        "pooled count); `paper` is `--algorithm paper`: the paper's Algorithms 1, 3–5 and "
-        "the encrypted Yeo-Johnson search, with V_abs = max |x| of each feature rounded up "
-        "to a power of two, each party recomputing the server's steps to check its "
-        "requests; `paper, parties on trust` is the same without those checks "
-        "(`fednorm simulate --no-replay`, every role in one process), so its × faster "
-        "than its replayed counterpart is their cost; `flooding off` is a default "
-        "protocol whose parties leave the flooding noise out of their shares "
-        "(`FitOptions(flood=False)`; the same wire), and `paper, flooding off and parties "
-        "on trust` the paper's with both off: beside the protected case, what the "
-        "protections against a deviating server cost in time (bytes stay the same). "
-        f"Robust at ε = {TABLE_V_ROBUST_EPSILON:g} (absolute, as the "
-        "paper) or exact (ε None: the float order searched to one float). × faster than "
-        "`--algorithm paper`: the median of the case's paper counterpart (named in the "
-        "cell) over its own median, both measured in this run, against the target ratio. "
-        "Errors: max over features of |PPF − numpy| / |numpy| on the pooled rows (numpy; "
-        "scikit-learn for Yeo-Johnson's λ, and `llf`: scipy's Yeo-Johnson log-likelihood "
-        "at our λ against it at scikit-learn's), worst run, and the max absolute error; "
-        "error target: the bound per statistic (0: equal to numpy's). Paper figures, "
-        "targets and × paper apply at the paper preset and P=10 only. Limit: the "
-        "run's crypto calls (every role's key and decryption shares, encryptions, the "
-        "server's aggregations, homomorphic operations and bootstrap steps; no "
-        f"serialization, transport or waiting), summed and spread over {worker_threads()} "
-        "cores (the simulation's worker threads), median over the runs; total / limit is "
-        "how far the wall time is from it. Beyond the limit, median over the runs: "
-        "serialization (every role's encoding and parsing of frames in worker threads, "
-        "OpenFHE's included, timed as the calls ran; frames under 64 KiB are parsed inline "
-        "and not timed) and idle cores (worker threads × wall time minus the "
-        "process's CPU time: cores waiting on the one role whose turn it is), in "
-        "core-seconds; the larger, in bold, is the cost that stands between the wall time "
-        "and the limit.",
-    ]
-    notes += missing
-    notes += failures
+    rows = [_totals_row(name, recs, measured, parties, preset, comparable)
+            for name, recs in runs.items() if recs]
+    notes = [TOTALS_NOTE.format(rows=pooled.shape[0], features=pooled.shape[1],
+                                parties=parties, preset=preset, repeats=repeats,
+                                epsilon=TABLE_V_ROBUST_EPSILON, cores=worker_threads()),
+             *missing, *failures]
     header = [TOTALS_HEADER[0].format(parties=parties), *TOTALS_HEADER[1:]]
+    cells = [_totals_cells(row, comparable) for row in rows]
     section = Section("totals", f"Table V — PPF protocols, total runtime, {parties} parties",
                       rows, [("", header, cells)], notes, meta)
     return finish(section, t0), [r for recs in runs.values() for r in recs]
+
+
+def _totals_row(name: str, recs: list[RunRecord], measured: dict[str, float], parties: int,
+                preset: str, comparable: bool) -> dict[str, Any]:
+    """One case's row of Table V: medians over its runs, its counterpart's median beside
+    it, the paper's figure and the targets (``comparable``: paper preset, P = 10)."""
+    case = CASES[name]
+    versus = measured.get(case.versus, math.nan) if case.versus else math.nan
+    row = {"method": name, "base_method": case.method, "algorithm": case.algorithm,
+           "name": case.display, "parties": parties, "preset": preset,
+           "median_s": measured[name], "runs_s": [r.seconds for r in recs],
+           "cpu_s": median([r.sample.cpu for r in recs]), "rounds": recs[0].rounds,
+           "bytes_total": recs[0].bytes_total, "bytes_protocol": recs[0].bytes_protocol,
+           "foreign_load": foreign_load([r.sample for r in recs]),
+           "paper_s": case.paper_s, "target_s": case.target_s if comparable else math.nan,
+           "stretch_s": case.stretch_s, "versus": case.versus, "versus_median_s": versus,
+           "x_faster": versus / measured[name],
+           "speedup_target": case.speedup_target if comparable else math.nan,
+           "error_targets": case.error_targets,
+           "limit_s": median([r.extra["limit_s"] for r in recs]),
+           "beyond_limit_core_s": {cost: median([r.extra[f"beyond_{cost}_core_s"]
+                                                 for r in recs]) for cost in BEYOND},
+           **_worst_errors(recs)}
+    row["errors_met"] = _errors_met(row["errors"], row["error_targets"])
+    return row
+
+
+def _totals_cells(row: dict[str, Any], comparable: bool) -> list[str]:
+    """The row as the cells of :data:`TOTALS_HEADER`."""
+    return [row["name"], f"`{row['algorithm']}`", f"{row['median_s']:.1f}",
+            ", ".join(f"{s:.1f}" for s in row["runs_s"]), f"{row['cpu_s']:.1f}",
+            str(row["rounds"]), f"{row['bytes_total'] / 1e6:.0f}",
+            f"{row['limit_s']:.1f}", f"{row['median_s'] / row['limit_s']:.1f}",
+            _beyond_text(row["beyond_limit_core_s"]),
+            fmt_or_dash(row["paper_s"], ".0f"), fmt_or_dash(row["target_s"], ".1f"),
+            met(row["median_s"], row["target_s"]), _speedup_text(row),
+            _ratio(row["paper_s"], row["median_s"]) if comparable else "–",
+            f"{row['foreign_load']:.2f}",
+            errors_text(row["errors"], row["abs_errors"]),
+            _errors_met_text(row["errors_met"], row["error_targets"])]
+
+
+TOTALS_NOTE = (
+    "BCW ({rows} rows, {features} features) split IID over {parties} "
+    "parties (seed 0), preset `{preset}`, {repeats} run(s) per case, the cases "
+    "alternating run by run. Each run is one federation in this process: collective key "
+    "generation, every party and the server, through the real codec. The paper's "
+    "figures count ciphertext computation only (no key generation, communication or "
+    "serialization). Cases (fednorm/bench/cases.py): algorithm `default` decrypts only "
+    "flooded sums and exact bits (no V_abs, no bootstraps; its z-score reveals the "
+    "pooled count); `paper` is `--algorithm paper`: the paper's Algorithms 1, 3–5 and "
+    "the encrypted Yeo-Johnson search, with V_abs = max |x| of each feature rounded up "
+    "to a power of two, each party recomputing the server's steps to check its "
+    "requests; `paper, parties on trust` is the same without those checks "
+    "(`fednorm simulate --no-replay`, every role in one process), so its × faster "
+    "than its replayed counterpart is their cost; `flooding off` is a default "
+    "protocol whose parties leave the flooding noise out of their shares "
+    "(`FitOptions(flood=False)`; the same wire), and `paper, flooding off and parties "
+    "on trust` the paper's with both off: beside the protected case, what the "
+    "protections against a deviating server cost in time (bytes stay the same). "
+    "Robust at ε = {epsilon:g} (absolute, as the "
+    "paper) or exact (ε None: the float order searched to one float). × faster than "
+    "`--algorithm paper`: the median of the case's paper counterpart (named in the "
+    "cell) over its own median, both measured in this run, against the target ratio. "
+    "Errors: max over features of |PPF − numpy| / |numpy| on the pooled rows (numpy; "
+    "scikit-learn for Yeo-Johnson's λ, and `llf`: scipy's Yeo-Johnson log-likelihood "
+    "at our λ against it at scikit-learn's), worst run, and the max absolute error; "
+    "error target: the bound per statistic (0: equal to numpy's). Paper figures, "
+    "targets and × paper apply at the paper preset and P=10 only. Limit: the "
+    "run's crypto calls (every role's key and decryption shares, encryptions, the "
+    "server's aggregations, homomorphic operations and bootstrap steps; no "
+    "serialization, transport or waiting), summed and spread over {cores} "
+    "cores (the simulation's worker threads), median over the runs; total / limit is "
+    "how far the wall time is from it. Beyond the limit, median over the runs: "
+    "serialization (every role's encoding and parsing of frames in worker threads, "
+    "OpenFHE's included, timed as the calls ran; frames under 64 KiB are parsed inline "
+    "and not timed) and idle cores (worker threads × wall time minus the "
+    "process's CPU time: cores waiting on the one role whose turn it is), in "
+    "core-seconds; the larger, in bold, is the cost that stands between the wall time "
+    "and the limit.")
+"""Table V's note (``str.format`` fields: the data, the run and the limit's cores)."""
 
 
 def _speedup_text(row: dict[str, Any]) -> str:
@@ -356,32 +365,30 @@ def scaling(cases: Sequence[str], parties: Sequence[int], preset: str = "paper",
                               failures,
                               functools.partial(run_case, name, parts, pooled, preset))
                 records += [rec] if rec else []
-    rows, cells = [], []
-    for method in present:
-        for n in parties:
-            recs = [r for r in records if r.method == method and r.parties == n]
-            if not recs:
-                continue
-            row = {"method": method, "parties": n, "preset": preset,
-                   "median_s": median([r.seconds for r in recs]),
-                   "runs_s": [r.seconds for r in recs], "rounds": recs[0].rounds,
-                   "bytes_total": recs[0].bytes_total,
-                   "bytes_protocol": recs[0].bytes_protocol,
-                   "foreign_load": foreign_load([r.sample for r in recs]),
-                   **recs[0].role_bytes(), **_worst_errors(recs)}
-            rows.append(row)
-            cells.append([display_name(method), str(n), f"{row['median_s']:.1f}",
-                          f"{row['median_s'] / n:.2f}", str(row["rounds"]),
-                          f"{row['bytes_total'] / 1e6:.0f}",
-                          f"{row['bytes_protocol'] / 1e6:.0f}",
-                          f"{row['foreign_load']:.2f}",
-                          errors_text(row["errors"], row["abs_errors"])])
+    rows = [_scaling_row(method, n, preset, recs) for method in present for n in parties
+            if (recs := [r for r in records if r.method == method and r.parties == n])]
     notes = [f"BCW split IID over P parties (seed 0), preset `{preset}`, {repeats} run(s) "
              "per point; key generation included. 'MB after key setup' leaves out the "
              "collective key generation's messages, as the paper's formulas do. Cases as in "
              "Table V (fednorm/bench/cases.py).", *missing, *failures]
     header = ["protocol", "P", "median s", "s per party", "rounds", "MB on the wire",
               "MB after key setup", "foreign load", "max error: relative (absolute)"]
+    cells = [[display_name(row["method"]), str(row["parties"]), f"{row['median_s']:.1f}",
+              f"{row['median_s'] / row['parties']:.2f}", str(row["rounds"]),
+              f"{row['bytes_total'] / 1e6:.0f}", f"{row['bytes_protocol'] / 1e6:.0f}",
+              f"{row['foreign_load']:.2f}", errors_text(row["errors"], row["abs_errors"])]
+             for row in rows]
     section = Section("scaling", "Totals vs the number of parties", rows,
                       [("", header, cells)], notes, meta)
     return finish(section, t0), records
+
+
+def _scaling_row(method: str, parties: int, preset: str, recs: list[RunRecord]
+                 ) -> dict[str, Any]:
+    """One (case, P) point: medians over its runs, bytes by role, worst errors."""
+    return {"method": method, "parties": parties, "preset": preset,
+            "median_s": median([r.seconds for r in recs]),
+            "runs_s": [r.seconds for r in recs], "rounds": recs[0].rounds,
+            "bytes_total": recs[0].bytes_total, "bytes_protocol": recs[0].bytes_protocol,
+            "foreign_load": foreign_load([r.sample for r in recs]),
+            **recs[0].role_bytes(), **_worst_errors(recs)}

@@ -61,11 +61,11 @@ MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "max_count": {"algorithm": "paper", "max_count": 2**12}}
 MODE_TARGET_S = {mode: TARGET_TABLE_V_S["zscore" if mode == "flooded" else "zscore_paper"]
                  for mode in MODES}
-"""Issue 2/6's target for the default algorithm; issue 2/7's (10x faster than the paper)
-for the paper's."""
+"""The default algorithm's time target; the paper algorithm's (10x faster than the
+paper's figure) for the paper's."""
 MODE_TARGET_REL_ERROR = {mode: TARGET_ERRORS["zscore"]["mean"] if mode == "flooded"
                          else TARGET_REL_ERROR for mode in MODES}
-"""Issue 2/6's bound for the default algorithm; issue 2/7's for the paper's."""
+"""The default algorithm's error bound; :data:`~.paper.TARGET_REL_ERROR` for the paper's."""
 
 
 def rel_errors(result: SimulationResult, pooled: np.ndarray) -> tuple[float, float]:
@@ -99,59 +99,13 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for rep in range(repeats):
         for reveal in modes:
-            load_1m = os.getloadavg()[0]
-            timeline = Timeline()
-            result, sample = run_ppf_zscore(parts, preset, reveal, timeline)
-            err_mean, err_var = rel_errors(result, pooled)
-            by_kind: dict[str, int] = defaultdict(int)
-            for stats in result.report.traffic.values():
-                for kind, size in stats.by_kind.items():
-                    by_kind[kind] += size
-            runs[reveal].append({
-                "seconds": sample.wall, "sample": sample, "load_1m": load_1m,
-                "rounds": result.report.rounds, "bytes": result.report.bytes_total,
-                "by_kind": dict(by_kind), "timeline": timeline,
-                "err_mean": err_mean, "err_var": err_var})
+            runs[reveal].append(_table_v_run(parts, pooled, preset, reveal))
             step(f"Table V z-score {MODES[reveal]}, run {rep + 1}/{repeats}, "
-                 f"{result.report.bytes_total / 1e6:.0f} MB", sample.wall)
-    rows, cells = [], []
-    for reveal, items in runs.items():
-        secs = [r["seconds"] for r in items]
-        row = {
-            "mode": MODES[reveal], "parties": parties, "preset": preset,
-            "median_s": median(secs), "min_s": min(secs), "max_s": max(secs),
-            "runs_s": secs, "rounds": items[0]["rounds"],
-            "cpu_s": median([r["sample"].cpu for r in items]),
-            "without_setup_s": median([r["seconds"] - r["timeline"].phases.get("setup", 0.0)
-                                       for r in items]),
-            "bytes": int(median([r["bytes"] for r in items])),
-            "foreign_load": foreign_load([r["sample"] for r in items]),
-            "load_1m": [r["load_1m"] for r in items],
-            "cpu_over_wall": sum(r["sample"].cpu for r in items) / sum(secs),
-            "err_mean": max(r["err_mean"] for r in items),
-            "err_var": max(r["err_var"] for r in items),
-            "paper_s": PAPER_TABLE_V_ZSCORE_S, "target_s": MODE_TARGET_S[reveal],
-            "phases": _phase_medians(items), "calls": _call_medians(items),
-            "phase_counts": dict(items[0]["timeline"].phase_counts),
-            "bytes_by_kind": items[0]["by_kind"],
-        }
-        rows.append(row)
-        cells.append([
-            row["mode"], f"{row['median_s']:.1f}",
-            f"{row['min_s']:.1f}–{row['max_s']:.1f}", f"{row['without_setup_s']:.1f}",
-            f"{row['cpu_s']:.1f}", str(row["rounds"]),
-            f"{row['bytes'] / 1e6:.0f}", f"{PAPER_TABLE_V_ZSCORE_S:.0f}",
-            f"{row['target_s']:.1f}", "yes" if row["median_s"] <= row["target_s"] else "**no**",
-            f"{PAPER_TABLE_V_ZSCORE_S / row['median_s']:.1f}x",
-            ", ".join(f"{r['seconds']:.1f} ({foreign_load([r['sample']]):.2f})"
-                      for r in items),
-            ", ".join(f"{x:.1f}" for x in row["load_1m"]), f"{row['foreign_load']:.2f}"])
-    tables = [("", ["PPF z-score, P=" + str(parties), "median s", "range s",
-                    "median s without key setup", "CPU s (process)", "rounds",
-                    "MB on the wire", "paper s (Table V)", "target s", "meets target",
-                    "vs paper", "runs: s (foreign cores)", "load 1-min per run",
-                    "foreign load (cores)"], cells)]
-    tables += [_phase_table(rows), _call_table(rows), _bytes_table(rows)]
+                 f"{runs[reveal][-1]['bytes'] / 1e6:.0f} MB", runs[reveal][-1]["seconds"])
+    rows = [_table_v_row(reveal, items, parties, preset) for reveal, items in runs.items()]
+    cells = [_table_v_cells(row, items) for row, items in zip(rows, runs.values(), strict=True)]
+    tables = [("", [TABLE_V_HEADER[0] + str(parties), *TABLE_V_HEADER[1:]], cells),
+              _phase_table(rows), _call_table(rows), _bytes_table(rows)]
     notes = [
         f"BCW ({pooled.shape[0]} rows, {pooled.shape[1]} features) split IID over {parties} "
         f"parties (seed 0), preset `{preset}`, {repeats} runs per mode, the modes "
@@ -167,6 +121,67 @@ def table_v(repeats: int = 3, parties: int = 10, preset: str = "paper", command:
     ]
     title = f"Table V — PPF z-score modes and time breakdown, {parties} parties"
     return finish(Section("table_v", title, rows, tables, notes, meta), t0)
+
+
+TABLE_V_HEADER = ("PPF z-score, P=", "median s", "range s", "median s without key setup",
+                  "CPU s (process)", "rounds", "MB on the wire", "paper s (Table V)",
+                  "target s", "meets target", "vs paper", "runs: s (foreign cores)",
+                  "load 1-min per run", "foreign load (cores)")
+
+
+def _table_v_run(parts: list[np.ndarray], pooled: np.ndarray, preset: str, reveal: str
+                 ) -> dict[str, Any]:
+    """One measured z-score run of mode ``reveal``: its time, load, bytes by message kind,
+    phases (``timeline``) and errors against numpy."""
+    load_1m = os.getloadavg()[0]
+    timeline = Timeline()
+    result, sample = run_ppf_zscore(parts, preset, reveal, timeline)
+    err_mean, err_var = rel_errors(result, pooled)
+    by_kind: dict[str, int] = defaultdict(int)
+    for stats in result.report.traffic.values():
+        for kind, size in stats.by_kind.items():
+            by_kind[kind] += size
+    return {"seconds": sample.wall, "sample": sample, "load_1m": load_1m,
+            "rounds": result.report.rounds, "bytes": result.report.bytes_total,
+            "by_kind": dict(by_kind), "timeline": timeline,
+            "err_mean": err_mean, "err_var": err_var}
+
+
+def _table_v_row(reveal: str, items: list[dict[str, Any]], parties: int, preset: str
+                 ) -> dict[str, Any]:
+    """One mode's row: medians over its runs, its worst errors, the paper's figure."""
+    secs = [r["seconds"] for r in items]
+    return {
+        "mode": MODES[reveal], "parties": parties, "preset": preset,
+        "median_s": median(secs), "min_s": min(secs), "max_s": max(secs),
+        "runs_s": secs, "rounds": items[0]["rounds"],
+        "cpu_s": median([r["sample"].cpu for r in items]),
+        "without_setup_s": median([r["seconds"] - r["timeline"].phases.get("setup", 0.0)
+                                   for r in items]),
+        "bytes": int(median([r["bytes"] for r in items])),
+        "foreign_load": foreign_load([r["sample"] for r in items]),
+        "load_1m": [r["load_1m"] for r in items],
+        "cpu_over_wall": sum(r["sample"].cpu for r in items) / sum(secs),
+        "err_mean": max(r["err_mean"] for r in items),
+        "err_var": max(r["err_var"] for r in items),
+        "paper_s": PAPER_TABLE_V_ZSCORE_S, "target_s": MODE_TARGET_S[reveal],
+        "phases": _phase_medians(items), "calls": _call_medians(items),
+        "phase_counts": dict(items[0]["timeline"].phase_counts),
+        "bytes_by_kind": items[0]["by_kind"],
+    }
+
+
+def _table_v_cells(row: dict[str, Any], items: list[dict[str, Any]]) -> list[str]:
+    """The row as the cells of :data:`TABLE_V_HEADER` (each run with its foreign load)."""
+    return [row["mode"], f"{row['median_s']:.1f}",
+            f"{row['min_s']:.1f}–{row['max_s']:.1f}", f"{row['without_setup_s']:.1f}",
+            f"{row['cpu_s']:.1f}", str(row["rounds"]),
+            f"{row['bytes'] / 1e6:.0f}", f"{PAPER_TABLE_V_ZSCORE_S:.0f}",
+            f"{row['target_s']:.1f}", "yes" if row["median_s"] <= row["target_s"] else "**no**",
+            f"{PAPER_TABLE_V_ZSCORE_S / row['median_s']:.1f}x",
+            ", ".join(f"{r['seconds']:.1f} ({foreign_load([r['sample']]):.2f})"
+                      for r in items),
+            ", ".join(f"{x:.1f}" for x in row["load_1m"]), f"{row['foreign_load']:.2f}"]
 
 
 PHASE_LABELS = {

@@ -172,6 +172,13 @@ def _mebibytes(text: str) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """The multi-host commands: ``certs init``, ``serve`` and ``party``."""
+    _add_certs_parser(subparsers)
+    _add_serve_parser(subparsers)
+    _add_party_parser(subparsers)
+
+
+def _add_certs_parser(subparsers: argparse._SubParsersAction) -> None:
     certs = subparsers.add_parser("certs", help="certificates for multi-host runs")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True)
     init = certs_commands.add_parser("init", help="a CA, a server and N party certificates")
@@ -183,6 +190,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--force", action="store_true", help="replace an existing CA")
     init.set_defaults(handler=certs_init_command)
 
+
+def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the server of a multi-host federation")
     serve.add_argument("--bind", required=True, metavar="HOST:PORT")
     serve.add_argument("--parties", type=int, required=True)
@@ -212,6 +221,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_link_options(serve)
     serve.set_defaults(handler=serve_command)
 
+
+def _add_party_parser(subparsers: argparse._SubParsersAction) -> None:
     party = subparsers.add_parser("party", help="run one party of a multi-host federation")
     party.add_argument("--connect", required=True, metavar="HOST:PORT")
     party.add_argument("--id", type=int, required=True, help="this party's id, 1..N")

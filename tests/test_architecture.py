@@ -79,6 +79,37 @@ def test_modules_stay_short(item: tuple[str, Path]) -> None:
     assert lines <= MAX_LINES, f"{lines} lines: split the module"
 
 
+MAX_FUNCTION_LINES = 40
+
+
+def long_functions(source: str) -> list[str]:
+    """Functions whose body, docstring left out, runs past MAX_FUNCTION_LINES lines."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            documented = (len(body) > 1 and isinstance(body[0], ast.Expr)
+                          and isinstance(body[0].value, ast.Constant))
+            first = body[1] if documented else body[0]
+            if node.end_lineno - first.lineno + 1 > MAX_FUNCTION_LINES:
+                found.append(f"{node.name} (line {node.lineno})")
+    return found
+
+
+@pytest.mark.parametrize("item", MODULES, ids=_id)
+def test_functions_stay_short(item: tuple[str, Path]) -> None:
+    """A function reads as one step of its module: past MAX_FUNCTION_LINES, name its
+    parts."""
+    assert long_functions(item[1].read_text()) == []
+
+
+def test_the_function_length_check_can_fail() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
+    assert long_functions(f'def f():\n    """Doc."""\n{body}\n') == ["f (line 1)"]
+    assert long_functions(f"def f():\n{body}\n".replace(f"    x{MAX_FUNCTION_LINES} = "
+                                                        f"{MAX_FUNCTION_LINES}\n", "")) == []
+
+
 def _patches(path: Path) -> list[int]:
     """Lines that replace an attribute of an imported module or class at run time."""
     tree = ast.parse(path.read_text())

@@ -225,20 +225,16 @@ def _totals_row(name: str, recs: list[RunRecord], measured: dict[str, float], pa
     case = CASES[name]
     versus = measured.get(case.versus, math.nan) if case.versus else math.nan
     row = {"method": name, "base_method": case.method, "algorithm": case.algorithm,
-           "name": case.display, "parties": parties, "preset": preset,
-           "median_s": measured[name], "runs_s": [r.seconds for r in recs],
-           "cpu_s": median([r.sample.cpu for r in recs]), "rounds": recs[0].rounds,
-           "bytes_total": recs[0].bytes_total, "bytes_protocol": recs[0].bytes_protocol,
-           "foreign_load": foreign_load([r.sample for r in recs]),
-           "paper_s": case.paper_s, "target_s": case.target_s if comparable else math.nan,
+           "name": case.display, "parties": parties, "preset": preset, **_summary(recs),
+           "cpu_s": median([r.sample.cpu for r in recs]), "paper_s": case.paper_s,
+           "target_s": case.target_s if comparable else math.nan,
            "stretch_s": case.stretch_s, "versus": case.versus, "versus_median_s": versus,
            "x_faster": versus / measured[name],
            "speedup_target": case.speedup_target if comparable else math.nan,
            "error_targets": case.error_targets,
            "limit_s": median([r.extra["limit_s"] for r in recs]),
            "beyond_limit_core_s": {cost: median([r.extra[f"beyond_{cost}_core_s"]
-                                                 for r in recs]) for cost in BEYOND},
-           **_worst_errors(recs)}
+                                                 for r in recs]) for cost in BEYOND}}
     row["errors_met"] = _errors_met(row["errors"], row["error_targets"])
     return row
 
@@ -386,9 +382,14 @@ def scaling(cases: Sequence[str], parties: Sequence[int], preset: str = "paper",
 def _scaling_row(method: str, parties: int, preset: str, recs: list[RunRecord]
                  ) -> dict[str, Any]:
     """One (case, P) point: medians over its runs, bytes by role, worst errors."""
-    return {"method": method, "parties": parties, "preset": preset,
-            "median_s": median([r.seconds for r in recs]),
+    return {"method": method, "parties": parties, "preset": preset, **_summary(recs),
+            **recs[0].role_bytes()}
+
+
+def _summary(recs: list[RunRecord]) -> dict[str, Any]:
+    """What every row over a case's runs holds: the median and each run's seconds, the
+    rounds and bytes (the same in every run), the foreign load, the worst errors."""
+    return {"median_s": median([r.seconds for r in recs]),
             "runs_s": [r.seconds for r in recs], "rounds": recs[0].rounds,
             "bytes_total": recs[0].bytes_total, "bytes_protocol": recs[0].bytes_protocol,
-            "foreign_load": foreign_load([r.sample for r in recs]),
-            **recs[0].role_bytes(), **_worst_errors(recs)}
+            "foreign_load": foreign_load([r.sample for r in recs]), **_worst_errors(recs)}

@@ -11,7 +11,6 @@ stated precision.  ``test`` preset; one paper-preset check of the NTT convention
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import reduce
 
 import numpy as np
@@ -127,17 +126,6 @@ def test_flooding_is_refused_below_twenty_bits_and_on_other_ciphertexts(
         SumDecryption(fed.ctx).generate_share(fed.parties[0], fed.sum_of_uploads(np.ones(4)))
     with pytest.raises(ProtocolError, match="one-element"):
         flood_share(fed.ctx, fresh, flooding)
-
-
-def test_a_party_serves_at_most_tau_flooded_decryptions() -> None:
-    """τ sizes the flooding, so a party refuses the decryption past it: the default PPF
-    z-score decrypts three sums, and keys declared for two stop at the third."""
-    parts = [np.arange(6.0).reshape(3, 2) + k for k in range(P)]
-    options = FitOptions(preset="test")
-    fitted = simulate(parts, "zscore", "mhe", options).normalizer
-    np.testing.assert_allclose(fitted.mean, np.vstack(parts).mean(axis=0), rtol=1e-12)
-    with pytest.raises(ProtocolError, match="more than the 2 flooded decryptions"):
-        simulate(parts, "zscore", "mhe", replace(options, flooding_decryptions=2))
 
 
 def test_flooding_off_leaves_a_share_as_openfhe_made_it(fed: CkksFederation) -> None:

@@ -301,6 +301,12 @@ SCHEMA_CASES = {
                                       "and the cause"),
     "unusable data, first": ([], "not numeric", True,
                              "party 3 refused its input: its data cannot be used"),
+    # Keys declared for fewer flooded decryptions than the session makes: refused before
+    # any key (each party checks on its own columns, the server once it knows them).
+    "too few decryptions": (["--privacy", "mhe", "--flooding-decryptions", "2"], "fits",
+                            False, "this session makes up to 3 flooded decryptions on 3 "
+                            "features (zscore-mhe 3), more than the τ = 2 its keys are "
+                            "declared for"),
     # Party 3 was not started with --allow-paper-algorithms: it withdraws before any key.
     "paper algorithms not allowed": (["--privacy", "mhe", "--algorithm", "paper"],
                                      "distrustful", False,

@@ -41,6 +41,7 @@ from fednorm.flower.localpipe import params_digest, pick_normalizer
 from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import options_to_wire
 from fednorm.protocols.columns import check_feature_names
+from fednorm.protocols.decryptions import require_decryptions_within
 from fednorm.protocols.methods import parse_methods
 from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
@@ -293,6 +294,7 @@ def normalize(
         raise InputError(f"the timeout must be positive, got {timeout}")
     if features is not None:
         check_feature_names(features, "features")
+        require_decryptions_within(plan.protocols, options, len(features))
     lines = {party: PartyLine(party, node) for party, node in enumerate(node_ids, start=1)}
     session = secrets.token_hex(8)
     start = Start(plan.methods, privacy, wire_options, len(lines),

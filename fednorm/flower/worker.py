@@ -34,7 +34,6 @@ from fednorm.engine.errors import (
     InputError,
     PartyDropped,
     ProtocolError,
-    SessionRefused,
 )
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
@@ -47,6 +46,8 @@ from fednorm.flower.localpipe import (
 )
 from fednorm.protocols import Normalizer
 from fednorm.protocols.base import check_party_data, options_from_wire, refuse_unflooded
+from fednorm.protocols.columns import refuse_other_width
+from fednorm.protocols.decryptions import refuse_decryptions_beyond
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -278,10 +279,8 @@ class PartyWorker:
         contexts = StepContexts(setup.party, {SERVER: self._turns.link}, setup.session,
                                 setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
-        if setup.features is not None and len(setup.features) != X.shape[1]:
-            raise SessionRefused(f"{role_name(setup.party)} refused the session: its data has "
-                                 f"{X.shape[1]} columns, the ServerApp names "
-                                 f"{len(setup.features)} ({', '.join(setup.features)})")
+        refuse_other_width(setup.party, setup.features, X.shape[1])
+        refuse_decryptions_beyond(setup.party, plan.protocols, options, X.shape[1])
         check_session_inputs(setup.party, X, plan.protocols, options, setup.features)
         return await play_session(contexts, plan, options, X, setup.features)
 

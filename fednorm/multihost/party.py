@@ -41,6 +41,7 @@ from fednorm.protocols.base import (
     options_from_wire,
     refuse_unflooded,
 )
+from fednorm.protocols.decryptions import refuse_decryptions_beyond
 from fednorm.session import (
     SessionPlan,
     StepContexts,
@@ -111,6 +112,7 @@ class Party:
             plan, options = _agreed_plan(welcome)
             try:
                 refuse_unflooded(config.party, plan.protocols, options, config.allow_unflooded)
+                refuse_decryptions_beyond(config.party, plan.protocols, options, X.shape[1])
             except SessionRefused as exc:
                 await _withdraw(link, str(exc), exc)
             await _check_or_withdraw(link, welcome.session, config.party, X, features,

@@ -34,6 +34,7 @@ from fednorm.multihost.lobby import Lobby, SchemaMismatch
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol, options_to_wire
 from fednorm.protocols.columns import check_feature_names
+from fednorm.protocols.decryptions import require_decryptions_within
 from fednorm.session import (
     ProtocolLookup,
     SessionPlan,
@@ -257,6 +258,9 @@ class Server:
         check_options_used(self.plan.protocols, self.config.options)
         for protocol in self.plan.protocols:
             check_server_options(protocol, self.config.options, features)
+        if features is not None:
+            require_decryptions_within(self.plan.protocols, self.config.options,
+                                       len(features))
 
     async def _run_session(self, lobby: Lobby) -> list[Normalizer]:
         contexts = StepContexts(SERVER, lobby.links, lobby.session,

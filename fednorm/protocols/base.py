@@ -175,6 +175,8 @@ def no_keys(options: FitOptions) -> dict[str, object]:
 
 
 Unflooded = Callable[[FitOptions], bool]
+FloodedDecryptions = Callable[[FitOptions, int], int]
+"""(options, features) -> the most flooded decryptions a run makes, as its parties allow."""
 
 
 def every_decryption_flooded(options: FitOptions) -> bool:
@@ -195,13 +197,16 @@ class Kind:
     whether, with given options, its parties help with decryptions they do not flood
     (``unflooded``: each is checked against the party's own run of the server's step, but
     the server sees the ciphertext's own noise, so a multi-host party joins such a
-    session only if its operator allows it)."""
+    session only if its operator allows it), and ``flooded_decryptions``, the most
+    flooded decryptions it makes on a number of features, where public numbers fix it
+    (each spends one of the keys' τ: :mod:`fednorm.protocols.decryptions`)."""
 
     server: ServerRole
     party: PartyRole
     key_needs: KeyNeeds = no_keys
     needs_vabs: bool = False
     unflooded: Unflooded = every_decryption_flooded
+    flooded_decryptions: FloodedDecryptions | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from fednorm.engine.errors import InputError
+from fednorm.engine.errors import InputError, SessionRefused
+from fednorm.engine.runtime import role_name
 
 
 def is_table(data: object) -> bool:
@@ -69,3 +70,12 @@ def check_feature_names(features: Sequence[str], option: str = "--features") -> 
     duplicates = sorted({name for name in features if list(features).count(name) > 1})
     if duplicates:
         raise InputError(f"{option} names {', '.join(duplicates)} more than once")
+
+
+def refuse_other_width(party: int, features: Sequence[str] | None, width: int) -> None:
+    """:class:`SessionRefused` if ``party``'s data has another number of columns than
+    the server names (``features``; None: the server names none)."""
+    if features is not None and len(features) != width:
+        raise SessionRefused(f"{role_name(party)} refused the session: its data has {width} "
+                             f"columns, the ServerApp names {len(features)} "
+                             f"({', '.join(features)})")

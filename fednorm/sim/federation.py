@@ -28,6 +28,7 @@ from fednorm.engine.signing import Keyring, trusted_setup
 from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
+from fednorm.protocols.decryptions import require_decryptions_within
 from fednorm.protocols.methods import check_methods
 from fednorm.session import (
     SessionPlan,
@@ -131,6 +132,7 @@ async def play_federation(
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
     check_party_inputs(arrays, plan.protocols, options, features)
+    require_decryptions_within(plan.protocols, options, arrays[0].shape[1])
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     limiter = trio.CapacityLimiter(worker_threads())

@@ -20,18 +20,22 @@ from fednorm.protocols.ppf import (
 )
 
 register("zscore", "mhe",
-         Kind(moments.server, moments.party, moments.setup_arguments),
+         Kind(moments.server, moments.party, moments.setup_arguments,
+              flooded_decryptions=moments.flooded_decryptions),
          Kind(zscore.server, zscore.party, zscore.setup_arguments,
               unflooded=zscore.unflooded_decryptions))
 register("minmax", "mhe",
-         Kind(extremes.server, extremes.party, extremes.setup_arguments),
+         Kind(extremes.server, extremes.party, extremes.setup_arguments,
+              flooded_decryptions=extremes.flooded_decryptions),
          Kind(minmax.server, minmax.party, minmax_layout.setup_arguments, needs_vabs=True,
               unflooded=some_decryptions_unflooded))
 register("robust", "mhe",
-         Kind(robust.server, robust.party, robust.setup_arguments),
+         Kind(robust.server, robust.party, robust.setup_arguments,
+              flooded_decryptions=robust.flooded_decryptions),
          Kind(robust.paper_server, robust.paper_party, minmax_layout.setup_arguments,
               needs_vabs=True, unflooded=some_decryptions_unflooded))
 register("yeojohnson", "mhe",
-         Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments),
+         Kind(yeojohnson_sums.server, yeojohnson_sums.party, yeojohnson_sums.setup_arguments,
+              flooded_decryptions=yeojohnson_sums.flooded_decryptions),
          Kind(yeojohnson.server, yeojohnson.party, yeojohnson.setup_arguments,
               needs_vabs=True, unflooded=some_decryptions_unflooded))

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import SERVER, RoleContext
@@ -109,6 +110,13 @@ LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT}, algorithm="defaul
 def setup_arguments(options: FitOptions) -> dict[str, object]:
     """The keys the search needs: relinearization (the product tree), no rotations."""
     return {"relinearize": True, "rotations": ()}
+
+
+def flooded_decryptions(options: FitOptions, width: int) -> int:
+    """The most flooded decryptions the search makes on ``width`` features: one product
+    per chunk and round (:data:`ROUND`), for as many rounds as a party allows."""
+    layout = Layout(width, ckks.get_preset(options.preset).slots)
+    return Brackets.start(layout.brackets).rounds_left(layout.count) * layout.chunks
 
 
 # -- the search in the float order (both roles, plaintext) -----------------------------------

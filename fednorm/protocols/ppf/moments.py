@@ -68,6 +68,14 @@ LEDGER = declare("zscore", "mhe", {
 """Allowances: one :data:`~.pooled.POOLED_SUM` before each message of the server (the
 coarse mean, the scales, the result): three flooded sums in all."""
 
+SUMS = 3
+"""Flooded decryptions of a run, whatever the data: the three pooled sums."""
+
+
+def flooded_decryptions(options: FitOptions, width: int) -> int:
+    """:data:`SUMS`, on any number of features (each sum is one ciphertext)."""
+    return SUMS
+
 
 @message("ppf_zscore.coarse_mean")
 class CoarseMean(Message):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fednorm.engine import ckks
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.base import (
@@ -91,6 +92,16 @@ def default_probes(plan: QuantilePlan, options: FitOptions, capacity: int) -> in
     """Points per target and round: ``rank_probes``, else as many as fit one ciphertext
     (``capacity`` counts: :func:`~.kth.probe_capacity`)."""
     return search_probes(options, len(plan.features), capacity, default=MAX_RANK_PROBES)
+
+
+def flooded_decryptions(options: FitOptions, width: int) -> int:
+    """The most flooded decryptions of a run on ``width`` features: n_g with the opening's
+    counts, then the rounds a party allows at the fewest points per target a round can
+    probe (unpacked counts, every feature with two targets per quartile)."""
+    slots = ckks.get_preset(options.preset).slots
+    fewest = search_probes(options, probe_limit(1, QUARTILES) * width, slots,
+                           default=MAX_RANK_PROBES)
+    return 1 + unbounded_round_limit(fewest)
 
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:

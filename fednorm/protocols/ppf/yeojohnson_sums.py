@@ -79,6 +79,12 @@ LEDGER = declare("yeojohnson", "mhe", {
 message of the server (candidates, the result)."""
 
 
+def flooded_decryptions(options: FitOptions, width: int) -> int:
+    """The most flooded decryptions of a run: the extremes' search, the summary's sum,
+    and one sum per λ round, for as many rounds as a party allows."""
+    return extremes.flooded_decryptions(options, width) + 1 + MAX_SEARCH_ROUNDS
+
+
 @message("ppf_yeojohnson_sums.result")
 class PpfYeoJohnsonResult(Message):
     """λ per feature, and the pooled mean and variance of yj(x, λ) at it."""

@@ -285,17 +285,18 @@ def test_simulate_errors_are_against_the_rows_the_parties_hold(
             assert report["max_rel_error"] <= bound, (split, method, report["max_rel_error"])
 
 
-def test_flooding_too_loud_for_many_parties_bits_names_the_decryptions_that_fit(
+def test_keys_declared_for_too_few_decryptions_are_refused_naming_the_tau_that_serves(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The default MinMax of 50 parties at the test preset: refused with exit 2 before any
-    key is made, naming the --flooding-decryptions that fit; the option reaches the fit."""
-    argv = ["simulate", "--dataset", "bcw", "--parties", "50", "--method", "minmax",
+    """The default Yeo-Johnson of BCW over 50 parties at the test preset, τ = 20: refused
+    with exit 2 before any key is made, naming the --flooding-decryptions that serve the
+    run; one fewer is refused naming itself (the option reaches the fit), 0 is no τ."""
+    argv = ["simulate", "--dataset", "bcw", "--parties", "50", "--method", "yeojohnson",
             "--privacy", "mhe", "--preset", "test"]
-    code, _, err = run_cli(argv, capsys)
-    assert code == 2 and "Declare at most" in err and "--flooding-decryptions" in err, err
-    most = int(re.search(r"at most (\d+) flooded", err).group(1))
-    code, _, err = run_cli([*argv, "--flooding-decryptions", str(most + 1)], capsys)
-    assert code == 2 and f"τ = {most + 1} flooded" in err, err
+    code, _, err = run_cli([*argv, "--flooding-decryptions", "20"], capsys)
+    assert code == 2 and "--flooding-decryptions" in err, err
+    least = int(re.search(r"declare at least τ = (\d+)", err).group(1))
+    code, _, err = run_cli([*argv, "--flooding-decryptions", str(least - 1)], capsys)
+    assert code == 2 and f"keys declared for τ = {least - 1} serve" in err, err
     code, _, err = run_cli([*argv, "--flooding-decryptions", "0"], capsys)
     assert code == 2 and "flooded decryptions per key must be a positive" in err, err

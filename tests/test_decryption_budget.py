@@ -1,25 +1,34 @@
 """τ, the flooded decryptions one joint key serves: a session that needs more is refused
 before any key is made, by every runner; a protocol that declares no count is stopped by
-the parties at τ + 1.  The counts are read from the frames a party receives."""
+the parties past its budget; a product of many parties' bits, flooded for fewer
+decryptions, spends more of it.  The counts are read from the frames a party receives."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
+from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cli_runs import run_cli
+import trio
 
 from fednorm.engine.errors import InputError, ProtocolError, SessionRefused
 from fednorm.engine.tracing import FrameEvent
 from fednorm.multihost.config import ServerConfig
 from fednorm.multihost.server import Server
 from fednorm.protocols import get_protocol
-from fednorm.protocols.base import FitOptions
-from fednorm.protocols.decryptions import refuse_decryptions_beyond, session_decryptions
+from fednorm.protocols.base import FitOptions, Protocol
+from fednorm.protocols.decryptions import (
+    budget_spent,
+    least_decryptions,
+    refuse_decryptions_beyond,
+    require_decryptions_within,
+    session_decryptions,
+)
+from fednorm.protocols.ledger import Allowance
 from fednorm.session import SessionPlan
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
@@ -38,8 +47,13 @@ def _parts() -> list[np.ndarray]:
 
 
 def _declared(method: str, options: FitOptions = TEST, width: int = 3) -> int:
-    return session_decryptions([get_protocol(method, "mhe")], options, width)[get_protocol(
-        method, "mhe").name]
+    count = _allowance(method, options, width)
+    return count.sums + count.products + count.decryptions
+
+
+def _allowance(method: str, options: FitOptions = TEST, width: int = 3) -> Allowance:
+    protocol = get_protocol(method, "mhe")
+    return session_decryptions([protocol], options, width)[protocol.name]
 
 
 def _requests_to_party_1(frames: list[FrameEvent]) -> int:
@@ -69,7 +83,8 @@ def test_a_session_that_needs_more_than_tau_stops_before_any_frame(method: str) 
     frames: list[FrameEvent] = []
     declared = _declared(method)
     with pytest.raises(InputError, match=rf"up to {declared} flooded decryptions on 3 "
-                       rf"features .* τ = {declared - 1} .* declare at least {declared}"):
+                       rf"features .* τ = {declared - 1} serve: declare at least "
+                       rf"τ = {declared} "):
         simulate(_parts(), method, "mhe", replace(TEST, flooding_decryptions=declared - 1),
                  tracer=SimpleNamespace(frame=frames.append))
     assert frames == []
@@ -78,8 +93,8 @@ def test_a_session_that_needs_more_than_tau_stops_before_any_frame(method: str) 
 def test_the_methods_of_one_session_share_the_keys_decryptions() -> None:
     """Two methods on one key setup: their counts add up, and the error says so."""
     both = _declared("zscore") + _declared("minmax")
-    with pytest.raises(InputError, match=rf"up to {both} .*zscore-mhe 3, minmax-mhe "
-                       r"\d+\).*separate sessions"):
+    with pytest.raises(InputError, match=rf"up to {both} .*zscore-mhe 3 sums, minmax-mhe "
+                       r"\d+ products\).*separate sessions"):
         simulate_session(_parts(), ["zscore", "minmax"], "mhe",
                  replace(TEST, flooding_decryptions=both - 1))
 
@@ -89,19 +104,66 @@ def test_wide_data_needs_more_rounds_and_chunks() -> None:
     chunks once the brackets leave fewer than 15 slots each."""
     counts = [_declared("minmax", TEST, width) for width in (1, 30, 600)]
     assert counts == sorted(counts) and counts[0] < counts[-1]
-    assert _declared("yeojohnson", FitOptions(preset="paper"), 13) == 25  # bits allow 21
+    assert _allowance("yeojohnson", FitOptions(preset="paper"), 30) \
+        == Allowance(sums=18, products=8)  # BCW: its MinMax, the summary, 17 λ rounds
     assert _declared("zscore", TEST, 600) == 3
+
+
+def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
+    """1/τ per sum, 1/τ_p per product: BCW's default Yeo-Johnson over 100 parties at the
+    paper preset (products flooded for 21) spends 8/21 + 18/1024 of the default budget;
+    keys declared for 29 are refused (8/21 + 18/29 > 1), for 30 they serve."""
+    count = Allowance(sums=18, products=8)
+    assert budget_spent(count, 1024, 21) == Fraction(8, 21) + Fraction(18, 1024)
+    assert budget_spent(count, 20, 21) == Fraction(26, 20)  # τ ≤ τ_p: every share alike
+    assert least_decryptions(count, 21) == 30
+    assert budget_spent(count, 29, 21) > 1 >= budget_spent(count, 30, 21)
+    assert least_decryptions(Allowance(products=21), 21) == 21
+    assert least_decryptions(Allowance(products=22), 21) is None
+    yeojohnson = [get_protocol("yeojohnson", "mhe")]
+    require_decryptions_within(yeojohnson, FitOptions(preset="paper"), 30, 100)
+    with pytest.raises(InputError, match=r"flooded for at most 21 decryptions.*"
+                       "declare at least τ = 30 "):
+        require_decryptions_within(yeojohnson, FitOptions(preset="paper",
+                                                          flooding_decryptions=29), 30, 100)
+
+
+def test_products_flooded_for_fewer_decryptions_read_exactly_and_are_refused_past_it(
+) -> None:
+    """Ten parties at the test preset with s = 42: their product flooded for τ = 1024 would
+    drown the bits, flooded for the 21 decryptions that keep them readable it does not:
+    MinMax ends on numpy's extremes (it was refused before key setup when every share
+    was flooded for τ).  With s = 44 the products are flooded for 5, fewer than MinMax's
+    6 rounds: refused before any frame, and, with the count not declared, every party
+    refuses the 6th product mid-run though keys declared for 1024 served only 5."""
+    parts = [np.arange(4.0).reshape(2, 2) * (p + 1) - p for p in range(10)]
+    fitted = simulate(parts, "minmax", "mhe", replace(TEST, flooding_bits=42)).normalizer
+    np.testing.assert_array_equal(fitted.min, np.vstack(parts).min(axis=0))
+    np.testing.assert_array_equal(fitted.max, np.vstack(parts).max(axis=0))
+    loud, frames = replace(TEST, flooding_bits=44), []
+    with pytest.raises(InputError, match=r"6 products.*no τ fits"):
+        simulate(parts, "minmax", "mhe", loud, tracer=SimpleNamespace(frame=frames.append))
+    assert frames == []
+    with pytest.raises(ProtocolError, match=r"than the τ = 1024 these keys were declared "
+                       r"for \(a share of a product of bits counts as 205 of them\)"):
+        trio.run(partial(run_federation, _undeclared("minmax"), parts, loud))
+
+
+def _undeclared(method: str) -> Protocol:
+    """The registered protocol with no count declared, as the paper's algorithms."""
+    protocol = get_protocol(method, "mhe")
+    return replace(protocol, kinds={name: replace(kind, flooded_decryptions=None)
+                                    for name, kind in protocol.kinds.items()})
 
 
 async def test_a_protocol_that_declares_no_count_is_stopped_by_the_parties_past_tau(
 ) -> None:
     """The parties count every flooded share (the paper's algorithms declare no count):
     keys declared for 2 refuse z-score's third sum, mid-run."""
-    zscore = get_protocol("zscore", "mhe")
-    undeclared = replace(zscore, kinds={name: replace(kind, flooded_decryptions=None)
-                                        for name, kind in zscore.kinds.items()})
-    with pytest.raises(ProtocolError, match="more than the 2 flooded decryptions"):
-        await run_federation(undeclared, _parts(), replace(TEST, flooding_decryptions=2))
+    with pytest.raises(ProtocolError, match="more flooded decryptions than the τ = 2 these "
+                       r"keys were declared for$"):
+        await run_federation(_undeclared("zscore"), _parts(),
+                             replace(TEST, flooding_decryptions=2))
 
 
 def test_a_multihost_server_that_knows_the_columns_refuses_at_start(tmp_path: Path) -> None:
@@ -119,14 +181,6 @@ def test_a_party_refuses_a_session_its_keys_cannot_serve_on_its_own_columns() ->
     options = replace(TEST, flooding_decryptions=10)
     with pytest.raises(SessionRefused, match=r"^party 2 refused the session: this session "
                        r"makes up to 14 flooded decryptions on 3 features"):
-        refuse_decryptions_beyond(2, plan.protocols, options, 3)
-    refuse_decryptions_beyond(2, plan.protocols, replace(options, flooding_decryptions=14), 3)
-
-
-def test_the_cli_refuses_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["simulate", "--dataset", "bcw", "--parties", "3", "--method", "yeojohnson",
-            "--privacy", "mhe", "--preset", "test", "--flooding-decryptions", "20"]
-    code, _, err = run_cli(argv, capsys)
-    assert code == 2 and "--flooding-decryptions" in err, err
-    needed = int(re.search(r"declare at least (\d+)", err).group(1))
-    assert needed == _declared("yeojohnson", TEST, 30)  # BCW's 30 features
+        refuse_decryptions_beyond(2, plan.protocols, options, 3, 3)
+    refuse_decryptions_beyond(2, plan.protocols, replace(options, flooding_decryptions=14), 3,
+                              3)

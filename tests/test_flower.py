@@ -258,8 +258,9 @@ def test_a_worker_whose_server_goes_silent_mid_session_ends_its_role_as_a_dropou
     comes after it, the role ends as over TCP when the server is gone: PartyDropped."""
     pipe = pipe_dir / "w.sock"
     worker = start_worker_process(pipe, "--timeout", "1")
-    setup = {"party": 1, "session": "s", "methods": ["zscore"], "privacy": "plain",
-             "options": {}, "timeout": 60.0, "X": array_to_wire(np.ones((4, 2)))}
+    setup = {"party": 1, "parties": 1, "session": "s", "methods": ["zscore"],
+             "privacy": "plain", "options": {}, "timeout": 60.0,
+             "X": array_to_wire(np.ones((4, 2)))}
     answer = exchange(pipe, {"session": "s", "party": 1, "frames": [], "setup": setup}, 30)
     assert answer["status"] == "waiting" and answer["frames"]
     _, err = worker.communicate(timeout=30)

@@ -305,8 +305,8 @@ SCHEMA_CASES = {
     # any key (each party checks on its own columns, the server once it knows them).
     "too few decryptions": (["--privacy", "mhe", "--flooding-decryptions", "2"], "fits",
                             False, "this session makes up to 3 flooded decryptions on 3 "
-                            "features (zscore-mhe 3), more than the τ = 2 its keys are "
-                            "declared for"),
+                            "features (zscore-mhe 3 sums), more than keys declared for "
+                            "τ = 2 serve: declare at least τ = 3"),
     # Party 3 was not started with --allow-paper-algorithms: it withdraws before any key.
     "paper algorithms not allowed": (["--privacy", "mhe", "--algorithm", "paper"],
                                      "distrustful", False,

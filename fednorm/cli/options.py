@@ -36,9 +36,8 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
     parser.add_argument("--flooding-decryptions", type=int, default=DEFAULT_DECRYPTIONS,
                         metavar="TAU",
                         help="mhe: flooded decryptions one joint key serves at most (τ; "
-                             "default %(default)s); the flooding noise grows as √τ, so "
-                             "federations of many parties may need fewer (the error says "
-                             "how many)")
+                             "default %(default)s); the flooding noise grows as √τ; a run "
+                             "that needs more is refused before any key, saying how many")
     parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
                                        "value or one per feature separated by commas"
                                        + vabs_default)

@@ -177,7 +177,8 @@ def _by_name(party: int, frame: object, features: tuple[str, ...] | None) -> np.
 def _setup(request: Request, X: np.ndarray, context: Context) -> dict[str, object]:
     assert request.start is not None
     certs = context.node_config.get(CERTS_KEY, os.environ.get(CERTS_ENV))
-    return {"party": request.party, "session": request.session,
+    return {"party": request.party, "parties": request.start.parties,
+            "session": request.session,
             "methods": list(request.start.methods), "privacy": request.start.privacy,
             "options": request.start.options, "timeout": request.timeout,
             "X": array_to_wire(X), "certs": None if certs is None else str(certs),

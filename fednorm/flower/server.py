@@ -294,7 +294,7 @@ def normalize(
         raise InputError(f"the timeout must be positive, got {timeout}")
     if features is not None:
         check_feature_names(features, "features")
-        require_decryptions_within(plan.protocols, options, len(features))
+        require_decryptions_within(plan.protocols, options, len(features), len(node_ids))
     lines = {party: PartyLine(party, node) for party, node in enumerate(node_ids, start=1)}
     session = secrets.token_hex(8)
     start = Start(plan.methods, privacy, wire_options, len(lines),

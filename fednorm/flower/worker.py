@@ -133,6 +133,7 @@ class Setup:
     and the node's own settings (certificates to sign with, consent to unflooded decryptions)."""
 
     party: int
+    parties: int
     session: str
     methods: tuple[str, ...]
     privacy: str
@@ -147,9 +148,9 @@ class Setup:
     def from_packet(cls, packet: dict[str, Any]) -> Setup:
         try:
             setup = packet["setup"]
-            return cls(int(setup["party"]), str(setup["session"]),
-                       tuple(map(str, setup["methods"])),
-                       str(setup["privacy"]), dict(setup["options"]), float(setup["timeout"]),
+            return cls(int(setup["party"]), int(setup["parties"]), str(setup["session"]),
+                       tuple(map(str, setup["methods"])), str(setup["privacy"]),
+                       dict(setup["options"]), float(setup["timeout"]),
                        array_from_wire(setup["X"]), setup.get("certs") and str(setup["certs"]),
                        setup.get("allow_unflooded") is True, optional_names(setup.get("features")))
         except (KeyError, TypeError, ValueError) as exc:
@@ -280,7 +281,7 @@ class PartyWorker:
                                 setup.timeout, keyring=keyring)
         X = check_party_data(setup.X)
         refuse_other_width(setup.party, setup.features, X.shape[1])
-        refuse_decryptions_beyond(setup.party, plan.protocols, options, X.shape[1])
+        refuse_decryptions_beyond(setup.party, plan.protocols, options, X.shape[1], setup.parties)
         check_session_inputs(setup.party, X, plan.protocols, options, setup.features)
         return await play_session(contexts, plan, options, X, setup.features)
 

@@ -112,7 +112,8 @@ class Party:
             plan, options = _agreed_plan(welcome)
             try:
                 refuse_unflooded(config.party, plan.protocols, options, config.allow_unflooded)
-                refuse_decryptions_beyond(config.party, plan.protocols, options, X.shape[1])
+                refuse_decryptions_beyond(config.party, plan.protocols, options, X.shape[1],
+                                          welcome.parties)
             except SessionRefused as exc:
                 await _withdraw(link, str(exc), exc)
             await _check_or_withdraw(link, welcome.session, config.party, X, features,

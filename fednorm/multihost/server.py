@@ -260,7 +260,7 @@ class Server:
             check_server_options(protocol, self.config.options, features)
         if features is not None:
             require_decryptions_within(self.plan.protocols, self.config.options,
-                                       len(features))
+                                       len(features), self.config.parties)
 
     async def _run_session(self, lobby: Lobby) -> list[Normalizer]:
         contexts = StepContexts(SERVER, lobby.links, lobby.session,

@@ -12,7 +12,7 @@ import math
 import numbers
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 import numpy as np
@@ -27,6 +27,9 @@ from fednorm.engine.errors import InputError, InputRefused, ProtocolError, Sessi
 from fednorm.engine.messages import as_float_vector
 from fednorm.engine.runtime import RoleContext, role_name
 from fednorm.protocols.normalizers import Normalizer
+
+if TYPE_CHECKING:
+    from fednorm.protocols.ledger import Allowance
 
 METHODS = ("zscore", "minmax", "robust", "yeojohnson")
 PRIVACY_MODES = ("plain", "mhe")
@@ -175,8 +178,8 @@ def no_keys(options: FitOptions) -> dict[str, object]:
 
 
 Unflooded = Callable[[FitOptions], bool]
-FloodedDecryptions = Callable[[FitOptions, int], int]
-"""(options, features) -> the most flooded decryptions a run makes, as its parties allow."""
+FloodedDecryptions = Callable[[FitOptions, int], "Allowance"]
+"""(options, features) -> the most flooded sums and products a run makes, as allowed."""
 
 
 def every_decryption_flooded(options: FitOptions) -> bool:
@@ -197,9 +200,8 @@ class Kind:
     whether, with given options, its parties help with decryptions they do not flood
     (``unflooded``: each is checked against the party's own run of the server's step, but
     the server sees the ciphertext's own noise, so a multi-host party joins such a
-    session only if its operator allows it), and ``flooded_decryptions``, the most
-    flooded decryptions it makes on a number of features, where public numbers fix it
-    (each spends one of the keys' τ: :mod:`fednorm.protocols.decryptions`)."""
+    session only if its operator allows it), and the most flooded decryptions it makes
+    on a number of features, where public numbers fix it (:mod:`.decryptions`)."""
 
     server: ServerRole
     party: PartyRole

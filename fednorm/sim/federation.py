@@ -132,7 +132,7 @@ async def play_federation(
     arrays = check_federation_data(party_data)
     options = check_fit_options(options or FitOptions())
     check_party_inputs(arrays, plan.protocols, options, features)
-    require_decryptions_within(plan.protocols, options, arrays[0].shape[1])
+    require_decryptions_within(plan.protocols, options, arrays[0].shape[1], len(arrays))
     session = session or secrets.token_hex(8)
     party_ids = list(range(1, len(arrays) + 1))
     limiter = trio.CapacityLimiter(worker_threads())

@@ -142,8 +142,8 @@ async def answer_decryption(crypto: PartyCrypto, request: DecryptRequest) -> Non
     noise = request.declared_noise()
     flooding = None
     if noise is not None:
-        crypto.count_flooded_share()
         flooding = crypto.measured_flooding(noise, request.ciphertext)
+        crypto.count_flooded_share(flooding)
     await _answer(crypto, decryption_of(crypto.ckks, noise, flooding), DECRYPT,
                   request.ciphertext)
 
@@ -177,9 +177,9 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
     with crypto.rc.subprotocol(name):
         uploads = await relayed(crypto.rc, index, crypto.n_parties, noun)
     combined = await crypto.recombined(kind, index, uploads)
-    crypto.count_flooded_share()
-    crypto.held.decrypted_uploads.add((kind.KIND, index))
     flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)  # type: ignore[attr-defined]
+    crypto.count_flooded_share(flooding)
+    crypto.held.decrypted_uploads.add((kind.KIND, index))
     await _answer(crypto, ckks.SumDecryption(crypto.ckks, flooding), name, combined)
 
 

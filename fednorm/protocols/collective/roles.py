@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cache
 
 import numpy as np
@@ -170,7 +171,9 @@ class PartyKeyState(ckks.HeldKeys):
     flooding_bits: int = ckks.flooding.DEFAULT_SECURITY_BITS  # s of every flooded share
     flooding_decryptions: int = ckks.flooding.DEFAULT_DECRYPTIONS  # τ these keys serve
     flooding_enabled: bool = True  # False only to measure its cost (FitOptions.flood)
-    flooded_shares: int = 0  # flooded decryption shares made under these keys so far
+    flooding_spent: Fraction = Fraction(0)
+    """Of these keys' flooding budget (1): each flooded share spends 1/τ_k, τ_k the
+    decryptions it was flooded for (:meth:`PartyCrypto.count_flooded_share`)."""
     own_uploads: dict[str, list[sums.OwnUpload]] = field(default_factory=dict)
     """Upload kind (:attr:`~.sums.SignedUpload.KIND`) → what was kept of each one sent."""
     decrypted_uploads: set[tuple[str, int]] = field(default_factory=set)
@@ -178,6 +181,13 @@ class PartyKeyState(ckks.HeldKeys):
     shared: dict[bytes, str] = field(default_factory=dict)
     """:func:`share_digest` of every ciphertext this party made a share of under these
     keys (in every protocol of a session: a reuse of the keys keeps it) → the request."""
+
+    @property
+    def product_decryptions(self) -> int:
+        """τ_p, what a product of the parties' bits is flooded for
+        (:func:`.sums.product_decryptions`)."""
+        return sums.product_decryptions(self.ckks.preset, self.n_parties, self.flooding_bits,
+                                        self.flooding_decryptions)
 
 
 @dataclass
@@ -309,7 +319,7 @@ class PartyCrypto(_OnHeldKeys):
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,
-                                    self.held.flooding_decryptions, growth,
+                                    self.held.product_decryptions, growth,
                                     enabled=self.held.flooding_enabled)
 
     def measured_flooding(self, noise: ckks.DecryptionNoise, request: openfhe.Ciphertext
@@ -321,14 +331,19 @@ class PartyCrypto(_OnHeldKeys):
                                      noise=noise, scale=request.GetScalingFactor(),
                                      enabled=self.held.flooding_enabled)
 
-    def count_flooded_share(self) -> None:
-        """Count one more flooded decryption under these keys; ProtocolError past τ
-        (the flooding is sized for at most τ decryptions of the joint key)."""
-        allowed = self.held.flooding_decryptions
-        if self.held.flooded_shares >= allowed:
-            raise ProtocolError(f"the server asked for more than the {allowed} flooded "
-                                "decryptions these keys were declared for")
-        self.held.flooded_shares += 1
+    def count_flooded_share(self, flooding: ckks.Flooding) -> None:
+        """Spend 1/τ_k of these keys' flooding budget on a share flooded for τ_k =
+        ``flooding.decryptions``; ProtocolError past the whole budget.  With every share
+        flooded for the keys' τ that is τ shares; a product of many parties' bits,
+        flooded for fewer decryptions, spends more (docs/LEAKAGE.md, "τ")."""
+        spent = self.held.flooding_spent + Fraction(1, flooding.decryptions)
+        if spent > 1:
+            allowed, products = self.held.flooding_decryptions, self.held.product_decryptions
+            weighted = (f" (a share of a product of bits counts as {allowed / products:.3g} "
+                        "of them)" if products < allowed else "")
+            raise ProtocolError(f"the server asked for more flooded decryptions than the "
+                                f"τ = {allowed} these keys were declared for{weighted}")
+        self.held.flooding_spent = spent
 
 
 def share_digest(ct: openfhe.Ciphertext) -> bytes:

@@ -256,6 +256,51 @@ def product_level(context: ckks.CkksContext, factors: int) -> int:
     return level
 
 
+BIT_TOLERANCE = 0.25
+"""How far a decrypted product of bits may lie from 0 or 1 (flooded, honest: within
+~0.02 at P = 10)."""
+
+BIT_MARGIN = 7.0
+"""Standard deviations of the flooded product's noise that must fit in
+:data:`BIT_TOLERANCE`: a value lands past it with probability ~3e-12 (a search reads
+~10^5 of them)."""
+
+
+def product_bit_noise(preset: ckks.CkksPreset, parties: int, flooding_bits: int,
+                      flooding_decryptions: int) -> float:
+    """σ of the noise all parties' flooding adds to each bit of a product of their bit
+    uploads (scale Δ² each, the product decrypted at scale Δ), flooded for τ =
+    ``flooding_decryptions`` decryptions.  It grows as P^1.5 (each party's σ is
+    proportional to the product's noise bound, which grows as P) and as √τ: at the paper
+    preset and s = 30, σ ≈ 0.008 at P = 10 and 0.24 at P = 100 for τ = 1024."""
+    scale = 2.0 ** preset.scaling_mod_bits
+    flooding = ckks.ProductFlooding(preset.ring_dim, parties, parties, flooding_bits,
+                                    flooding_decryptions, growth=1 / scale)
+    return flooding.slot_sigma(scale) * math.sqrt(parties)
+
+
+def readable_product_decryptions(preset: ckks.CkksPreset, parties: int,
+                                 flooding_bits: int) -> int:
+    """The most decryptions a product of ``parties``' bits may be flooded for and still
+    read as bits (σ at most :data:`BIT_TOLERANCE` / :data:`BIT_MARGIN`; σ grows as √τ);
+    0 if not even one."""
+    limit = BIT_TOLERANCE / BIT_MARGIN
+    most = int((limit / product_bit_noise(preset, parties, flooding_bits, 1)) ** 2)
+    while most > 0 and product_bit_noise(preset, parties, flooding_bits, most) > limit:
+        most -= 1  # floating-point rounding at the boundary
+    return most
+
+
+def product_decryptions(preset: ckks.CkksPreset, parties: int, flooding_bits: int,
+                        flooding_decryptions: int) -> int:
+    """τ_p, the decryptions a product of ``parties``' bits is flooded for under keys
+    declared for τ = ``flooding_decryptions``: τ, or fewer where √τ noise would drown the
+    bits (:func:`readable_product_decryptions`); each such share then spends 1/τ_p of
+    the keys' flooding budget instead of 1/τ (:mod:`fednorm.protocols.decryptions`)."""
+    return min(flooding_decryptions,
+               readable_product_decryptions(preset, parties, flooding_bits))
+
+
 def verified_combination(context: ckks.CkksContext, keyring: signing.Keyring, session: str,
                          parties: Sequence[int], index: int, uploads: Sequence[object],
                          own: OwnUpload, kind: type[SignedUpload] = SumUpload,

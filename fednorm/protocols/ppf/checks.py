@@ -8,7 +8,6 @@ protocol run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +15,13 @@ import numpy as np
 from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions, feature_counts
-from fednorm.protocols.collective.sums import product_level
+from fednorm.protocols.collective.sums import (
+    BIT_MARGIN,
+    BIT_TOLERANCE,
+    product_bit_noise,
+    product_level,
+    readable_product_decryptions,
+)
 
 
 def vabs_vector(options: FitOptions, width: int) -> np.ndarray:
@@ -39,50 +44,25 @@ def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
 
 
-BIT_TOLERANCE = 0.25
-"""How far a decrypted product of bits may lie from 0 or 1 (flooded, honest: within
-~0.02 at P = 10)."""
+def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int) -> None:
+    """InputError, before anything is sent, when no flooded product of ``parties``' bit
+    uploads can be read at this preset: too few levels for its tree (⌈log2 P⌉), or
+    flooding at s whose noise drowns the bits even when sized for a single decryption.
 
-BIT_MARGIN = 7.0
-"""Standard deviations of the flooded product's noise that must fit in
-:data:`BIT_TOLERANCE`: a value lands past it with probability ~3e-12 (a search reads
-~10^5 of them)."""
-
-
-def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int,
-                        flooding_decryptions: int) -> None:
-    """InputError, before anything is sent, when a flooded product of ``parties``' bit
-    uploads cannot be read at this preset: too few levels for its tree (⌈log2 P⌉), or
-    flooding (s, τ) whose noise is too close to the bits.
-
-    The noise all P parties' flooding adds to each bit grows as P^1.5 (each party's σ is
-    proportional to the product's noise bound, which grows as P) and as √τ: at the paper
-    preset, s = 30 and τ = 1024, σ ≈ 0.008 at P = 10 and 0.24 at P = 100
-    (:func:`product_bit_noise`), where a bit is read wrong at ~0.5."""
+    Otherwise a product is flooded for τ_p = min(τ, the most that stay readable)
+    decryptions (:func:`~fednorm.protocols.collective.sums.product_decryptions`): the
+    noise grows as P^1.5·√τ (σ ≈ 0.24 per bit at P = 100, paper preset, s = 30,
+    τ = 1024, where a bit is read wrong at ~0.5), so many parties' products are flooded
+    for fewer decryptions, each spending more of the keys' budget."""
     product_level(context, parties)
-    noise = product_bit_noise(context.preset, parties, flooding_bits, flooding_decryptions)
-    limit = BIT_TOLERANCE / BIT_MARGIN
-    if noise > limit:
-        most = int(flooding_decryptions * (limit / noise) ** 2)
-        remedy = (f"Declare at most {most} flooded decryptions for these keys "
-                  "(--flooding-decryptions, FitOptions(flooding_decryptions=...)), or "
-                  "fewer parties" if most >= 1 else "No τ fits: fewer parties, or a "
-                  "smaller s (flooding_bits)")
+    if readable_product_decryptions(context.preset, parties, flooding_bits) < 1:
+        noise = product_bit_noise(context.preset, parties, flooding_bits, 1)
         raise InputError(
             f"a flooded product of {parties} parties' bits at the {context.preset.name!r} "
-            f"preset carries noise σ = {noise:.3f} per bit with τ = {flooding_decryptions} "
-            f"flooded decryptions and s = {flooding_bits}: too close to 0 and 1 to read "
-            f"every bit (σ at most {limit:.3f}). {remedy}")
-
-
-def product_bit_noise(preset: ckks.CkksPreset, parties: int, flooding_bits: int,
-                      flooding_decryptions: int) -> float:
-    """σ of the noise all parties' flooding adds to each bit of a product of their bit
-    uploads (scale Δ² each, the product decrypted at scale Δ)."""
-    scale = 2.0 ** preset.scaling_mod_bits
-    flooding = ckks.ProductFlooding(preset.ring_dim, parties, parties, flooding_bits,
-                                    flooding_decryptions, growth=1 / scale)
-    return flooding.slot_sigma(scale) * math.sqrt(parties)
+            f"preset carries noise σ = {noise:.3f} per bit with s = {flooding_bits}, even "
+            f"flooded for a single decryption: too close to 0 and 1 to read every bit (σ "
+            f"at most {BIT_TOLERANCE / BIT_MARGIN:.3f}). Fewer parties, or a smaller s "
+            "(flooding_bits)")
 
 
 def product_bits(values: np.ndarray, what: str) -> np.ndarray:

@@ -112,11 +112,12 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
     return {"relinearize": True, "rotations": ()}
 
 
-def flooded_decryptions(options: FitOptions, width: int) -> int:
+def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
     """The most flooded decryptions the search makes on ``width`` features: one product
     per chunk and round (:data:`ROUND`), for as many rounds as a party allows."""
     layout = Layout(width, ckks.get_preset(options.preset).slots)
-    return Brackets.start(layout.brackets).rounds_left(layout.count) * layout.chunks
+    return ROUND.times(Brackets.start(layout.brackets).rounds_left(layout.count)
+                       * layout.chunks)
 
 
 # -- the search in the float order (both roles, plaintext) -----------------------------------
@@ -267,8 +268,7 @@ def _as_bits(values: np.ndarray) -> np.ndarray:
 # -- party ----------------------------------------------------------------------------------
 async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A party's side of the search after key setup: returns (min, max) per feature."""
-    require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits,
-                        crypto.held.flooding_decryptions)
+    require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits)
     rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.slots)
     tops = local_tops(X)
     start = Brackets.start(layout.brackets)
@@ -308,7 +308,7 @@ def require_search_for(rc: RoleContext, options: FitOptions) -> None:
     """Server, before key setup: InputError if the flooded products of this many parties'
     bits cannot be read with ``options``' preset and flooding (:func:`require_product_for`)."""
     require_product_for(shared_context(options.preset), len(rc.parties),
-                        options.flooding_bits, options.flooding_decryptions)
+                        options.flooding_bits)
 
 
 async def server(rc: RoleContext, options: FitOptions) -> MinMaxNormalizer:

@@ -42,7 +42,7 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.ledger import COLLECTIVE, declare
+from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import pooled
@@ -68,11 +68,11 @@ LEDGER = declare("zscore", "mhe", {
 """Allowances: one :data:`~.pooled.POOLED_SUM` before each message of the server (the
 coarse mean, the scales, the result): three flooded sums in all."""
 
-SUMS = 3
+SUMS = pooled.POOLED_SUM.times(3)
 """Flooded decryptions of a run, whatever the data: the three pooled sums."""
 
 
-def flooded_decryptions(options: FitOptions, width: int) -> int:
+def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
     """:data:`SUMS`, on any number of features (each sum is one ciphertext)."""
     return SUMS
 

@@ -47,7 +47,7 @@ from fednorm.protocols.base import (
     feature_counts,
 )
 from fednorm.protocols.collective import flooding_arguments, setup_party, setup_server
-from fednorm.protocols.ledger import COLLECTIVE, declare
+from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import RobustNormalizer
 from fednorm.protocols.plain.robust import QUARTILES, RobustResult
 from fednorm.protocols.ppf import kth
@@ -94,14 +94,14 @@ def default_probes(plan: QuantilePlan, options: FitOptions, capacity: int) -> in
     return search_probes(options, len(plan.features), capacity, default=MAX_RANK_PROBES)
 
 
-def flooded_decryptions(options: FitOptions, width: int) -> int:
+def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
     """The most flooded decryptions of a run on ``width`` features: n_g with the opening's
     counts, then the rounds a party allows at the fewest points per target a round can
     probe (unpacked counts, every feature with two targets per quartile)."""
     slots = ckks.get_preset(options.preset).slots
     fewest = search_probes(options, probe_limit(1, QUARTILES) * width, slots,
                            default=MAX_RANK_PROBES)
-    return 1 + unbounded_round_limit(fewest)
+    return kth.POOLED_COUNT + kth.SEARCH_ROUND.times(unbounded_round_limit(fewest))
 
 
 async def server(rc: RoleContext, options: FitOptions) -> RobustNormalizer:

@@ -49,7 +49,7 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.ledger import COLLECTIVE, declare
+from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import YeoJohnsonNormalizer, yeo_johnson
 from fednorm.protocols.plain.yeojohnson import (
     Candidates,
@@ -79,10 +79,11 @@ LEDGER = declare("yeojohnson", "mhe", {
 message of the server (candidates, the result)."""
 
 
-def flooded_decryptions(options: FitOptions, width: int) -> int:
+def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
     """The most flooded decryptions of a run: the extremes' search, the summary's sum,
     and one sum per λ round, for as many rounds as a party allows."""
-    return extremes.flooded_decryptions(options, width) + 1 + MAX_SEARCH_ROUNDS
+    return (extremes.flooded_decryptions(options, width)
+            + pooled.POOLED_SUM.times(1 + MAX_SEARCH_ROUNDS))
 
 
 @message("ppf_yeojohnson_sums.result")

@@ -160,7 +160,7 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     if not counts_revealed(options):
         require_product_for(shared_context(options.preset), len(rc.parties),
-                            options.flooding_bits, options.flooding_decryptions)
+                            options.flooding_bits)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     sums = await rc.gather(EncryptedSums)
     width = agreed_width(sums)
@@ -239,8 +239,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     counts = feature_counts(X)
     passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
-        require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits,
-                            crypto.held.flooding_decryptions)
+        require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits)
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
         total=await passes.upload(crypto, total),

@@ -75,6 +75,8 @@ CASES = [
     # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
     Case("robust", "mhe", TEST, normal_parts()),
     Case("minmax", "mhe", TEST, normal_parts(6, 3), widths=_extremes_widths),
+    # The extremes' rounds, the summary, then one pooled sum per λ round.
+    Case("yeojohnson", "mhe", TEST, normal_parts()),
     # The paper's: the presence bit (or n_g), then μ and σ², each a coarse and a precise pass.
     Case("zscore", "mhe", PAPER, normal_parts(12, 3), widths=lambda pooled: [3] * 5),
     Case("zscore", "mhe", FitOptions(preset="test", algorithm="paper", reveal_counts=True),

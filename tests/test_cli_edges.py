@@ -288,12 +288,12 @@ def test_simulate_errors_are_against_the_rows_the_parties_hold(
 def test_keys_declared_for_too_few_decryptions_are_refused_naming_the_tau_that_serves(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The default Yeo-Johnson of BCW over 50 parties at the test preset, τ = 20: refused
+    """The default Yeo-Johnson of BCW over 50 parties at the test preset, τ = 10: refused
     with exit 2 before any key is made, naming the --flooding-decryptions that serve the
     run; one fewer is refused naming itself (the option reaches the fit), 0 is no τ."""
     argv = ["simulate", "--dataset", "bcw", "--parties", "50", "--method", "yeojohnson",
             "--privacy", "mhe", "--preset", "test"]
-    code, _, err = run_cli([*argv, "--flooding-decryptions", "20"], capsys)
+    code, _, err = run_cli([*argv, "--flooding-decryptions", "10"], capsys)
     assert code == 2 and "--flooding-decryptions" in err, err
     least = int(re.search(r"declare at least τ = (\d+)", err).group(1))
     code, _, err = run_cli([*argv, "--flooding-decryptions", str(least - 1)], capsys)

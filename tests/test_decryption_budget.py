@@ -105,14 +105,16 @@ def test_wide_data_needs_more_rounds_and_chunks() -> None:
     counts = [_declared("minmax", TEST, width) for width in (1, 30, 600)]
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert _allowance("yeojohnson", FitOptions(preset="paper"), 30) \
-        == Allowance(sums=18, products=8)  # BCW: its MinMax, the summary, 17 λ rounds
+        == Allowance(sums=10, products=8)  # BCW: its MinMax, the summary, 9 λ rounds
     assert _declared("zscore", TEST, 600) == 3
 
 
 def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
-    """1/τ per sum, 1/τ_p per product: BCW's default Yeo-Johnson over 100 parties at the
-    paper preset (products flooded for 21) spends 8/21 + 18/1024 of the default budget;
-    keys declared for 29 are refused (8/21 + 18/29 > 1), for 30 they serve."""
+    """1/τ per sum, 1/τ_p per product: 8 products flooded for 21 (100 parties' bits at the
+    paper preset) and 18 sums spend 8/21 + 18/1024 of the default budget; keys declared
+    for 29 are refused (8/21 + 18/29 > 1), for 30 they serve.  Through the real
+    declarations: z-score, robust and Yeo-Johnson of BCW in one session of 100 parties
+    need more than 21 decryptions, so their products spend more than their sums."""
     count = Allowance(sums=18, products=8)
     assert budget_spent(count, 1024, 21) == Fraction(8, 21) + Fraction(18, 1024)
     assert budget_spent(count, 20, 21) == Fraction(26, 20)  # τ ≤ τ_p: every share alike
@@ -120,12 +122,17 @@ def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
     assert budget_spent(count, 29, 21) > 1 >= budget_spent(count, 30, 21)
     assert least_decryptions(Allowance(products=21), 21) == 21
     assert least_decryptions(Allowance(products=22), 21) is None
-    yeojohnson = [get_protocol("yeojohnson", "mhe")]
-    require_decryptions_within(yeojohnson, FitOptions(preset="paper"), 30, 100)
-    with pytest.raises(InputError, match=r"flooded for at most 21 decryptions.*"
-                       "declare at least τ = 30 "):
-        require_decryptions_within(yeojohnson, FitOptions(preset="paper",
-                                                          flooding_decryptions=29), 30, 100)
+    plan = SessionPlan(("zscore", "robust", "yeojohnson"), "mhe").protocols
+    paper = FitOptions(preset="paper")
+    require_decryptions_within(plan, paper, 30, 100)
+    least = least_decryptions(sum(session_decryptions(plan, paper, 30).values(), Allowance()),
+                              21)
+    assert least is not None and least > 21
+    with pytest.raises(InputError, match=rf"flooded for at most 21 decryptions.*declare at "
+                       rf"least τ = {least} "):
+        require_decryptions_within(plan, replace(paper, flooding_decryptions=least - 1), 30,
+                                   100)
+    require_decryptions_within(plan, replace(paper, flooding_decryptions=least), 30, 100)
 
 
 def test_products_flooded_for_fewer_decryptions_read_exactly_and_are_refused_past_it(
@@ -169,8 +176,8 @@ async def test_a_protocol_that_declares_no_count_is_stopped_by_the_parties_past_
 def test_a_multihost_server_that_knows_the_columns_refuses_at_start(tmp_path: Path) -> None:
     config = ServerConfig("127.0.0.1", 0, parties=3, methods=("yeojohnson",),
                           certs=tmp_path, privacy="mhe", features=("a", "b", "c"),
-                          options=replace(TEST, flooding_decryptions=20))
-    with pytest.raises(InputError, match="up to 25 flooded decryptions on 3 features"):
+                          options=replace(TEST, flooding_decryptions=10))
+    with pytest.raises(InputError, match="up to 17 flooded decryptions on 3 features"):
         Server(config)
 
 

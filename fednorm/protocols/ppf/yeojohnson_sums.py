@@ -13,7 +13,8 @@ of anything but a sum of the parties' signed uploads.  Step by step:
    (for scikit-learn's constant-feature test; a feature whose min equals its max is
    constant, exactly);
 3. the λ search of the plain protocol (:class:`~fednorm.protocols.plain.yeojohnson.
-   LambdaSearch`, the same candidates in asinh(λ), the same scores): each round one
+   LambdaSearch`, candidates evenly spread in asinh(λ), the same scores), with
+   :func:`search_grid` candidates per feature after the first round: each round one
    pooled sum of the same two moments of yj(x, λ) for every (feature, candidate), about
    the midrange of yj over [min, max] in units of its half-range (yj is increasing in x,
    so these are public: yj(min, λ) and yj(max, λ)).  Every uploaded value is then at most
@@ -35,10 +36,12 @@ instead of returning a λ it cannot vouch for.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import RoleContext
@@ -59,10 +62,11 @@ from fednorm.protocols.plain.yeojohnson import (
 from fednorm.protocols.plain.yeojohnson_math import (
     FIRST_GRID,
     GRID,
-    MAX_SEARCH_ROUNDS,
+    LAMBDA_CAP,
     PooledSummary,
     log_likelihood,
     moments_from_logs,
+    search_rounds,
 )
 from fednorm.protocols.ppf import extremes, pooled
 from fednorm.protocols.ppf.phases import serve_phase
@@ -79,11 +83,33 @@ LEDGER = declare("yeojohnson", "mhe", {
 message of the server (candidates, the result)."""
 
 
+SEARCH_GRID = 30
+"""Candidates per feature in every λ round after the first, where the plain search
+probes :data:`~fednorm.protocols.plain.yeojohnson_math.GRID` = 6: a round narrows the
+bracket (30 + 1)/2 = 15.5 times instead of 3.5, so the search takes about half the
+rounds (each a flooded decryption of the keys' budget and a round trip) and reveals
+about twice the pooled moments."""
+
+
+def search_grid(options: FitOptions, width: int) -> int:
+    """Candidates per feature after the first round: :data:`SEARCH_GRID`, fewer where one
+    sum upload's slots cannot hold two values per candidate of ``width`` features, never
+    fewer than the plain search's."""
+    slots = ckks.get_preset(options.preset).slots
+    return max(GRID, min(SEARCH_GRID, slots // (2 * max(width, 1))))
+
+
+def search_round_limit(grid: int) -> int:
+    """The most λ rounds a search of ``grid`` candidates takes, whatever the data (its
+    bracket from −λ cap to +λ cap), and so the most a party allows."""
+    return search_rounds(2 * math.asinh(LAMBDA_CAP), grid)
+
+
 def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
     """The most flooded decryptions of a run: the extremes' search, the summary's sum,
     and one sum per λ round, for as many rounds as a party allows."""
-    return (extremes.flooded_decryptions(options, width)
-            + pooled.POOLED_SUM.times(1 + MAX_SEARCH_ROUNDS))
+    rounds = search_round_limit(search_grid(options, width))
+    return extremes.flooded_decryptions(options, width) + pooled.POOLED_SUM.times(1 + rounds)
 
 
 @message("ppf_yeojohnson_sums.result")
@@ -195,7 +221,7 @@ async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     low, high = await extremes.extremes_server(crypto, None)
     summary, identity = await _pooled_summary(crypto, low, high)
-    search = LambdaSearch(summary)
+    search = LambdaSearch(summary, grid=search_grid(options, len(low)))
     probed = ProbedMoments(pooled.noise_bound(crypto.ckks, len(rc.parties), options))
     while not search.finished:
         probe = search.probe()
@@ -248,11 +274,11 @@ async def _pooled_moments(crypto: ServerCrypto, probe: Candidates, low: np.ndarr
 
 
 # -- party -------------------------------------------------------------------------------
-def require_grid(lambdas: np.ndarray, round_number: int) -> None:
+def require_grid(lambdas: np.ndarray, round_number: int, grid: int) -> None:
     """ProtocolError unless a round probes at most the candidates per feature an honest
-    search does (:data:`FIRST_GRID`, then :data:`GRID`): each one is a pooled mean and
+    search does (:data:`FIRST_GRID`, then ``grid``): each one is a pooled mean and
     variance the server learns."""
-    allowed = FIRST_GRID if round_number == 1 else GRID
+    allowed = FIRST_GRID if round_number == 1 else grid
     if lambdas.shape[1] > allowed:
         raise ProtocolError(f"Yeo-Johnson round {round_number} probes {lambdas.shape[1]} "
                             f"candidates per feature, more than the search's {allowed}")
@@ -266,14 +292,15 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     columns = PartyColumns(X)
     count = feature_counts(X)
     await pooled.send_sum(crypto, _summary(X, count, low, high))
-    rounds = 0
+    rounds, grid = 0, search_grid(options, X.shape[1])
     while isinstance(msg := await serve_phase(crypto, (Candidates, PpfYeoJohnsonResult),
                                               pooled.POOLED_SUM), Candidates):
         rounds += 1
-        if rounds > MAX_SEARCH_ROUNDS:
-            raise ProtocolError(f"the server's λ search exceeds {MAX_SEARCH_ROUNDS} rounds")
+        if rounds > search_round_limit(grid):
+            raise ProtocolError(f"the server's λ search exceeds {search_round_limit(grid)} "
+                                "rounds")
         features, lambdas = columns.check(msg)
-        require_grid(lambdas, rounds)
+        require_grid(lambdas, rounds, grid)
         mean, m2 = moments_from_logs(columns.logs.select(features), lambdas)
         center, half = midrange(*transform_bounds(low[features], high[features], lambdas))
         await pooled.send_sum(crypto, party_moments(count[features][:, None], mean, m2,

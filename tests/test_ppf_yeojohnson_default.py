@@ -146,3 +146,19 @@ def test_a_party_refuses_more_candidates_than_the_search_probes() -> None:
         trio.run(lambda: run_federation(deviating("yeojohnson", server=server),
                                         [X[:6], X[6:]], TEST, timeout=120))
     assert sent == []
+
+
+def test_later_rounds_allow_the_search_grid_and_no_more_candidates() -> None:
+    """After the first round a party answers 30 candidates per feature (fewer where a sum
+    upload cannot hold them, never fewer than the plain search's 6), and the search's
+    rounds follow from that grid: 9 at most."""
+    from fednorm.engine.errors import ProtocolError
+    from fednorm.protocols.plain.yeojohnson_math import GRID
+    from fednorm.protocols.ppf import yeojohnson_sums as yj
+
+    grid = yj.search_grid(TEST, 3)
+    assert grid == yj.SEARCH_GRID == 30 and yj.search_round_limit(grid) == 9
+    assert yj.search_grid(TEST, 10**6) == GRID
+    yj.require_grid(np.ones((3, grid)), 2, grid)
+    with pytest.raises(ProtocolError, match="round 2 probes 31 candidates per feature"):
+        yj.require_grid(np.ones((3, grid + 1)), 2, grid)

@@ -23,6 +23,7 @@ from fednorm.protocols import get_protocol
 from fednorm.protocols.base import FitOptions, Protocol
 from fednorm.protocols.decryptions import (
     budget_spent,
+    decryption_count,
     least_decryptions,
     refuse_decryptions_beyond,
     require_decryptions_within,
@@ -47,8 +48,7 @@ def _parts() -> list[np.ndarray]:
 
 
 def _declared(method: str, options: FitOptions = TEST, width: int = 3) -> int:
-    count = _allowance(method, options, width)
-    return count.sums + count.products + count.decryptions
+    return decryption_count(_allowance(method, options, width))
 
 
 def _allowance(method: str, options: FitOptions = TEST, width: int = 3) -> Allowance:

@@ -27,12 +27,10 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, SessionRefused
 from fednorm.engine.runtime import role_name
 from fednorm.protocols.base import FitOptions, Protocol
 from fednorm.protocols.collective import shared_context
-from fednorm.protocols.collective.sums import readable_product_decryptions
 from fednorm.protocols.ledger import Allowance
 from fednorm.protocols.ppf.checks import require_product_for
 
@@ -49,6 +47,11 @@ def session_decryptions(protocols: Sequence[Protocol], options: FitOptions, widt
     return counts
 
 
+def decryption_count(total: Allowance) -> int:
+    """Flooded decryptions of every kind ``total`` declares, each counted once."""
+    return total.sums + total.products + total.decryptions
+
+
 def budget_spent(total: Allowance, decryptions: int, readable: int) -> Fraction:
     """The share of the keys' flooding budget ``total`` spends: 1/τ per sum (and per
     decryption of a computed ciphertext), 1/τ_p per product, τ_p = min(τ, ``readable``),
@@ -62,7 +65,7 @@ def budget_spent(total: Allowance, decryptions: int, readable: int) -> Fraction:
 def least_decryptions(total: Allowance, readable: int) -> int | None:
     """The smallest τ whose budget ``total`` fits (:func:`budget_spent` ≤ 1); None if
     its products alone spend it all, whatever τ."""
-    count = total.sums + total.decryptions + total.products
+    count = decryption_count(total)
     if not total.products or count <= readable:
         return count
     if total.products >= readable:
@@ -81,9 +84,8 @@ def require_decryptions_within(protocols: Sequence[Protocol], options: FitOption
     total = sum(counts.values(), Allowance())
     readable = 0
     if total.products:  # refused here if no product of so many parties' bits can be read
-        require_product_for(shared_context(options.preset), parties, options.flooding_bits)
-        readable = readable_product_decryptions(ckks.get_preset(options.preset), parties,
-                                                options.flooding_bits)
+        readable = require_product_for(shared_context(options.preset), parties,
+                                       options.flooding_bits)
     allowed = options.flooding_decryptions
     if budget_spent(total, allowed, readable) <= 1:
         return
@@ -97,7 +99,7 @@ def require_decryptions_within(protocols: Sequence[Protocol], options: FitOption
               "no τ fits: fewer features or parties per session, or a smaller s "
               "(flooding_bits)")
     raise InputError(
-        f"this session makes up to {total.sums + total.products + total.decryptions} "
+        f"this session makes up to {decryption_count(total)} "
         f"flooded decryptions on {width} features ({parts}), more than keys declared for "
         f"τ = {allowed} serve{weights}: {remedy}"
         + (", or run the methods in separate sessions" if len(counts) > 1 else ""))

@@ -44,8 +44,10 @@ def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
 
 
-def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int) -> None:
-    """InputError, before anything is sent, when no flooded product of ``parties``' bit
+def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int) -> int:
+    """The most decryptions a product of ``parties``' bits may be flooded for
+    (:func:`~fednorm.protocols.collective.sums.readable_product_decryptions`); InputError,
+    before anything is sent, when no flooded product of ``parties``' bit
     uploads can be read at this preset: too few levels for its tree (⌈log2 P⌉), or
     flooding at s whose noise drowns the bits even when sized for a single decryption.
 
@@ -55,7 +57,8 @@ def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: 
     τ = 1024, where a bit is read wrong at ~0.5), so many parties' products are flooded
     for fewer decryptions, each spending more of the keys' budget."""
     product_level(context, parties)
-    if readable_product_decryptions(context.preset, parties, flooding_bits) < 1:
+    readable = readable_product_decryptions(context.preset, parties, flooding_bits)
+    if readable < 1:
         noise = product_bit_noise(context.preset, parties, flooding_bits, 1)
         raise InputError(
             f"a flooded product of {parties} parties' bits at the {context.preset.name!r} "
@@ -63,6 +66,7 @@ def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: 
             f"flooded for a single decryption: too close to 0 and 1 to read every bit (σ "
             f"at most {BIT_TOLERANCE / BIT_MARGIN:.3f}). Fewer parties, or a smaller s "
             "(flooding_bits)")
+    return readable
 
 
 def product_bits(values: np.ndarray, what: str) -> np.ndarray:

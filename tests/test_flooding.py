@@ -11,21 +11,33 @@ stated precision.  ``test`` preset; one paper-preset check of the NTT convention
 from __future__ import annotations
 
 import math
-from functools import reduce
+from functools import partial, reduce
 
 import numpy as np
 import openfhe
 import pytest
+import trio
 from ckks_federation import PARTIES as P
 from ckks_federation import CkksFederation
+from deviating import deviating
 from ring_reading import coefficients, flooding_noise, towers_of
 
-from fednorm.engine.ckks import CkksContext, Flooding, SumDecryption, ring, setup_locally
+from fednorm.engine.ckks import (
+    CkksContext,
+    Flooding,
+    ProductFlooding,
+    SumDecryption,
+    ring,
+    setup_locally,
+)
 from fednorm.engine.ckks.flooding import flood_share
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
-from fednorm.sim.federation import simulate
+from fednorm.protocols.collective import setup_server
+from fednorm.protocols.collective.sums import product_decryptions
+from fednorm.protocols.ppf import extremes
+from fednorm.sim.federation import run_federation, simulate
 
 
 def test_the_ntt_is_openfhes(fed: CkksFederation) -> None:
@@ -158,3 +170,43 @@ def test_without_flooding_the_protocols_still_fit_the_pooled_data() -> None:
     fitted = simulate(parts, "zscore", "mhe", FitOptions(preset="test", flood=False))
     np.testing.assert_allclose(fitted.normalizer.mean, np.vstack(parts).mean(axis=0),
                                rtol=1e-12)
+
+
+class _ProductRead(Exception):
+    """Raised by the reading server once it holds what it reads (ends the run)."""
+
+
+def test_a_product_share_carries_the_noise_of_the_decryptions_its_bits_allow() -> None:
+    """Ten parties' bits at s = 42 (test preset, τ = 1024): through the real party roles,
+    a server plays the default MinMax's first product decryption and reads every slot
+    of the fused shares.  What lies off the bits (value − nearest bit) is the P parties'
+    flooding alone: σ within 5 % of √P times the per-slot σ of a product flooded for
+    τ_p = 21 (√(12·21)·2^21·t), the σ that τ_p was chosen to keep readable; not the 7×
+    larger noise of τ = 1024, nor none.  Before products were flooded for τ_p the run
+    was refused before key setup; while the server decoded products through OpenFHE
+    (which adds a Gaussian as large as the noise it estimates), σ was √2 times this."""
+    parts = [np.arange(4.0).reshape(2, 2) * (p + 1) - p for p in range(10)]
+    options, read = FitOptions(preset="test", flooding_bits=42), {}
+
+    async def server(rc, options):
+        crypto = await setup_server(rc, options.preset, **extremes.setup_arguments(options))
+        with rc.subprotocol("extremes"):
+            bits = await rc.gather(extremes.EncryptedBits)
+            pooled = await crypto.multiply_all({p: r.chunks[0] for p, r in bits.items()})
+            read["values"] = await crypto.decrypt_product(pooled, crypto.ckks.slots)
+            read["scales"] = (pooled.combined(crypto.ckks).GetScalingFactor(),
+                              pooled.uploads[0].ciphertext.GetScalingFactor())
+        raise _ProductRead
+
+    with pytest.raises(_ProductRead):
+        trio.run(partial(run_federation, deviating("minmax", server=server), parts, options,
+                         timeout=120))
+    tau_p = product_decryptions(CkksContext("test").preset, 10, 42, 1024)
+    product, factor = read["scales"]
+    flooding = ProductFlooding(CkksContext("test").preset.ring_dim, 10, 10, 42, tau_p,
+                               growth=product / factor)
+    off = read["values"] - np.round(read["values"])
+    expected = flooding.slot_sigma(product) * math.sqrt(10)
+    assert tau_p == 21 and np.abs(off).max() < 0.25
+    assert abs(np.std(off) / expected - 1) < 0.05
+    assert abs(np.mean(off)) < 5 * expected / math.sqrt(off.size)

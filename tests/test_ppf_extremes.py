@@ -24,7 +24,7 @@ from strategies import federations
 
 from fednorm.bench.decryption_noise import joint_phase
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks import ProductFlooding, SumDecryption, in_process_run
+from fednorm.engine.ckks import ProductDecryption, ProductFlooding, in_process_run
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
@@ -231,7 +231,7 @@ def test_flooded_product_bits_round_correctly(product: Product) -> None:
     ctx, rng = product.ctx, np.random.default_rng(7)
     bits = [(rng.random(ctx.slots) < 0.93).astype(np.float64) for _ in range(PRODUCT_PARTIES)]
     ct, factor = product.of(bits)
-    decryption = SumDecryption(ctx, product.flooding(ct, factor))
+    decryption = ProductDecryption(ctx, product.flooding(ct, factor))
     shares = [decryption.generate_share(p, ct) for p in product.parties]
     out = decryption.finalize(decryption.aggregate_shares(product.joint, ct, shares),
                               ctx.slots)

@@ -4,8 +4,9 @@ Three kinds share one flow: a decryption of a computed ciphertext (sub-protocol
 ``decrypt``: :class:`~fednorm.engine.ckks.FloodedDecryption`, flooded by the noise the
 step declares, or, where flooding would leave no useful precision, a plain
 :class:`~fednorm.engine.ckks.Decryption`) and a flooded decryption of a sum or a product
-of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption`, sub-protocols
-``decrypt_sum`` and ``decrypt_product``).
+of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption` and
+:class:`~fednorm.engine.ckks.ProductDecryption`, sub-protocols ``decrypt_sum`` and
+``decrypt_product``).
 
 A plain (not flooded) decryption whose values were too large to decode may be retried
 once where a phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`),
@@ -46,10 +47,11 @@ if TYPE_CHECKING:
 DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT = "decrypt", "decrypt_sum", "decrypt_product"
 RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
 CombinedRequest = SumDecryptRequest | ProductDecryptRequest
-_COMBINED: dict[type[SignedUpload], tuple[str, type[CombinedRequest]]] = {
-    SumUpload: (DECRYPT_SUM, SumDecryptRequest),
-    ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest),
-}  # each kind of upload: the sub-protocol and request that decrypt its combination
+_COMBINED: dict[type[SignedUpload],
+                tuple[str, type[CombinedRequest], type[ckks.SumDecryption]]] = {
+    SumUpload: (DECRYPT_SUM, SumDecryptRequest, ckks.SumDecryption),
+    ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest, ckks.ProductDecryption),
+}  # each kind of upload: the sub-protocol, request and decryption of its combination
 
 
 async def decrypt(crypto: ServerCrypto, ct: openfhe.Ciphertext, n: int,
@@ -102,13 +104,13 @@ async def decrypt_pooled(crypto: ServerCrypto, pooled: PooledUploads, n: int
     first ``n`` slots; the uploads follow the request, one a frame, and each party
     recomputes the combination from them."""
     crypto.decryptions += 1
-    name, kind = _COMBINED[pooled.kind]
+    name, kind, decryption = _COMBINED[pooled.kind]
     combination: list[openfhe.Ciphertext] = []
     async with trio.open_nursery() as nursery:  # the server's combination meanwhile
         nursery.start_soon(_combine, crypto, pooled, combination)
         replies = await request_shares(crypto.rc, name, kind(index=pooled.index),
                                        DecryptShare, (pooled.index, pooled.uploads))
-    return await _fused(crypto, ckks.SumDecryption(crypto.ckks), replies, combination[0], n)
+    return await _fused(crypto, decryption(crypto.ckks), replies, combination[0], n)
 
 
 async def _combine(crypto: ServerCrypto, pooled: PooledUploads,
@@ -173,14 +175,14 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
     if (kind.KIND, index) in crypto.held.decrypted_uploads:
         raise ProtocolError(f"{noun} asks again for {kind.NOUN} uploads #{index}, already "
                             "decrypted")
-    name, _ = _COMBINED[kind]
+    name, _, decryption = _COMBINED[kind]
     with crypto.rc.subprotocol(name):
         uploads = await relayed(crypto.rc, index, crypto.n_parties, noun)
     combined = await crypto.recombined(kind, index, uploads)
     flooding = crypto.flooding_of(kind, combined, uploads[0].ciphertext)  # type: ignore[attr-defined]
     crypto.count_flooded_share(flooding)
     crypto.held.decrypted_uploads.add((kind.KIND, index))
-    await _answer(crypto, ckks.SumDecryption(crypto.ckks, flooding), name, combined)
+    await _answer(crypto, decryption(crypto.ckks, flooding), name, combined)
 
 
 _REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request",

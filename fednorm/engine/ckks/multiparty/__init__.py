@@ -10,6 +10,8 @@ rotation keys          :class:`RotationKeyGen` generate_share, aggregate_shares,
 decryption             :class:`Decryption`     prepare, generate_share, aggregate_shares,
                                                finalize
 flooded sum decryption :class:`SumDecryption`  the same
+flooded product        :class:`ProductDecryption` the same
+decryption
 flooded decryption of  :class:`FloodedDecryption` the same
 a computed ciphertext
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
@@ -42,6 +44,7 @@ from fednorm.engine.ckks.multiparty.decryption import (
     Decryption,
     DecryptionShare,
     FloodedDecryption,
+    ProductDecryption,
     SumDecryption,
 )
 from fednorm.engine.ckks.multiparty.keygen import (
@@ -78,6 +81,7 @@ __all__ = [
     "KeyCheck",
     "KeyDigests",
     "KeySetup",
+    "ProductDecryption",
     "PublicKeyAggregate",
     "PublicKeyGen",
     "PublicKeyShare",

@@ -140,6 +140,26 @@ class Decryption:
         return self.ctx.raw.Compress(ct, decrypt_share_towers(self.ctx, ct))
 
 
+class _DecodedHere(Decryption):
+    """A flooded decryption whose shares the server fuses and decodes itself
+    (:mod:`..decoding`), not through OpenFHE: OpenFHE refuses slots whose noise exceeds
+    2^-5, which flooding by design may, and its decoding adds a Gaussian as large as the
+    noise it estimates, which would double the variance the flooding was sized for."""
+
+    def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,  # type: ignore[override]
+                         shares: Sequence[DecryptionShare]) -> np.ndarray:
+        """Check the shares as :meth:`Decryption.aggregate_shares` does, then add them up
+        and decode every slot here (:func:`~..decoding.fused_slots`)."""
+        self._check_shares(joint, ct, shares)
+        return fused_slots(self.ctx, [share.ciphertext for share in shares],
+                           ct.GetScalingFactor())
+
+    def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
+        if not 0 <= n <= self.ctx.slots:
+            raise InputError(f"n={n} outside [0, {self.ctx.slots}]")
+        return np.asarray(plaintext)[:n]
+
+
 class SumDecryption(Decryption):
     """Flooded collective decryption of a sum of the parties' sum uploads
     (:meth:`CkksContext.encrypt_sum`): shares at the sum's own towers and scale, each
@@ -168,15 +188,14 @@ class SumDecryption(Decryption):
         return ct
 
 
-class FloodedDecryption(Decryption):
+class FloodedDecryption(_DecodedHere):
     """Flooded collective decryption of a computed ciphertext (the paper's algorithms: a
     comparison, a product of flags), sized by the noise its step declares, as measured
     (:class:`~..flooding.DecryptionNoise`).
 
     The request is the ciphertext compressed to :data:`~..flooding.FLOODED_TOWERS`
     towers at scale ≈ Δ, where the flooding fits the sampler; the shares are fused and
-    decoded here (:mod:`..decoding`), since OpenFHE refuses to decode slots whose noise
-    exceeds 2^-5, which flooding by design may.
+    decoded here (:class:`_DecodedHere`).
     """
 
     flooded = True
@@ -200,18 +219,6 @@ class FloodedDecryption(Decryption):
             raise InputError("a flooded decryption share needs the party's flooding")
         return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
 
-    def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,  # type: ignore[override]
-                         shares: Sequence[DecryptionShare]) -> np.ndarray:
-        """Check the shares as :meth:`Decryption.aggregate_shares` does, then add them up
-        and decode every slot here (:func:`~..decoding.fused_slots`)."""
-        self._check_shares(joint, ct, shares)
-        return fused_slots(self.ctx, [share.ciphertext for share in shares],
-                           ct.GetScalingFactor())
-
-    def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
-        if not 0 <= n <= self.ctx.slots:
-            raise InputError(f"n={n} outside [0, {self.ctx.slots}]")
-        return np.asarray(plaintext)[:n]
 
     def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         return ct
@@ -227,3 +234,13 @@ def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
     if out.NumberCiphertextElements() > 1:
         out.RemoveElement(1)
     return out
+
+
+class ProductDecryption(_DecodedHere, SumDecryption):
+    """Flooded collective decryption of a product of the parties' product uploads: shares
+    as a sum's, each flooded for the product's own noise bound
+    (:class:`~..flooding.ProductFlooding`), decoded here (:class:`_DecodedHere`): the
+    bits' noise is then the parties' flooding alone, whose σ is what decides how many
+    decryptions a product may be flooded for and still read as bits (through OpenFHE's
+    decoding it was √2 times that σ, read from the decoded slots of a real run in
+    ``tests/test_flooding.py``)."""

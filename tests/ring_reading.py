@@ -3,12 +3,11 @@ stand for (what a server holding the bytes could compute), for the flooding test
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import CkksContext, ring
+from fednorm.engine.ckks.decoding import exact_coefficients
 
 
 def towers_of(ctx: CkksContext, share: openfhe.Ciphertext) -> list[np.ndarray]:
@@ -23,14 +22,8 @@ def coefficients(ctx: CkksContext, towers: list[np.ndarray]) -> list[int]:
     """The integer polynomial (centered mod Q = Π q_i) whose residues are ``towers``."""
     moduli = ctx.moduli[:len(towers)]
     n = ctx.preset.ring_dim
-    per_tower = [ring.ntt(q, n).inverse(t).tolist() for q, t in zip(moduli, towers, strict=True)]
-    big_q = math.prod(moduli)
-    weights = [(big_q // q) * pow(big_q // q, -1, q) for q in moduli]
-    out = []
-    for column in zip(*per_tower, strict=True):
-        value = sum(w * int(r) for w, r in zip(weights, column, strict=True)) % big_q
-        out.append(value - big_q if value > big_q // 2 else value)
-    return out
+    residues = [ring.ntt(q, n).inverse(t) for q, t in zip(moduli, towers, strict=True)]
+    return exact_coefficients(moduli, residues).tolist()
 
 
 def flooding_noise(ctx: CkksContext, before: openfhe.Ciphertext,

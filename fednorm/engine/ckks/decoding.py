@@ -47,15 +47,20 @@ def fused_slots(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext], scale: f
 
 def centered_integers(moduli: Sequence[int], residues: Sequence[np.ndarray]) -> np.ndarray:
     """The coefficients (float64) of the polynomial whose residues mod each modulus are
-    ``residues``: CRT to [0, Q), centered to (-Q/2, Q/2]."""
+    ``residues``: :func:`exact_coefficients`, rounded to float64."""
+    return exact_coefficients(moduli, residues).astype(np.float64)
+
+
+def exact_coefficients(moduli: Sequence[int], residues: Sequence[np.ndarray]) -> np.ndarray:
+    """The coefficients (Python integers, an object array) of the polynomial whose
+    residues mod each modulus are ``residues``: CRT to [0, Q), centered to (-Q/2, Q/2]."""
     big_q = math.prod(moduli)
     total = np.zeros(len(residues[0]), dtype=object)
     for q, r in zip(moduli, residues, strict=True):
         weight = (big_q // q) * pow(big_q // q, -1, q)
         total = total + r.astype(object) * weight
     total = total % big_q
-    total = np.where(total > big_q // 2, total - big_q, total)
-    return total.astype(np.float64)
+    return np.where(total > big_q // 2, total - big_q, total)
 
 
 def slot_values(coefficients: np.ndarray, scale: float) -> np.ndarray:

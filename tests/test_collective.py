@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from fednorm.engine import ckks
+from fednorm.engine.codec import Header, decode_received, encode_frame
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.collective import (
     BootShare,
@@ -63,7 +64,24 @@ def test_share_replies_say_which_operation_they_answer() -> None:
     boot = ckks.Bootstrap(ctx)
     rnd = boot.prepare(joint, ct, 0)
     boot_share = boot.generate_share(parties[0], joint.public_key, rnd.c1, 0)
-    assert BootShare.of(boot_share).as_share(0) == boot_share
+    assert BootShare.of(boot_share).as_share() == boot_share
+
+
+def test_a_bootstrap_share_is_checked_for_the_index_it_arrived_with() -> None:
+    """A party's share made for bootstrap #1, sent (framed, parsed) in answer to #0: the
+    engine's index check reads the index that arrived and refuses it (the server used to
+    relabel each reply with the index it expected, and aggregated the wrong share)."""
+    ctx = shared_context("test")
+    parties, joint = ckks.setup_locally(ctx, 2)
+    boot = ckks.Bootstrap(ctx)
+    rnd = boot.prepare(joint, ctx.encrypt(joint.public_key, [1.0, 2.0]), 0)
+    made = [boot.generate_share(p, joint.public_key, rnd.c1, index)
+            for p, index in zip(parties, (0, 1), strict=True)]
+    arrived = [decode_received(encode_frame(Header("ppf", "s", p, 0, BootShare.KIND),
+                                            BootShare.of(share)))[1] for p, share in
+               enumerate(made, 1)]
+    with pytest.raises(ProtocolError, match=r"share #1 is for bootstrap #1, expected #0"):
+        boot.aggregate_shares(joint, rnd, [reply.as_share() for reply in arrived])
 
 
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:

@@ -46,7 +46,7 @@ async def bootstrap(crypto: ServerCrypto, ct: openfhe.Ciphertext, forward: bool 
         with crypto.rc.subprotocol(BOOTSTRAP):
             for reply in replies:
                 await crypto.rc.broadcast(reply)
-    shares = [reply.as_share(index) for reply in replies]
+    shares = [reply.as_share() for reply in replies]
     aggregate = await crypto.rc.run_sync(operation.aggregate_shares, crypto.joint, rnd, shares)
     return await crypto.rc.run_sync(operation.finalize, crypto.joint, rnd, aggregate)
 
@@ -81,5 +81,5 @@ async def _forwarded_shares(crypto: PartyCrypto, mine: BootShare
         if party == rc.me and forwarded.signature != mine.signature:
             raise ProtocolError("the server forwarded, as this party's bootstrap "
                                 "share, one it did not send")
-        shares.append(forwarded.as_share(mine.index))
+        shares.append(forwarded.as_share())
     return shares

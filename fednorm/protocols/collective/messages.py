@@ -247,8 +247,10 @@ class BootShare(Signed):
         return hashlib.sha256(b"%d\0" % self.index + digest(self.h0) + digest(self.h1)
                               ).digest()
 
-    def as_share(self, index: int) -> ckks.BootstrapShare:
-        return ckks.BootstrapShare(index, self.h0, self.h1)
+    def as_share(self) -> ckks.BootstrapShare:
+        """The share as it arrived, its index the one it names, so the engine's check
+        (:meth:`~fednorm.engine.ckks.Bootstrap.aggregate_shares`) reads what was sent."""
+        return ckks.BootstrapShare(self.index, self.h0, self.h1)
 
     @classmethod
     def of(cls, share: ckks.BootstrapShare) -> BootShare:

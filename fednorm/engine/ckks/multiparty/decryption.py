@@ -219,9 +219,18 @@ class FloodedDecryption(_DecodedHere):
             raise InputError("a flooded decryption share needs the party's flooding")
         return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
 
-
     def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         return ct
+
+
+class ProductDecryption(_DecodedHere, SumDecryption):
+    """Flooded collective decryption of a product of the parties' product uploads: shares
+    as a sum's, each flooded for the product's own noise bound
+    (:class:`~..flooding.ProductFlooding`), decoded here (:class:`_DecodedHere`): the
+    bits' noise is then the parties' flooding alone, whose σ is what decides how many
+    decryptions a product may be flooded for and still read as bits (through OpenFHE's
+    decoding it was √2 times that σ, read from the decoded slots of a real run in
+    ``tests/test_flooding.py``)."""
 
 
 def _kind(flooded: bool) -> str:
@@ -234,13 +243,3 @@ def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
     if out.NumberCiphertextElements() > 1:
         out.RemoveElement(1)
     return out
-
-
-class ProductDecryption(_DecodedHere, SumDecryption):
-    """Flooded collective decryption of a product of the parties' product uploads: shares
-    as a sum's, each flooded for the product's own noise bound
-    (:class:`~..flooding.ProductFlooding`), decoded here (:class:`_DecodedHere`): the
-    bits' noise is then the parties' flooding alone, whose σ is what decides how many
-    decryptions a product may be flooded for and still read as bits (through OpenFHE's
-    decoding it was √2 times that σ, read from the decoded slots of a real run in
-    ``tests/test_flooding.py``)."""

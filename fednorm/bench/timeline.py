@@ -4,9 +4,10 @@
 sums the server's phases (key setup, decryptions, bootstraps, the k-th search, named
 steps such as the encrypted inverse), each exclusive of the phases inside it; given to
 every role it also sums the worker-thread calls by name (encryption, decryption shares,
-serialization, ...), and keeps the plaintext vectors the server's calls returned (what
-its decryptions revealed, in order).  Nothing is wrapped or patched: the benchmark
-reads the run the way a progress display does.
+serialization, ...), and keeps the plaintext vectors the server's decryptions
+finalized (what they revealed, in order: a decryption the server decodes itself returns
+slot values from its aggregation too, which are not counted again).  Nothing is
+wrapped or patched: the benchmark reads the run the way a progress display does.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class Timeline(Tracer):
         with self._lock:
             self.calls[event.call] += event.seconds
             self.call_counts[event.call] += 1
-        if event.role == SERVER_NAME and _is_plaintext(event.result):
+        if (event.role == SERVER_NAME and event.call.endswith(".finalize")
+                and _is_plaintext(event.result)):
             self.revealed.append(np.asarray(event.result))
 
     def limit_seconds(self, cores: int) -> float:

@@ -160,13 +160,11 @@ class _DecodedHere(Decryption):
         return np.asarray(plaintext)[:n]
 
 
-class SumDecryption(Decryption):
-    """Flooded collective decryption of a sum of the parties' sum uploads
-    (:meth:`CkksContext.encrypt_sum`): shares at the sum's own towers and scale, each
-    with noise √(12τ)·2^(s/2) times the sum's noise bound (:mod:`..flooding`).
+class _Flooded(Decryption):
+    """A decryption whose shares each party floods, at the ciphertext's own towers.
 
-    ``flooding`` is needed only to generate shares (the party's choice of s); the
-    server aggregates without it.
+    ``flooding`` (the party's s and τ, sized for what is decrypted) is needed only to
+    generate shares; the server aggregates without it.
     """
 
     flooded = True
@@ -174,10 +172,6 @@ class SumDecryption(Decryption):
     def __init__(self, ctx: CkksContext, flooding: Flooding | None = None) -> None:
         super().__init__(ctx)
         self.flooding = flooding
-
-    def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
-        """A sum upload is decrypted as it is (its scale is already Δ²)."""
-        return ct
 
     def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
         if self.flooding is None:
@@ -188,7 +182,18 @@ class SumDecryption(Decryption):
         return ct
 
 
-class FloodedDecryption(_DecodedHere):
+class SumDecryption(_Flooded):
+    """Flooded collective decryption of a sum of the parties' sum uploads
+    (:meth:`CkksContext.encrypt_sum`): shares at the sum's own towers and scale, each
+    with noise √(12τ)·2^(s/2) times the sum's noise bound (:mod:`..flooding`).
+    """
+
+    def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
+        """A sum upload is decrypted as it is (its scale is already Δ²)."""
+        return ct
+
+
+class FloodedDecryption(_DecodedHere, _Flooded):
     """Flooded collective decryption of a computed ciphertext (the paper's algorithms: a
     comparison, a product of flags), sized by the noise its step declares, as measured
     (:class:`~..flooding.DecryptionNoise`).
@@ -198,13 +203,10 @@ class FloodedDecryption(_DecodedHere):
     decoded here (:class:`_DecodedHere`).
     """
 
-    flooded = True
-
     def __init__(self, ctx: CkksContext, noise: DecryptionNoise,
                  flooding: MeasuredFlooding | None = None) -> None:
-        super().__init__(ctx)
+        super().__init__(ctx, flooding)
         self.noise = noise
-        self.flooding = flooding
 
     def prepare(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         """``ct`` compressed (and so rescaled) to the flooded request's towers:
@@ -213,14 +215,6 @@ class FloodedDecryption(_DecodedHere):
             raise ProtocolError("a flooded decryption needs the ciphertext at 2 towers or "
                                 "more after its rescale")
         return self.ctx.raw.Compress(ct, FLOODED_TOWERS)
-
-    def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
-        if self.flooding is None:
-            raise InputError("a flooded decryption share needs the party's flooding")
-        return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
-
-    def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
-        return ct
 
 
 class ProductDecryption(_DecodedHere, SumDecryption):

@@ -201,10 +201,10 @@ def test_a_product_share_carries_the_noise_of_the_decryptions_its_bits_allow() -
     with pytest.raises(_ProductRead):
         trio.run(partial(run_federation, deviating("minmax", server=server), parts, options,
                          timeout=120))
-    tau_p = product_decryptions(CkksContext("test").preset, 10, 42, 1024)
+    preset = CkksContext("test").preset
+    tau_p = product_decryptions(preset, 10, 42, 1024)
     product, factor = read["scales"]
-    flooding = ProductFlooding(CkksContext("test").preset.ring_dim, 10, 10, 42, tau_p,
-                               growth=product / factor)
+    flooding = ProductFlooding(preset.ring_dim, 10, 10, 42, tau_p, growth=product / factor)
     off = read["values"] - np.round(read["values"])
     expected = flooding.slot_sigma(product) * math.sqrt(10)
     assert tau_p == 21 and np.abs(off).max() < 0.25

@@ -8,9 +8,9 @@ import numpy as np
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks import ring
+from fednorm.engine.ckks import BootstrapShare, ring
 from fednorm.engine.errors import ProtocolError
-from fednorm.protocols.collective import BootRequest, BootShare
+from fednorm.protocols.collective import BootRequest
 from fednorm.protocols.collective.rounds import request_shares
 
 K = 2**40
@@ -41,7 +41,7 @@ def crafted_c1(ctx: ckks.CkksContext, honest_c1: openfhe.Ciphertext,
     return ckks.serial.deserialize(openfhe.DeserializeCiphertextString, bytes(out))
 
 
-def read_secret(ctx: ckks.CkksContext, share: BootShare, towers: int) -> np.ndarray | None:
+def read_secret(ctx: ckks.CkksContext, share: BootstrapShare, towers: int) -> np.ndarray | None:
     """round((h0 + h1) / K) in every tower c1 has, if it is one ternary polynomial with a
     residual far below K (what the attack gives); None otherwise."""
     h0, h0_data = _towers(ctx, share.h0, towers)
@@ -66,7 +66,7 @@ async def attack(read: dict[int, np.ndarray], crypto, rc, base: openfhe.Cipherte
     operation = ckks.Bootstrap(crypto.ckks)
     honest = await rc.run_sync(operation.prepare, crypto.joint, base, 0)
     c1 = crafted_c1(crypto.ckks, honest.c1, honest.a)
-    shares = await request_shares(rc, "bootstrap", BootRequest(c1=c1, index=0), BootShare)
+    shares = await request_shares(rc, "bootstrap", BootRequest(c1=c1, index=0), BootstrapShare)
     for party, share in zip(rc.parties, shares, strict=True):
         secret = read_secret(crypto.ckks, share, crypto.ckks.towers(c1))
         if secret is not None:

@@ -50,18 +50,18 @@ def test_decryption_shares_are_validated(fed: CkksFederation, foreign: CkksConte
     with pytest.raises(ProtocolError, match="key tag"):
         decryption.generate_share(parties[1], own)
     forged = ctx.raw.MultipartyDecryptMain([own], _sk(fed, 2))[0]
-    retagged = [*good[:2], DecryptionShare(False, ctx.raw.Compress(forged, 2))]
+    retagged = [*good[:2], DecryptionShare(ctx.raw.Compress(forged, 2))]
     with pytest.raises(ProtocolError, match="key tag"):
         decryption.aggregate_shares(joint, ct, retagged)
     alien_keys = foreign.raw.KeyGen()
     alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
     alien = foreign.raw.MultipartyDecryptMain([alien_ct], alien_keys.secretKey)[0]
     with pytest.raises(ProtocolError, match="another crypto context"):
-        decryption.aggregate_shares(joint, ct, [*good[:2], DecryptionShare(False, alien)])
-    with pytest.raises(ProtocolError, match="decryption share #0 is not flooded"):
-        SumDecryption(ctx).aggregate_shares(joint, ct, good)  # shares of another operation
+        decryption.aggregate_shares(joint, ct, [*good[:2], DecryptionShare(alien)])
+    with pytest.raises(ProtocolError, match=r"decryption share #0: \(elements, level"):
+        SumDecryption(ctx).aggregate_shares(joint, ct, good)  # a plain share's towers
     with pytest.raises(ProtocolError, match="not a DecryptionShare"):
-        decryption.aggregate_shares(joint, ct, [*good[:2], good[2].ciphertext])
+        decryption.aggregate_shares(joint, ct, [*good[:2], good[2].share])
     np.testing.assert_allclose(
         decryption.finalize(decryption.aggregate_shares(joint, ct, good), 4), 1.0,
         atol=FRESH_ABS_TOL)
@@ -86,7 +86,8 @@ def test_bootstrap_shares_are_validated(fed: CkksFederation, foreign: CkksContex
     alien_keys = foreign.raw.KeyGen()
     alien_ct = foreign.encrypt(alien_keys.publicKey, np.ones(4))
     with pytest.raises(ProtocolError, match="another crypto context"):
-        boot.aggregate_shares(joint, rnd, [*good[:2], BootstrapShare(2, alien_ct, alien_ct)])
+        alien = BootstrapShare(index=2, h0=alien_ct, h1=alien_ct)
+        boot.aggregate_shares(joint, rnd, [*good[:2], alien])
     other = boot.generate_share(parties[2], joint.public_key, rnd.c1, 3)  # another element
     with pytest.raises(ProtocolError, match="bootstrap share #2 is for bootstrap #3"):
         boot.aggregate_shares(joint, rnd, [*good[:2], other])
@@ -261,7 +262,8 @@ def test_malformed_shares_are_protocol_errors(fed: CkksFederation) -> None:
     good = [boot.generate_share(p, joint.public_key, rnd.c1, rnd.index) for p in parties]
     short = ctx.raw.Compress(good[1].h1, 3)  # right tag and element count, too few towers
     with pytest.raises(ProtocolError, match="bootstrap share #1 has a part with 3 towers"):
-        boot.aggregate_shares(joint, rnd, [good[0], BootstrapShare(4, good[1].h0, short),
+        boot.aggregate_shares(joint, rnd, [good[0], BootstrapShare(index=4, h0=good[1].h0,
+                                                                   h1=short),
                                            good[2]])
 
 

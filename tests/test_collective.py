@@ -6,13 +6,13 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import trio
+from tcp_federation import connected_pair
 
 from fednorm.engine import ckks
 from fednorm.engine.codec import Header, decode_received, encode_frame
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.collective import (
-    BootShare,
-    DecryptShare,
     JointRound1,
     KeyShares,
     LeadKeys,
@@ -53,35 +53,68 @@ def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
     assert RelinRound2.of(round_two).as_share() == round_two
 
 
-def test_share_replies_say_which_operation_they_answer() -> None:
+def test_a_share_is_its_own_message() -> None:
+    """The engine's shares cross the wire as they are: a decryption share and a
+    bootstrap share, framed and parsed, are the engine's types with the same fields."""
     ctx = shared_context("test")
     parties, joint = ckks.setup_locally(ctx, 2)
     ct = ctx.encrypt(joint.public_key, [1.0, 2.0])
-    share = ckks.Decryption(ctx).generate_share(parties[0], ct)
-    reply = DecryptShare.of(share)
-    assert reply.as_share(ckks.Decryption(ctx)) == share
-    assert reply.as_share(ckks.SumDecryption(ctx)).flooded  # the request it answers tells
     boot = ckks.Bootstrap(ctx)
-    rnd = boot.prepare(joint, ct, 0)
-    boot_share = boot.generate_share(parties[0], joint.public_key, rnd.c1, 0)
-    assert BootShare.of(boot_share).as_share() == boot_share
+    made = [ckks.Decryption(ctx).generate_share(parties[0], ct),
+            boot.generate_share(parties[0], joint.public_key, boot.prepare(joint, ct, 0).c1, 0)]
+    for share in made:
+        arrived = decode_received(encode_frame(Header("ppf", "s", 1, 0, share.KIND), share))[1]
+        assert type(arrived) is type(share)
+        assert [_digest(v, True) for v in arrived.fields().values()] == \
+            [_digest(v, False) for v in share.fields().values()]
 
 
-def test_a_bootstrap_share_is_checked_for_the_index_it_arrived_with() -> None:
-    """A party's share made for bootstrap #1, sent (framed, parsed) in answer to #0: the
-    engine's index check reads the index that arrived and refuses it (the server used to
-    relabel each reply with the index it expected, and aggregated the wrong share)."""
+def _digest(value: object, parsed: bool) -> object:
+    """A field as a receiver compares it: an OpenFHE object by the digest of its parse."""
+    if isinstance(value, bytes | int):
+        return value
+    return ckks.object_digest(value, parsed=True) if parsed else \
+        ckks.serial.ciphertext_digest_as_received(value)
+
+
+async def test_the_engine_checks_the_shares_that_arrive_over_tcp(certs) -> None:
+    """Shares sent over a TLS link on the loopback reach the engine's checks as they were
+    sent: a bootstrap share made for bootstrap #1 in answer to #0, and a decryption share
+    of another ciphertext's shape, are refused by name (the server used to relabel each
+    reply with what it expected, so the index check never saw network input)."""
     ctx = shared_context("test")
     parties, joint = ckks.setup_locally(ctx, 2)
-    boot = ckks.Bootstrap(ctx)
-    rnd = boot.prepare(joint, ctx.encrypt(joint.public_key, [1.0, 2.0]), 0)
-    made = [boot.generate_share(p, joint.public_key, rnd.c1, index)
-            for p, index in zip(parties, (0, 1), strict=True)]
-    arrived = [decode_received(encode_frame(Header("ppf", "s", p, 0, BootShare.KIND),
-                                            BootShare.of(share)))[1] for p, share in
-               enumerate(made, 1)]
+    boot, decryption = ckks.Bootstrap(ctx), ckks.Decryption(ctx)
+    ct = ctx.encrypt(joint.public_key, [1.0, 2.0])
+    rnd = boot.prepare(joint, ct, 0)
+    prepared = decryption.prepare(ct)
+    sent = [boot.generate_share(parties[0], joint.public_key, rnd.c1, 0),
+            boot.generate_share(parties[1], joint.public_key, rnd.c1, 1),
+            boot.generate_share(parties[1], joint.public_key, rnd.c1, 0),
+            decryption.generate_share(parties[0], prepared),
+            decryption.generate_share(parties[1], ct),  # not prepared: other towers
+            decryption.generate_share(parties[1], prepared)]
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    server_end, party_end = await connected_pair(listeners[0], certs, 1)
+    arrived = []
+
+    async def send_all() -> None:
+        for share in sent:
+            await party_end.send(encode_frame(Header("ppf", "s", 1, 0, share.KIND), share))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_all)
+        for _ in sent:
+            arrived.append(decode_received(await server_end.receive())[1])
     with pytest.raises(ProtocolError, match=r"share #1 is for bootstrap #1, expected #0"):
-        boot.aggregate_shares(joint, rnd, [reply.as_share() for reply in arrived])
+        boot.aggregate_shares(joint, rnd, arrived[:2])
+    with pytest.raises(ProtocolError, match=r"decryption share #1"):
+        decryption.aggregate_shares(joint, prepared, arrived[3:5])
+    assert boot.aggregate_shares(joint, rnd, [arrived[0], arrived[2]])  # the same link
+    assert decryption.aggregate_shares(joint, prepared, [arrived[3], arrived[5]])
+    for link in (server_end, party_end):
+        await trio.aclose_forcefully(link.stream)
+    await listeners[0].aclose()
 
 
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:

@@ -18,12 +18,12 @@ import pytest
 from deviating import deviating, deviating_crypto, zscore_server_with
 
 from fednorm.engine import ckks
+from fednorm.engine.ckks import DecryptionShare
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import (
     DecryptRequest,
-    DecryptShare,
     ServerCrypto,
     setup_server,
 )
@@ -171,7 +171,7 @@ def repeating(variant: Variant) -> type[ServerCrypto]:
                           noise: ckks.DecryptionNoise | None) -> np.ndarray:
             if self.first is not None:
                 await request_shares(self.rc, "decrypt", DecryptRequest.of(
-                    variant(self.ckks, self.first), noise), DecryptShare)
+                    variant(self.ckks, self.first), noise), DecryptionShare)
             values = await super().decrypt(ct, n, noise)
             self.first = decryption_of(self.ckks, noise).prepare(ct)
             return values

@@ -106,7 +106,7 @@ def test_the_fused_residue_is_not_the_unflooded_one(fed: CkksFederation) -> None
     assert [c % scale for c in plain] != [c % scale for c in noisy]
     decryption = SumDecryption(fed.ctx)
     out = decryption.finalize(decryption.aggregate_shares(
-        fed.joint, total, [DecryptionShare(True, s) for s in flooded]), values.size)
+        fed.joint, total, [DecryptionShare(s) for s in flooded]), values.size)
     np.testing.assert_allclose(out, P * values, rtol=0, atol=1e-11)
 
 

@@ -226,7 +226,8 @@ def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
     asks every party for a plain decryption share of party 1's own Σx upload; each party
     refuses (its phases declare only decryptions of pooled uploads it recomputes) and the
     server receives no share."""
-    from fednorm.protocols.collective import DecryptRequest, DecryptShare, setup_server
+    from fednorm.engine.ckks import DecryptionShare
+    from fednorm.protocols.collective import DecryptRequest, setup_server
     from fednorm.protocols.collective.rounds import request_shares
     from fednorm.protocols.ppf import moments, pooled
 
@@ -236,7 +237,7 @@ def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
         await setup_server(rc, options.preset, **moments.setup_arguments(options))
         own = (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
         received.extend(await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
-                                             DecryptShare))
+                                             DecryptionShare))
         raise ProtocolError("the attacking server stops here")
 
     errors, _, outcome = tcp_run(certs, server)

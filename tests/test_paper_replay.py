@@ -17,11 +17,12 @@ from deviating import deviating, deviating_crypto, zscore_server_with
 from key_share_attack import KeyShareRead, attack
 
 from fednorm.engine import ckks
+from fednorm.engine.ckks import BootstrapShare
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import FrameEvent, Tracer
 from fednorm.protocols import FitOptions
 from fednorm.protocols.base import agreed_width
-from fednorm.protocols.collective import BootRequest, BootShare, ServerCrypto, setup_server
+from fednorm.protocols.collective import BootRequest, ServerCrypto, setup_server
 from fednorm.protocols.collective.rounds import relay, request_shares
 from fednorm.protocols.collective.sums import InputUpload
 from fednorm.protocols.normalizers import MinMaxNormalizer
@@ -131,11 +132,11 @@ class SwappedShare(ServerCrypto):
         self.held.boot_index += 1
         rnd = ckks.Bootstrap(self.ckks).prepare(self.joint, ct, index)
         replies = await request_shares(self.rc, "bootstrap",
-                                       BootRequest(c1=rnd.c1, index=index), BootShare)
+                                       BootRequest(c1=rnd.c1, index=index), BootstrapShare)
         with self.rc.subprotocol("bootstrap"):
             for reply in [replies[1], *replies[1:]]:
                 await self.rc.broadcast(reply)
-        return await self.rc.receive(1, BootShare)  # the parties refuse first
+        return await self.rc.receive(1, BootstrapShare)  # the parties refuse first
 
 
 async def test_a_share_forwarded_in_another_partys_name_is_refused(links: StarLinks

@@ -20,10 +20,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from deviating import deviating
 
 from fednorm.engine import ckks, signing
+from fednorm.engine.ckks import DecryptionShare
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.tracing import CryptoEvent, Tracer
 from fednorm.protocols.base import FitOptions
-from fednorm.protocols.collective import DecryptShare, SumDecryptRequest, setup_server
+from fednorm.protocols.collective import SumDecryptRequest, setup_server
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import SumUpload, sign_upload
 from fednorm.protocols.ppf import moments, pooled
@@ -48,7 +49,7 @@ def _attack(forge: Forge, links: StarLinks) -> tuple[BaseException, list[int]]:
         sums = await rc.gather(pooled.EncryptedSum)
         index, uploads = forge(crypto, {p: m.values for p, m in sums.items()})
         replies = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=index),
-                                       DecryptShare, (index, uploads))
+                                       DecryptionShare, (index, uploads))
         received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
         raise ProtocolError("the attacking server stops here")
 
@@ -99,7 +100,7 @@ def test_a_set_of_uploads_is_decrypted_once(links: StarLinks) -> None:
         total = await crypto.add_all({p: m.count for p, m in sums.items()})
         await crypto.decrypt_sum(total, 2)
         replies = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=total.index),
-                                       DecryptShare, (total.index, total.uploads))
+                                       DecryptionShare, (total.index, total.uploads))
         received.extend(rc.parties[:len(replies)])
 
     # The paper's z-score with revealed counts: its first phase allows two sums (n_g and
@@ -139,7 +140,7 @@ def test_a_default_protocol_refuses_any_plain_decryption(method: str, links: Sta
                 else nullcontext():
             own = await _first_upload(rc, method)
             replies = await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
-                                           DecryptShare)
+                                           DecryptionShare)
         received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
         raise ProtocolError("the attacking server stops here")
 

@@ -31,6 +31,27 @@ class Message:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Signed(Message):
+    """A share message signed by the party that made it (:mod:`fednorm.engine.signing`):
+    the server forwards it to every other party, who checks the signature before it adds
+    the share.  ``certificate`` is the signer's federation certificate (DER), empty when
+    the verification keys were handed out directly; both empty until the maker signs it
+    (:func:`fednorm.protocols.collective.signatures.signed`).  They come first on the
+    wire; keyword-only here, so a share is made with its own fields alone."""
+
+    ROUND: ClassVar[int] = 0  # the setup round the share belongs to
+
+    signature: bytes = dataclasses.field(default=b"", kw_only=True)
+    certificate: bytes = dataclasses.field(default=b"", kw_only=True)
+
+    def share_digest(self, parsed: bool = False) -> bytes:
+        """A digest of the share's bytes: what the signature covers with its place
+        (``parsed``: the share came off the wire, see :func:`~fednorm.engine.ckks.
+        serial.object_digest`)."""
+        raise NotImplementedError
+
+
 def message(kind: str) -> Callable[[type[M]], type[M]]:
     """Class decorator: make ``cls`` a frozen dataclass message of kind ``kind``."""
 

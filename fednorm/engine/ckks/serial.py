@@ -144,6 +144,15 @@ def objects_digest(objs: Iterable[Any], *, parsed: bool = False) -> bytes:
     return total.digest()
 
 
+def ciphertext_digest_as_received(ciphertext: openfhe.Ciphertext) -> bytes:
+    """The digest a receiver takes of ``ciphertext`` (made in this process) once it parses
+    it: a ciphertext made here serializes other bytes than its parsed copy (as a public
+    key does, :func:`object_digest`), so what its maker signs is the parsed copy's."""
+    parsed = deserialize(openfhe.DeserializeCiphertextString,
+                         openfhe.Serialize(ciphertext, openfhe.BINARY))
+    return object_digest(parsed)
+
+
 def digest_of(data: bytes) -> bytes | None:
     """The digest a framed object's header claims (None if too short to have one)."""
     if len(data) < _HEADER.size:

@@ -22,9 +22,7 @@ from fednorm.protocols.collective.keys import (
 )
 from fednorm.protocols.collective.messages import (
     BootRequest,
-    BootShare,
     DecryptRequest,
-    DecryptShare,
     JointRound1,
     KeyShares,
     LeadKeys,
@@ -44,9 +42,7 @@ from fednorm.protocols.collective.service import serve_until
 __all__ = [
     "LEAD",
     "BootRequest",
-    "BootShare",
     "DecryptRequest",
-    "DecryptShare",
     "JointRound1",
     "KeyShares",
     "LeadKeys",

@@ -21,7 +21,7 @@ import openfhe
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import SERVER
-from fednorm.protocols.collective.messages import BootRequest, BootShare
+from fednorm.protocols.collective.messages import BootRequest
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.signatures import signed, verified
 
@@ -41,13 +41,13 @@ async def bootstrap(crypto: ServerCrypto, ct: openfhe.Ciphertext, forward: bool 
     operation = ckks.Bootstrap(crypto.ckks)
     rnd = await crypto.rc.run_sync(operation.prepare, crypto.joint, ct, index)
     replies = await request_shares(crypto.rc, BOOTSTRAP, BootRequest(c1=rnd.c1, index=index),
-                                   BootShare)
+                                   ckks.BootstrapShare)
     if forward:
         with crypto.rc.subprotocol(BOOTSTRAP):
             for reply in replies:
                 await crypto.rc.broadcast(reply)
-    shares = [reply.as_share() for reply in replies]
-    aggregate = await crypto.rc.run_sync(operation.aggregate_shares, crypto.joint, rnd, shares)
+    aggregate = await crypto.rc.run_sync(operation.aggregate_shares, crypto.joint, rnd,
+                                         replies)
     return await crypto.rc.run_sync(operation.finalize, crypto.joint, rnd, aggregate)
 
 
@@ -65,21 +65,21 @@ async def answer_bootstrap(crypto: PartyCrypto, request: BootRequest, forwarded:
     share = await crypto.rc.run_sync(ckks.Bootstrap(crypto.ckks).generate_share, crypto.keys,
                                      crypto.public_key, request.c1, request.index)
     with crypto.rc.subprotocol(BOOTSTRAP):  # what the signature names
-        mine = await signed(crypto.rc, BootShare.of(share))
+        mine = await signed(crypto.rc, share)
         await crypto.rc.send(SERVER, mine)
         return await _forwarded_shares(crypto, mine) if forwarded else []
 
 
-async def _forwarded_shares(crypto: PartyCrypto, mine: BootShare
+async def _forwarded_shares(crypto: PartyCrypto, mine: ckks.BootstrapShare
                             ) -> list[ckks.BootstrapShare]:
     rc, shares = crypto.rc, []
     for party in range(1, crypto.n_parties + 1):
-        forwarded = await verified(rc, party, await rc.receive(SERVER, BootShare))
+        forwarded = await verified(rc, party, await rc.receive(SERVER, ckks.BootstrapShare))
         if forwarded.index != mine.index:
             raise ProtocolError(f"the server forwarded party {party}'s share of bootstrap "
                                 f"#{forwarded.index}, not of #{mine.index}")
         if party == rc.me and forwarded.signature != mine.signature:
             raise ProtocolError("the server forwarded, as this party's bootstrap "
                                 "share, one it did not send")
-        shares.append(forwarded.as_share())
+        shares.append(forwarded)
     return shares

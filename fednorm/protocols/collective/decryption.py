@@ -29,7 +29,6 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.protocols.collective.messages import (
     DecryptRequest,
-    DecryptShare,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
@@ -109,7 +108,7 @@ async def decrypt_pooled(crypto: ServerCrypto, pooled: PooledUploads, n: int
     async with trio.open_nursery() as nursery:  # the server's combination meanwhile
         nursery.start_soon(_combine, crypto, pooled, combination)
         replies = await request_shares(crypto.rc, name, kind(index=pooled.index),
-                                       DecryptShare, (pooled.index, pooled.uploads))
+                                       ckks.DecryptionShare, (pooled.index, pooled.uploads))
     return await _fused(crypto, decryption(crypto.ckks), replies, combination[0], n)
 
 
@@ -123,15 +122,14 @@ async def _shares_fused(crypto: ServerCrypto, decryption: ckks.Decryption, name:
                         prepared: openfhe.Ciphertext, n: int) -> np.ndarray:
     """Send ``request`` (for shares of ``prepared``) to every party, aggregate their
     shares and finalize."""
-    replies = await request_shares(crypto.rc, name, request, DecryptShare)
+    replies = await request_shares(crypto.rc, name, request, ckks.DecryptionShare)
     return await _fused(crypto, decryption, replies, prepared, n)
 
 
 async def _fused(crypto: ServerCrypto, decryption: ckks.Decryption,
-                 replies: list[DecryptShare], prepared: openfhe.Ciphertext, n: int
+                 shares: list[ckks.DecryptionShare], prepared: openfhe.Ciphertext, n: int
                  ) -> np.ndarray:
     """The parties' shares of ``prepared`` aggregated, the first ``n`` slots."""
-    shares = [reply.as_share(decryption) for reply in replies]
     plaintext = await crypto.rc.run_sync(decryption.aggregate_shares, crypto.joint, prepared,
                                          shares)
     return await crypto.rc.run_sync(decryption.finalize, plaintext, n)
@@ -193,7 +191,7 @@ async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,
                   ct: openfhe.Ciphertext) -> None:
     await crypto.claim_share(_REQUESTS[name], ct)
     share = await crypto.rc.run_sync(decryption.generate_share, crypto.keys, ct)
-    await send_share(crypto.rc, name, DecryptShare.of(share))
+    await send_share(crypto.rc, name, share)
 
 
 async def require_retry_of(crypto: PartyCrypto, previous: openfhe.Ciphertext | None,

@@ -1,51 +1,29 @@
-"""The messages of the collective sub-protocols, and the shares they carry.
+"""The messages of the collective sub-protocols: requests, announcements, relays, and
+the key-setup shares.
 
-Each share message says what it is a share of: its kind names the operation and round
-(``ckks.relin_round2``, ``ckks.boot_share``, ...), its fields the parts; ``shares`` /
-``of`` turn it into the engine's typed share (:mod:`fednorm.engine.ckks.multiparty`)
-and back.  Kinds and fields are the wire format: changing one changes the bytes sent.
+The shares of an operation on a ciphertext are the engine's own messages
+(:class:`~fednorm.engine.ckks.DecryptionShare`, :class:`~fednorm.engine.ckks.
+BootstrapShare`): what arrives is what the engine checks.  The key-setup shares travel
+as the bundles here, each naming its round by its kind (``ckks.lead_keys``,
+``ckks.key_shares``, ``ckks.relin_round2``); ``shares`` / ``as_share`` / ``of`` turn a
+bundle into the engine's typed shares and back.  Kinds and fields are the wire format:
+changing one changes the bytes sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-from typing import ClassVar
 
 import openfhe
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.engine.messages import Message, message
-from fednorm.protocols.collective.sums import (
-    InputUpload,
-    ProductUpload,
-    SumUpload,
-    upload_digest,
-)
+from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Message, Signed, message
+from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpload
 
 
 # -- key setup -----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, eq=False)
-class Signed(Message):
-    """A share message signed by the party that made it (:mod:`fednorm.engine.signing`):
-    the server forwards it to every other party, who checks the signature before it adds
-    the share.  ``certificate`` is the signer's federation certificate (DER), empty when
-    the verification keys were handed out directly."""
-
-    ROUND: ClassVar[int] = 0  # the setup round the share belongs to
-
-    signature: bytes
-    certificate: bytes
-
-    def share_digest(self, parsed: bool = False) -> bytes:
-        """A digest of the share's bytes: what the signature covers with its place
-        (``parsed``: the share came off the wire, see :func:`~fednorm.engine.ckks.
-        serial.object_digest`)."""
-        raise NotImplementedError
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class _SetupShareFields(Signed):
     """A party's first share of each key operation of the setup (None: not needed)."""
@@ -154,9 +132,10 @@ class SetupDone(Message):
 # -- decryption ----------------------------------------------------------------------------
 @message("ckks.decrypt_request")
 class DecryptRequest(Message):
-    """Decrypt this (prepared) ciphertext: every party answers a :class:`DecryptShare`,
-    flooded by the noise the step declares (``noise_kind`` empty: not flooded;
-    :class:`~fednorm.engine.ckks.DecryptionNoise`), which a party replaying the step
+    """Decrypt this (prepared) ciphertext: every party answers a
+    :class:`~fednorm.engine.ckks.DecryptionShare`, flooded by the noise the step
+    declares (``noise_kind`` empty: not flooded; :class:`~fednorm.engine.ckks.
+    DecryptionNoise`), which a party replaying the step
     checks against its own (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
 
     ciphertext: openfhe.Ciphertext
@@ -202,21 +181,6 @@ class ProductDecryptRequest(Message):
     index: int
 
 
-@message("ckks.decrypt_share")
-class DecryptShare(Message):
-    """A party's decryption share; flooded or not is told by the request it answers
-    (its sub-protocol, ``decrypt``, ``decrypt_sum`` or ``decrypt_product``)."""
-
-    share: openfhe.Ciphertext
-
-    def as_share(self, decryption: ckks.Decryption) -> ckks.DecryptionShare:
-        return ckks.DecryptionShare(decryption.flooded, self.share)
-
-    @classmethod
-    def of(cls, share: ckks.DecryptionShare) -> DecryptShare:
-        return cls(share=share.ciphertext)
-
-
 # -- bootstrapping -------------------------------------------------------------------------
 @message("ckks.boot_request")
 class BootRequest(Message):
@@ -226,37 +190,6 @@ class BootRequest(Message):
 
     c1: openfhe.Ciphertext
     index: int
-
-
-@message("ckks.boot_share")
-class BootShare(Signed):
-    """A party's bootstrap share (h0, h1) of the ``index``-th bootstrap, signed: the
-    server forwards every party's share to every party, which aggregates them itself
-    into the refreshed ciphertext it goes on recomputing with
-    (:class:`~fednorm.protocols.ppf.driver.Replay`)."""
-
-    index: int
-    h0: openfhe.Ciphertext
-    h1: openfhe.Ciphertext
-
-    def share_digest(self, parsed: bool = False) -> bytes:
-        if not isinstance(self.index, int) or isinstance(self.index, bool):
-            raise InputError("its bootstrap index is not an integer")
-        # Of each part as a receiver parses it (:func:`.sums.upload_digest`).
-        digest = ckks.object_digest if parsed else upload_digest
-        return hashlib.sha256(b"%d\0" % self.index + digest(self.h0) + digest(self.h1)
-                              ).digest()
-
-    def as_share(self) -> ckks.BootstrapShare:
-        """The share as it arrived, its index the one it names, so the engine's check
-        (:meth:`~fednorm.engine.ckks.Bootstrap.aggregate_shares`) reads what was sent."""
-        return ckks.BootstrapShare(self.index, self.h0, self.h1)
-
-    @classmethod
-    def of(cls, share: ckks.BootstrapShare) -> BootShare:
-        """The share as a message, not signed yet (:func:`.signatures.signed` signs it)."""
-        return cls(signature=b"", certificate=b"", index=share.index, h0=share.h0,
-                   h1=share.h1)
 
 
 # -- relays --------------------------------------------------------------------------------

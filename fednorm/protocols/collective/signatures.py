@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from fednorm.engine import signing
 from fednorm.engine.errors import FednormError, InputError, ProtocolError
+from fednorm.engine.messages import Signed
 from fednorm.engine.runtime import RoleContext, role_name
-from fednorm.protocols.collective.messages import Signed
 
 S = TypeVar("S", bound=Signed)
 

@@ -154,16 +154,6 @@ def statement(session: str, party: int, index: int, digest: bytes,
     return signing.Statement(session, kind, index, kind, party, digest)
 
 
-def upload_digest(ciphertext: openfhe.Ciphertext) -> bytes:
-    """The digest a party signs its upload with: of the ciphertext as a receiver will
-    parse it (a ciphertext made in this process serializes other bytes than its parsed
-    copy, see :func:`fednorm.engine.ckks.serial.object_digest`); a receiver holds the
-    parsed copy and digests it as it is."""
-    parsed = ckks.serial.deserialize(openfhe.DeserializeCiphertextString,
-                                     openfhe.Serialize(ciphertext, openfhe.BINARY))
-    return ckks.object_digest(parsed)
-
-
 @dataclass(frozen=True)
 class OwnUpload:
     """What a party keeps of an upload it sent: its ciphertext's digest, and the digest
@@ -185,7 +175,7 @@ def sign_upload(keyring: signing.Keyring, session: str, index: int,
     """This party's ``index``-th upload of ``kind``, signed with ``transcript`` (the
     server's messages so far, :meth:`~fednorm.engine.runtime.RoleContext.transcript`),
     and what the party keeps of it."""
-    own = OwnUpload(upload_digest(ciphertext), transcript)
+    own = OwnUpload(ckks.serial.ciphertext_digest_as_received(ciphertext), transcript)
     signature = keyring.signer.sign(statement(session, keyring.party, index,
                                               signed_digest(own.digest, transcript), kind.KIND))
     return kind(index, ciphertext, signature, keyring.signer.certificate), own

@@ -31,8 +31,10 @@ key setup :class:`RoundOneSum` and :class:`RoundTwoSum`), so a server
 adds each party's shares as they arrive instead of holding all P of them. An operation
 on a ciphertext starts with the server's *prepare*: what it sends the parties to make
 shares of. Each share is a dataclass that says what it is a share of
-(:class:`RelinShare` its round, :class:`BootstrapShare` its bootstrap index,
-:class:`DecryptionShare` whether it is flooded), and every aggregation checks shares
+(:class:`RelinShare` its round, :class:`BootstrapShare` its bootstrap index); the shares
+of an operation on a ciphertext (:class:`DecryptionShare`, :class:`BootstrapShare`) are
+the wire messages themselves, so what a party sends is what is checked; and every
+aggregation checks shares
 before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share is a
 :class:`ProtocolError`, never garbage. Synchronous, no I/O: the network rounds are in
 :mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.

@@ -11,6 +11,7 @@ role expands from the same public seed (:mod:`..crs`), so a server cannot choose
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +22,9 @@ from fednorm.engine.ckks.crs import common_element
 from fednorm.engine.ckks.keys import JointKeys, PartyKeys
 from fednorm.engine.ckks.levels import require_consumed_at_most
 from fednorm.engine.ckks.multiparty.checks import require_shares, require_tag
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.ckks.serial import ciphertext_digest_as_received, object_digest
+from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.messages import Signed, message
 
 
 @dataclass(frozen=True)
@@ -34,14 +37,24 @@ class BootRound:
     index: int
 
 
-@dataclass(frozen=True)
-class BootstrapShare:
+@message("ckks.boot_share")
+class BootstrapShare(Signed):
     """A party's share of the ``index``-th bootstrap: masked decryption ``h0`` of ``c1``
-    and re-encryption ``h1`` on the common element."""
+    and re-encryption ``h1`` on the common element.  The message itself: it crosses the
+    wire as it is, signed by its maker, so :meth:`Bootstrap.aggregate_shares` checks the
+    index and parts that arrived."""
 
     index: int
     h0: openfhe.Ciphertext
     h1: openfhe.Ciphertext
+
+    def share_digest(self, parsed: bool = False) -> bytes:
+        """Of the index and both parts, each as a receiver parses it."""
+        if not isinstance(self.index, int) or isinstance(self.index, bool):
+            raise InputError("its bootstrap index is not an integer")
+        digest = object_digest if parsed else ciphertext_digest_as_received
+        return hashlib.sha256(b"%d\0" % self.index + digest(self.h0) + digest(self.h1)
+                              ).digest()
 
 
 class Bootstrap:
@@ -77,7 +90,7 @@ class Bootstrap:
         """``IntMPBootDecrypt`` on ``c1`` and the common element this party derives
         itself from ``index``."""
         h0, h1 = keys.boot_share(c1, self.common_element(public_key, index))
-        return BootstrapShare(index, h0, h1)
+        return BootstrapShare(index=index, h0=h0, h1=h1)
 
     def aggregate_shares(self, joint: JointKeys, rnd: BootRound,
                          shares: Sequence[BootstrapShare]) -> list[openfhe.Ciphertext]:

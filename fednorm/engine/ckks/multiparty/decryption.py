@@ -27,7 +27,6 @@ noise sized by the *largest* slot, so decrypt values of very different magnitude
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import openfhe
@@ -53,17 +52,19 @@ from fednorm.engine.ckks.multiparty.checks import (
     require_tags,
 )
 from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.messages import Message, message
 
 _DECODE_OVERFLOW = "approximation error is too high"
 
 
-@dataclass(frozen=True)
-class DecryptionShare:
-    """A party's partial decryption of one joint ciphertext; ``flooded`` if it carries
-    flooding noise (a share of a :class:`SumDecryption`)."""
+@message("ckks.decrypt_share")
+class DecryptionShare(Message):
+    """A party's partial decryption of one joint ciphertext, the message itself: the
+    server checks what arrived (:meth:`Decryption.aggregate_shares`).  Whether it is
+    flooded no share can show (its noise is the party's to add): the decryption that
+    asked for it says, and a share of the wrong shape for it is refused."""
 
-    flooded: bool
-    ciphertext: openfhe.Ciphertext
+    share: openfhe.Ciphertext
 
 
 class DecodeOverflow(ProtocolError):
@@ -80,8 +81,6 @@ class Decryption:
     Not flooded (docs/LEAKAGE.md, "Decryption noise"): for sums use :class:`SumDecryption`.
     """
 
-    flooded = False
-
     def __init__(self, ctx: CkksContext) -> None:
         self.ctx = ctx
 
@@ -97,7 +96,7 @@ class Decryption:
         return self.ctx.double_scale(compressed)
 
     def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
-        return DecryptionShare(False, keys.decrypt_share(ct))
+        return DecryptionShare(keys.decrypt_share(ct))
 
     def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,
                          shares: Sequence[DecryptionShare]) -> openfhe.Plaintext:
@@ -109,7 +108,7 @@ class Decryption:
         """
         self._check_shares(joint, ct, shares)
         try:
-            return self.ctx.raw.MultipartyDecryptFusion([share.ciphertext for share in shares])
+            return self.ctx.raw.MultipartyDecryptFusion([share.share for share in shares])
         except RuntimeError as exc:
             if _DECODE_OVERFLOW in str(exc):
                 raise DecodeOverflow(f"decrypted values too large to decode: {exc}") from None
@@ -117,16 +116,13 @@ class Decryption:
 
     def _check_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,
                       shares: Sequence[DecryptionShare]) -> None:
-        """ProtocolError unless ``shares`` are one per party, of this kind (flooded or
-        not), under the joint key, each shaped as a share of ``ct``."""
+        """ProtocolError unless ``shares`` are one per party, under the joint key, each
+        shaped as a share of ``ct`` for this decryption (a flooded share is sent at other
+        towers than a plain one)."""
         require_shares(shares, DecryptionShare, joint, "decryption share")
-        for i, share in enumerate(shares):
-            if share.flooded != self.flooded:
-                raise ProtocolError(f"decryption share #{i} is {_kind(share.flooded)}, "
-                                    f"expected {_kind(self.flooded)}")
         require_tag(ct, joint.tag, "ciphertext to decrypt")
         like = _one_element(self._share_shape(ct))
-        parts = [share.ciphertext for share in shares]
+        parts = [share.share for share in shares]
         for i, part in enumerate(parts):
             require_like(self.ctx, part, like, f"decryption share #{i}")
         require_tags(parts, [joint.tag] * len(parts), "decryption share")
@@ -151,7 +147,7 @@ class _DecodedHere(Decryption):
         """Check the shares as :meth:`Decryption.aggregate_shares` does, then add them up
         and decode every slot here (:func:`~..decoding.fused_slots`)."""
         self._check_shares(joint, ct, shares)
-        return fused_slots(self.ctx, [share.ciphertext for share in shares],
+        return fused_slots(self.ctx, [share.share for share in shares],
                            ct.GetScalingFactor())
 
     def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
@@ -167,8 +163,6 @@ class _Flooded(Decryption):
     generate shares; the server aggregates without it.
     """
 
-    flooded = True
-
     def __init__(self, ctx: CkksContext, flooding: Flooding | None = None) -> None:
         super().__init__(ctx)
         self.flooding = flooding
@@ -176,7 +170,7 @@ class _Flooded(Decryption):
     def generate_share(self, keys: PartyKeys, ct: openfhe.Ciphertext) -> DecryptionShare:
         if self.flooding is None:
             raise InputError("a flooded decryption share needs the party's flooding")
-        return DecryptionShare(True, keys.decrypt_sum_share(ct, self.flooding))
+        return DecryptionShare(keys.decrypt_sum_share(ct, self.flooding))
 
     def _share_shape(self, ct: openfhe.Ciphertext) -> openfhe.Ciphertext:
         return ct
@@ -225,10 +219,6 @@ class ProductDecryption(_DecodedHere, SumDecryption):
     decryptions a product may be flooded for and still read as bits (through OpenFHE's
     decoding it was √2 times that σ, read from the decoded slots of a real run in
     ``tests/test_flooding.py``)."""
-
-
-def _kind(flooded: bool) -> str:
-    return "flooded" if flooded else "not flooded"
 
 
 def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:

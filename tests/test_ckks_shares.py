@@ -212,41 +212,43 @@ def test_key_setup_composes_the_key_operations() -> None:
     setup = KeySetup(ctx, relinearize=True, rotations=(4,))
     lead = setup.generate_keys(None)
     lead_shares = setup.generate_share(lead, 1, None)
-    assert (lead_shares.relin.round, lead_shares.rotation.indices) == (1, (4,))
+    relin, rotation = setup.typed(lead_shares)[1:]
+    assert (relin.round, rotation.indices) == (1, (4,))
     others = [setup.generate_keys(lead_shares) for _ in range(2)]
     shares = [lead_shares] + [setup.generate_share(p, 1, lead_shares) for p in others]
     total = setup.running_sum(1)  # as a server adds them up: one party at a time
     for share in shares[:2]:
         total.add(share)
     with pytest.raises(ProtocolError, match="rotation-key share is missing"):
-        total.add(replace(shares[2], rotation=None))
+        total.add(replace(shares[2], rotation_share=None))
     with pytest.raises(ProtocolError, match="round-1 relinearization share #2 has key tag"):
-        total.add(replace(shares[2], relin=shares[1].relin))  # party 2's under party 3's
+        # party 2's under party 3's:
+        total.add(replace(shares[2], relin_share=shares[1].relin_share))
     with pytest.raises(ProtocolError, match="same key tag"):
         total.add(shares[1])
     total.add(shares[2])  # the refused ones left every sum as it was
     round_one = total.result()
     # The running sums equal OpenFHE's pairwise folds of all the shares, lead first.
     raw, tag = ctx.raw, round_one.joint.tag
-    assert round_one.joint.party_tags == tuple(s.public_key.key.GetKeyTag() for s in shares)
+    assert round_one.joint.party_tags == tuple(s.public_key.GetKeyTag() for s in shares)
     assert serialize(round_one.joint.public_key) == serialize(functools.reduce(
-        lambda acc, key: raw.MultiAddPubKeys(acc, key, tag), [s.public_key.key for s in shares]))
+        lambda acc, key: raw.MultiAddPubKeys(acc, key, tag), [s.public_key for s in shares]))
     assert serialize(round_one.relin) == serialize(functools.reduce(
-        lambda acc, key: raw.MultiAddEvalKeys(acc, key, tag), [s.relin.key for s in shares]))
+        lambda acc, key: raw.MultiAddEvalKeys(acc, key, tag), [s.relin_share for s in shares]))
     total.finalize(round_one.joint)
     parties = [lead, *others]
     round_two = setup.running_sum(2, round_one.joint)
     for party in parties:
         round_two.add(setup.generate_share(party, 2, round_one))
-    with pytest.raises(ProtocolError, match="round-2 relinearization share #3 is of round 1"):
-        round_two.add(lead_shares.relin)
+    with pytest.raises(ProtocolError, match="round-2 share expected, not a LeadKeys"):
+        round_two.add(lead_shares)
     round_two.finalize()
     x = np.arange(1.0, 9.0) / 8
     ct = ctx.encrypt(round_one.joint.public_key, x)
     got = decrypt_locally(ctx, round_one.joint, parties, ctx.rotate(ctx.mul(ct, ct), 4), 4)
     np.testing.assert_allclose(got, (x * x)[4:], atol=DOUBLED_ABS_TOL)
     without = KeySetup(ctx, relinearize=False)
-    assert without.generate_share(lead, 1, None).relin is None
+    assert without.generate_share(lead, 1, None).relin_share is None
     assert without.generate_share(lead, 2, round_one) is None
 
 

@@ -12,45 +12,45 @@ from tcp_federation import connected_pair
 from fednorm.engine import ckks
 from fednorm.engine.codec import Header, decode_received, encode_frame
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.protocols.collective import (
-    JointRound1,
-    KeyShares,
-    LeadKeys,
-    RelinRound2,
-    shared_context,
-)
+from fednorm.protocols.collective import JointRound1, shared_context
 
 
-def test_setup_messages_carry_the_shares_of_every_key_operation() -> None:
+def test_setup_shares_are_the_messages_and_the_engine_types_them() -> None:
+    """A key setup's round-one shares are the lead's or another party's message as it
+    crosses the wire (signed when sent); the setup types each operation's share from
+    it, and refuses a bundle that lacks one it needs.  Round two is the
+    relinearization share alone, as its own message."""
     ctx = shared_context("test")
     setup = ckks.KeySetup(ctx, relinearize=True, rotations=(1,))
     lead = setup.generate_keys(None)
     shares = setup.generate_share(lead, 1, None)
-    message = LeadKeys.of(shares)
-    assert list(message.fields()) == ["signature", "certificate", "public_key", "relin_share",
-                                      "rotation_share"]
-    assert (message.signature, message.certificate) == (b"", b"")  # signed when sent
-    back = message.shares(setup)
-    assert back.public_key.key is shares.public_key.key
-    assert (back.relin.round, back.relin.key) == (1, shares.relin.key)
-    assert (back.rotation.indices, back.rotation.keys) == ((1,), shares.rotation.keys)
-    other = setup.generate_keys(back)
-    assert isinstance(KeyShares.of(setup.generate_share(other, 1, back)), KeyShares)
-    without_relin = KeyShares(signature=b"", certificate=b"", public_key=message.public_key,
-                              relin_share=None, rotation_share=message.rotation_share)
+    assert type(shares) is ckks.LeadKeys
+    assert list(shares.fields()) == ["signature", "certificate", "public_key", "relin_share",
+                                     "rotation_share"]
+    assert (shares.signature, shares.certificate) == (b"", b"")  # signed when sent
+    public_key, relin, rotation = setup.typed(shares)
+    assert public_key.key is shares.public_key
+    assert (relin.round, relin.key) == (1, shares.relin_share)
+    assert (rotation.indices, rotation.keys) == ((1,), shares.rotation_share)
+    other = setup.generate_keys(shares)
+    assert type(setup.generate_share(other, 1, shares)) is ckks.KeyShares
+    without_relin = ckks.KeyShares(public_key=shares.public_key, relin_share=None,
+                                   rotation_share=shares.rotation_share)
     with pytest.raises(ProtocolError, match="relin-key share is missing"):
-        without_relin.shares(setup)
+        setup.typed(without_relin)
     plain = ckks.KeySetup(ctx, relinearize=False)
-    assert (message.shares(plain).relin, message.shares(plain).rotation) == (None, None)
+    assert plain.typed(shares)[1:] == (None, None)
 
     total = setup.running_sum(1)
-    for shares_of_party in (back, setup.generate_share(other, 1, back)):
+    for shares_of_party in (shares, setup.generate_share(other, 1, shares)):
         total.add(shares_of_party)
     round_one = total.result()
     received = JointRound1.of(round_one).round_one()
     assert received.joint == round_one.joint and received.relin is round_one.relin
     round_two = setup.generate_share(other, 2, received)
-    assert RelinRound2.of(round_two).as_share() == round_two
+    assert type(round_two) is ckks.RelinRound2 and list(round_two.fields())[2:] == ["share"]
+    with pytest.raises(ProtocolError, match="round-2 share expected, not a KeyShares"):
+        setup.running_sum(2, round_one.joint).add(without_relin)
 
 
 def test_a_share_is_its_own_message() -> None:
@@ -155,10 +155,9 @@ def _parsed(ctx: ckks.CkksContext, shares: ckks.SetupShares) -> ckks.SetupShares
     """The shares as a party reads them off the wire."""
     def back(obj: object, kind: str) -> object:
         return ctx.from_bytes(kind, ctx.to_bytes(obj))
-    return ckks.SetupShares(
-        ckks.PublicKeyShare(back(shares.public_key.key, "public_key")),
-        ckks.RelinShare(1, back(shares.relin.key, "eval_key")),
-        ckks.RotationShare(shares.rotation.indices, back(shares.rotation.keys, "eval_key_map")))
+    return type(shares)(public_key=back(shares.public_key, "public_key"),
+                        relin_share=back(shares.relin_share, "eval_key"),
+                        rotation_share=back(shares.rotation_share, "eval_key_map"))
 
 
 def _round_one(ctx: ckks.CkksContext, parties: int = 3) -> tuple[
@@ -191,19 +190,19 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
     assert ckks.object_digest(ours.relin) == ckks.object_digest(theirs.relin)
     assert ckks.object_digest(made.rotation_result()) == \
         ckks.object_digest(parsed.rotation_result())
-    assert ckks.object_digest(shares[1].public_key.key) == \
-        ckks.object_digest(_parsed(ctx, shares[1]).public_key.key)
+    assert ckks.object_digest(shares[1].public_key) == \
+        ckks.object_digest(_parsed(ctx, shares[1]).public_key)
     # A party checks a share's signature against the digest of what it parsed: taken of
     # the payload for evaluation keys (no serialization), it must be the maker's.
     received = _parsed(ctx, shares[1])
-    assert ckks.object_digest(received.relin.key, parsed=True) == \
-        ckks.object_digest(shares[1].relin.key)
-    assert ckks.object_digest(received.rotation.keys, parsed=True) == \
-        ckks.object_digest(shares[1].rotation.keys)
-    assert ckks.object_digest(received.public_key.key, parsed=True) == \
-        ckks.object_digest(shares[1].public_key.key)
-    assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key.key)
-    assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin.key)
+    assert ckks.object_digest(received.relin_share, parsed=True) == \
+        ckks.object_digest(shares[1].relin_share)
+    assert ckks.object_digest(received.rotation_share, parsed=True) == \
+        ckks.object_digest(shares[1].rotation_share)
+    assert ckks.object_digest(received.public_key, parsed=True) == \
+        ckks.object_digest(shares[1].public_key)
+    assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key)
+    assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin_share)
     with pytest.raises(InputError, match="never serialized"):
         ckks.object_digest(ctx.raw.KeyGen().secretKey)
 
@@ -234,7 +233,7 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
     with pytest.raises(ProtocolError, match="joint public key the server sent differs"):
         check().check_round_one(ckks.JointRoundOne(same_tags, server.relin))
     with pytest.raises(ProtocolError, match="round-1 relinearization aggregate"):
-        check().check_round_one(ckks.JointRoundOne(server.joint, shares[1].relin.key))
+        check().check_round_one(ckks.JointRoundOne(server.joint, shares[1].relin_share))
 
     mine = check()
     round_one = mine.check_round_one(server)
@@ -259,8 +258,8 @@ def test_a_parsed_evaluation_key_serializes_to_the_payload_it_was_parsed_from() 
 
     ctx = shared_context("test")
     _, _, shares = _round_one(ctx)
-    for share, kind in ((shares[1].relin.key, "eval_key"),
-                        (shares[1].rotation.keys, "eval_key_map")):
+    for share, kind in ((shares[1].relin_share, "eval_key"),
+                        (shares[1].rotation_share, "eval_key_map")):
         framed = ctx.to_bytes(share)
         parsed = ctx.from_bytes(kind, framed)
         payload = openfhe.Serialize(parsed, openfhe.BINARY)
@@ -283,7 +282,7 @@ def test_the_parties_of_a_simulation_share_each_step_of_their_key_checks() -> No
         check = ckks.KeyCheck(setup)
         for share in received:  # each with the digest its maker signed
             check.add(share, ckks.objects_digest(
-                (share.public_key.key, share.relin.key, share.rotation.keys)))
+                (share.public_key, share.relin_share, share.rotation_share)))
         return check.round_one.result()
 
     with ckks.in_process_run():

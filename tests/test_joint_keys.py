@@ -19,11 +19,12 @@ import trio
 from deviating import deviating
 from tcp_federation import TEST, UPLOAD, PartyWatch, parts, tcp_run
 
+from fednorm.engine.ckks import KeyShares
 from fednorm.engine.errors import FednormError, ProtocolError
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols import FitOptions, get_protocol
-from fednorm.protocols.collective import JointRound1, KeyShares, shared_context
+from fednorm.protocols.collective import JointRound1, shared_context
 from fednorm.protocols.ppf import moments as ppf
 from fednorm.sim.federation import run_federation
 
@@ -114,8 +115,7 @@ def forged_shares(lead: Message) -> KeyShares:
     from fednorm.engine import ckks
 
     setup = ckks.KeySetup(shared_context("test"), **ppf.setup_arguments(TEST))
-    lead_shares = lead.shares(setup)
-    return KeyShares.of(setup.generate_share(setup.generate_keys(lead_shares), 1, lead_shares))
+    return setup.generate_share(setup.generate_keys(lead), 1, lead)
 
 
 def unsigned(msg: KeyShares, rc: RoleContext) -> KeyShares:

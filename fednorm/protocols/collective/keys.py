@@ -2,14 +2,16 @@
 rounds, every share signed by the party that made it and checked by every other party.
 
 1. the lead party (party 1) generates its keys and its shares of every key operation
-   (:class:`LeadKeys`); the server forwards them to the other parties;
-2. every other party generates its keys and shares on the lead's (:class:`KeyShares`);
-   the server forwards each party's to every other party, aggregates the joint public
-   key and the round-1 relinearization key and sends both to all parties
-   (:class:`JointRound1`), then finalizes the rotation keys;
-3. every party sends its round-2 relinearization share (:class:`RelinRound2`), which the
-   server forwards too; it aggregates and finalizes the relinearization key and tells
-   the parties digests of the evaluation keys it installed (:class:`SetupDone`).
+   (:class:`~fednorm.engine.ckks.LeadKeys`); the server forwards them to the other
+   parties;
+2. every other party generates its keys and shares on the lead's
+   (:class:`~fednorm.engine.ckks.KeyShares`); the server forwards each party's to every
+   other party, aggregates the joint public key and the round-1 relinearization key and
+   sends both to all parties (:class:`JointRound1`), then finalizes the rotation keys;
+3. every party sends its round-2 relinearization share
+   (:class:`~fednorm.engine.ckks.RelinRound2`), which the server forwards too; it
+   aggregates and finalizes the relinearization key and tells the parties digests of
+   the evaluation keys it installed (:class:`SetupDone`).
 
 Every party checks the signature of every share it is forwarded (:mod:`.signatures`),
 adds the shares up itself (:class:`~fednorm.engine.ckks.KeyCheck`, the server's running
@@ -30,7 +32,6 @@ round and its 25 MB-per-party shares are skipped.  Secret keys never leave
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Protocol, TypeVar
 
 import openfhe
@@ -42,9 +43,6 @@ from fednorm.protocols.collective.bootstrap import BOOTSTRAP
 from fednorm.protocols.collective.decryption import DECRYPT, DECRYPT_PRODUCT, DECRYPT_SUM
 from fednorm.protocols.collective.messages import (
     JointRound1,
-    KeyShares,
-    LeadKeys,
-    RelinRound2,
     SetupDone,
 )
 from fednorm.protocols.collective.roles import (
@@ -73,7 +71,6 @@ class FloodingOptions(Protocol):
     flood: bool
 
 M = TypeVar("M", bound=Message)
-S = TypeVar("S")
 
 
 async def setup_server(
@@ -97,7 +94,7 @@ async def setup_server(
         relin_key = None
         if setup.relin is not None:
             rc.stats.rounds += 1
-            await _relay(rc, rc.parties, RelinRound2, RelinRound2.as_share, round_two.add)
+            await _relay(rc, rc.parties, ckks.RelinRound2, round_two.add)
             relin_key = await rc.run_sync(round_two.finalize)
         digests = await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys)
         await rc.broadcast(SetupDone.of(digests))
@@ -113,9 +110,8 @@ async def _round_one(rc: RoleContext, setup: ckks.KeySetup
     returned)."""
     total = setup.running_sum(1)
     rc.stats.rounds += 1
-    await _relay(rc, [LEAD], LeadKeys, partial(LeadKeys.shares, setup=setup), total.add)
-    await _relay(rc, rc.parties[1:], KeyShares, partial(KeyShares.shares, setup=setup),
-                 total.add)
+    await _relay(rc, [LEAD], ckks.LeadKeys, total.add)
+    await _relay(rc, rc.parties[1:], ckks.KeyShares, total.add)
     round_one = await rc.run_sync(total.result)
     await rc.broadcast(JointRound1.of(round_one))
     return round_one, await rc.run_sync(total.finalize, round_one.joint)
@@ -181,37 +177,34 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     which ends the forwarded shares."""
     lead, lead_digest = None, b""
     if rc.me != LEAD:
-        lead_keys = await rc.receive(SERVER, LeadKeys)
-        lead_digest = await verified_digest(rc, LEAD, lead_keys)
-        lead = lead_keys.shares(setup)
-        del lead_keys
+        lead = await rc.receive(SERVER, ckks.LeadKeys)
+        lead_digest = await verified_digest(rc, LEAD, lead)
     keys = await rc.run_sync(setup.generate_keys, lead)
     mine = await rc.run_sync(setup.generate_share, keys, 1, lead)
-    message, digest = await signed_with_digest(rc, (KeyShares if lead else LeadKeys).of(mine))
+    mine, digest = await signed_with_digest(rc, mine)
     if lead is not None:
         await rc.run_sync(check.add, lead, lead_digest)
     eager = _eager(rc)
     if eager:
-        await rc.send(SERVER, message)
+        await rc.send(SERVER, mine)
     for party in range(LEAD + 1, rc.me):
-        await _add_round_one(rc, party, await rc.receive(SERVER, KeyShares), setup, check)
+        await _add_round_one(rc, party, await rc.receive(SERVER, ckks.KeyShares), check)
     if not eager:
-        await rc.send(SERVER, message)
-    del message
+        await rc.send(SERVER, mine)
     await rc.run_sync(check.add, mine, digest)
     del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
     party = rc.me
-    while not isinstance(msg := await rc.receive(SERVER, (KeyShares, JointRound1)),
+    while not isinstance(msg := await rc.receive(SERVER, (ckks.KeyShares, JointRound1)),
                          JointRound1):
         party += 1
-        await _add_round_one(rc, party, msg, setup, check)
+        await _add_round_one(rc, party, msg, check)
     return keys, msg
 
 
-async def _add_round_one(rc: RoleContext, party: int, msg: KeyShares,
-                         setup: ckks.KeySetup, check: ckks.KeyCheck) -> None:
+async def _add_round_one(rc: RoleContext, party: int, msg: ckks.KeyShares,
+                         check: ckks.KeyCheck) -> None:
     digest = await verified_digest(rc, party, msg)
-    await rc.run_sync(check.add, msg.shares(setup), digest)
+    await rc.run_sync(check.add, msg, digest)
 
 
 async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
@@ -221,18 +214,18 @@ async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.Par
     rounds, :func:`_eager`); every party's added up, every other one signature-checked
     first."""
     share = await rc.run_sync(setup.generate_share, keys, 2, round_one)
-    (message, digest), eager = await signed_with_digest(rc, RelinRound2.of(share)), _eager(rc)
+    (share, digest), eager = await signed_with_digest(rc, share), _eager(rc)
     if eager:
-        await rc.send(SERVER, message)
+        await rc.send(SERVER, share)
     for party in range(LEAD, round_one.joint.n_parties + 1):
         if party == rc.me:
             if not eager:
-                await rc.send(SERVER, message)
+                await rc.send(SERVER, share)
             await rc.run_sync(check.add, share, digest)
         else:
-            other = await rc.receive(SERVER, RelinRound2)
+            other = await rc.receive(SERVER, ckks.RelinRound2)
             step = await verified_digest(rc, party, other)
-            await rc.run_sync(check.add, other.as_share(), step)
+            await rc.run_sync(check.add, other, step)
 
 
 def _eager(rc: RoleContext) -> bool:
@@ -266,12 +259,12 @@ def reusable(rc: RoleContext, kind: type[H], preset: str, relinearize: bool,
 
 
 async def _relay(rc: RoleContext, parties: Sequence[int], expected: type[M],
-                 share_of: Callable[[M], S], add: Callable[[S], None]) -> None:
-    """Server: one message from each of ``parties``, in order, its share added to a
-    running sum (in a worker thread) and the message forwarded to every other party,
-    then let go before the next is read."""
+                 add: Callable[[M], None]) -> None:
+    """Server: one share message from each of ``parties``, in order, added to a running
+    sum (in a worker thread) as it arrived and forwarded to every other party, then let
+    go before the next is read."""
     for party in parties:
         msg = await rc.receive(party, expected)
-        await rc.run_sync(add, share_of(msg))
+        await rc.run_sync(add, msg)
         await rc.forward(msg, [peer for peer in rc.parties if peer != party])
         del msg

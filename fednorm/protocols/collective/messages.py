@@ -1,73 +1,27 @@
-"""The messages of the collective sub-protocols: requests, announcements, relays, and
-the key-setup shares.
+"""The messages of the collective sub-protocols that are not shares: requests, the
+server's announcements of the joint keys, relays.
 
-The shares of an operation on a ciphertext are the engine's own messages
-(:class:`~fednorm.engine.ckks.DecryptionShare`, :class:`~fednorm.engine.ckks.
-BootstrapShare`): what arrives is what the engine checks.  The key-setup shares travel
-as the bundles here, each naming its round by its kind (``ckks.lead_keys``,
-``ckks.key_shares``, ``ckks.relin_round2``); ``shares`` / ``as_share`` / ``of`` turn a
-bundle into the engine's typed shares and back.  Kinds and fields are the wire format:
-changing one changes the bytes sent.
+Shares are the engine's own messages (:mod:`fednorm.engine.ckks.multiparty`: a key
+setup's :class:`~fednorm.engine.ckks.LeadKeys`, :class:`~fednorm.engine.ckks.KeyShares`
+and :class:`~fednorm.engine.ckks.RelinRound2`, a :class:`~fednorm.engine.ckks.
+DecryptionShare`, a :class:`~fednorm.engine.ckks.BootstrapShare`), so what arrives is
+what the engine checks.  Kinds and fields are the wire format: changing one changes the
+bytes sent.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import openfhe
 
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
-from fednorm.engine.messages import Message, Signed, message
+from fednorm.engine.messages import Message, message
 from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpload
 
 
 # -- key setup -----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, eq=False)
-class _SetupShareFields(Signed):
-    """A party's first share of each key operation of the setup (None: not needed)."""
-
-    ROUND = 1
-
-    public_key: openfhe.PublicKey
-    relin_share: openfhe.EvalKey | None
-    rotation_share: openfhe.EvalKeyMap | None
-
-    def share_digest(self, parsed: bool = False) -> bytes:
-        return ckks.objects_digest((self.public_key, self.relin_share, self.rotation_share),
-                                   parsed=parsed)
-
-    def shares(self, setup: ckks.KeySetup) -> ckks.SetupShares:
-        """The typed shares; ProtocolError if one the setup needs is missing."""
-        shares = ckks.SetupShares(
-            public_key=ckks.PublicKeyShare(self.public_key),
-            relin=None if self.relin_share is None or setup.relin is None
-            else ckks.RelinShare(1, self.relin_share),
-            rotation=None if self.rotation_share is None or setup.rotation is None
-            else ckks.RotationShare(setup.rotation.indices, self.rotation_share))
-        setup.require_complete(shares)
-        return shares
-
-    @classmethod
-    def of(cls, shares: ckks.SetupShares) -> _SetupShareFields:
-        """The shares as a message, not signed yet (:func:`.signatures.signed` signs it)."""
-        return cls(signature=b"", certificate=b"", public_key=shares.public_key.key,
-                   relin_share=shares.relin.key if shares.relin else None,
-                   rotation_share=shares.rotation.keys if shares.rotation else None)
-
-
-@message("ckks.lead_keys")
-class LeadKeys(_SetupShareFields):
-    """The lead's shares: the common elements every other party's shares are made on
-    (the server forwards them)."""
-
-
-@message("ckks.key_shares")
-class KeyShares(_SetupShareFields):
-    """Another party's shares, made on the lead's (the server forwards them too)."""
-
-
 @message("ckks.joint_round1")
 class JointRound1(Message):
     """The joint public key, whose shares it sums (party tags, lead first) and, with
@@ -87,26 +41,6 @@ class JointRound1(Message):
         joint = round_one.joint
         return cls(public_key=joint.public_key, party_tags=list(joint.party_tags),
                    relin_round1=round_one.relin)
-
-
-@message("ckks.relin_round2")
-class RelinRound2(Signed):
-    """A party's round-2 relinearization share (the server forwards it too)."""
-
-    ROUND = 2
-
-    share: openfhe.EvalKey
-
-    def share_digest(self, parsed: bool = False) -> bytes:
-        return ckks.object_digest(self.share, parsed=parsed)
-
-    def as_share(self) -> ckks.RelinShare:
-        return ckks.RelinShare(2, self.share)
-
-    @classmethod
-    def of(cls, share: ckks.RelinShare) -> RelinRound2:
-        """The share as a message, not signed yet."""
-        return cls(signature=b"", certificate=b"", share=share.key)
 
 
 @message("ckks.setup_done")

@@ -31,10 +31,11 @@ key setup :class:`RoundOneSum` and :class:`RoundTwoSum`), so a server
 adds each party's shares as they arrive instead of holding all P of them. An operation
 on a ciphertext starts with the server's *prepare*: what it sends the parties to make
 shares of. Each share is a dataclass that says what it is a share of
-(:class:`RelinShare` its round, :class:`BootstrapShare` its bootstrap index); the shares
-of an operation on a ciphertext (:class:`DecryptionShare`, :class:`BootstrapShare`) are
-the wire messages themselves, so what a party sends is what is checked; and every
-aggregation checks shares
+(:class:`RelinShare` its round, :class:`BootstrapShare` its bootstrap index). What a
+party sends is the message itself, signed where the server forwards it: a key setup's
+round one (:class:`LeadKeys`, :class:`KeyShares`, which :meth:`KeySetup.typed` types
+per operation) and round two (:class:`RelinRound2`), a :class:`DecryptionShare`, a
+:class:`BootstrapShare`; so the checks run on what arrived. Every aggregation checks shares
 before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share is a
 :class:`ProtocolError`, never garbage. Synchronous, no I/O: the network rounds are in
 :mod:`fednorm.protocols.collective`, the in-process ones in :mod:`..local`.
@@ -66,6 +67,9 @@ from fednorm.engine.ckks.multiparty.setup import (
     KeyCheck,
     KeyDigests,
     KeySetup,
+    KeyShares,
+    LeadKeys,
+    RelinRound2,
     RoundOneSum,
     RoundTwoSum,
     SetupShares,
@@ -83,12 +87,15 @@ __all__ = [
     "KeyCheck",
     "KeyDigests",
     "KeySetup",
+    "KeyShares",
+    "LeadKeys",
     "ProductDecryption",
     "PublicKeyAggregate",
     "PublicKeyGen",
     "PublicKeyShare",
     "PublicKeySum",
     "RelinKeyGen",
+    "RelinRound2",
     "RelinShare",
     "RelinSum",
     "RotationKeyGen",

@@ -30,6 +30,7 @@ under a key whose secret it knows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -48,17 +49,51 @@ from fednorm.engine.ckks.multiparty.keygen import (
     RotationShare,
     RotationSum,
 )
-from fednorm.engine.ckks.serial import object_digest
+from fednorm.engine.ckks.serial import object_digest, objects_digest
 from fednorm.engine.errors import ProtocolError
+from fednorm.engine.messages import Signed, message
 
 
-@dataclass(frozen=True)
-class SetupShares:
-    """One party's first share of each key operation of a setup (None: not needed)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class SetupShares(Signed):
+    """One party's first share of each key operation of a setup (None: not needed), as
+    it crosses the wire: the lead's (:class:`LeadKeys`) or another party's
+    (:class:`KeyShares`), signed by its maker, forwarded by the server to every other
+    party; the server's and every party's running sums check what arrived
+    (:meth:`RoundOneSum.add`)."""
 
-    public_key: PublicKeyShare
-    relin: RelinShare | None
-    rotation: RotationShare | None
+    ROUND = 1
+
+    public_key: openfhe.PublicKey
+    relin_share: openfhe.EvalKey | None
+    rotation_share: openfhe.EvalKeyMap | None
+
+    def share_digest(self, parsed: bool = False) -> bytes:
+        return objects_digest((self.public_key, self.relin_share, self.rotation_share),
+                              parsed=parsed)
+
+
+@message("ckks.lead_keys")
+class LeadKeys(SetupShares):
+    """The lead's round-one shares: the common elements every other party's are made on."""
+
+
+@message("ckks.key_shares")
+class KeyShares(SetupShares):
+    """Another party's round-one shares, made on the lead's."""
+
+
+@message("ckks.relin_round2")
+class RelinRound2(Signed):
+    """A party's round-two share: of the relinearization key, the one operation with a
+    second round, made on round one's aggregate (forwarded, signed, as round one's)."""
+
+    ROUND = 2
+
+    share: openfhe.EvalKey
+
+    def share_digest(self, parsed: bool = False) -> bytes:
+        return object_digest(self.share, parsed=parsed)
 
 
 @dataclass(frozen=True)
@@ -83,24 +118,33 @@ class KeySetup:
     def generate_keys(self, lead: SetupShares | None) -> PartyKeys:
         """This party's secret (kept inside the returned object) and public-key share:
         the lead's from scratch, every other party's on the lead's public key."""
-        return PartyKeys.generate(self.ctx, lead.public_key.key if lead else None)
+        return PartyKeys.generate(self.ctx, lead.public_key if lead else None)
 
     def _round_one_shares(self, keys: PartyKeys, lead: SetupShares | None) -> SetupShares:
         """This party's first share of every operation (on the lead's, unless it is it)."""
-        if lead is not None:
-            self.require_complete(lead)
-        return SetupShares(
-            public_key=self.public_key.generate_share(keys),
-            relin=self.relin.generate_share(keys, 1, lead.relin if lead else None)
-            if self.relin else None,
-            rotation=self.rotation.generate_share(keys, lead.rotation if lead else None)
-            if self.rotation else None)
+        _, lead_relin, lead_rotation = self.typed(lead) if lead else (None, None, None)
+        relin = self.relin.generate_share(keys, 1, lead_relin) if self.relin else None
+        rotation = self.rotation.generate_share(keys, lead_rotation) if self.rotation else None
+        return (KeyShares if lead else LeadKeys)(
+            public_key=self.public_key.generate_share(keys).key,
+            relin_share=relin.key if relin else None,
+            rotation_share=rotation.keys if rotation else None)
 
-    def require_complete(self, shares: SetupShares) -> None:
-        """ProtocolError unless ``shares`` holds a share of every operation of this setup."""
+    def typed(self, shares: SetupShares
+              ) -> tuple[PublicKeyShare, RelinShare | None, RotationShare | None]:
+        """Each operation's share in ``shares``, as that operation takes it (a round-1
+        relinearization share; a rotation share for this setup's offsets); ProtocolError
+        if one this setup needs is missing or a field is not a share at all."""
+        if not isinstance(shares, SetupShares):
+            raise ProtocolError(f"round-one shares expected, not a {type(shares).__name__}")
         for name, needed in (("relin", self.relin), ("rotation", self.rotation)):
-            if needed is not None and getattr(shares, name) is None:
+            if needed is not None and getattr(shares, f"{name}_share") is None:
                 raise ProtocolError(f"a {name}-key share is missing")
+        relin = None if self.relin is None or shares.relin_share is None \
+            else RelinShare(1, shares.relin_share)
+        rotation = None if self.rotation is None or shares.rotation_share is None \
+            else RotationShare(self.rotation.indices, shares.rotation_share)
+        return PublicKeyShare(shares.public_key), relin, rotation
 
     @overload
     def running_sum(self, round_: Literal[1], joint: None = None) -> RoundOneSum: ...
@@ -125,10 +169,10 @@ class KeySetup:
 
     @overload
     def generate_share(self, keys: PartyKeys, round_: Literal[2],
-                       on: JointRoundOne) -> RelinShare | None: ...
+                       on: JointRoundOne) -> RelinRound2 | None: ...
 
     def generate_share(self, keys: PartyKeys, round_: int,
-                       on: SetupShares | JointRoundOne | None) -> SetupShares | RelinShare | None:
+                       on: SetupShares | JointRoundOne | None) -> SetupShares | RelinRound2 | None:
         """This party's share of round ``round_``: round 1, its first share of every
         operation, made on the lead's (``on``; None for the lead itself); round 2, its
         relinearization share on round one's aggregate (None without relinearization)."""
@@ -139,7 +183,7 @@ class KeySetup:
                 return None
             if on.relin is None:
                 raise ProtocolError("a relin-key share is missing")
-            return self.relin.generate_share(keys, 2, on.relin)
+            return RelinRound2(share=self.relin.generate_share(keys, 2, on.relin).key)
         raise ProtocolError(f"a round-{round_} key-setup share cannot be made on "
                             f"{type(on).__name__}")
 
@@ -161,21 +205,21 @@ class RoundOneSum:
         leaves every sum as it was); ``step``: the digest their maker signed, which lets
         the parties of a simulation share each step (:class:`~.checks.RunningSum`)."""
         setup = self.setup
-        setup.require_complete(shares)
-        tag = self.public_key.check(shares.public_key)
+        public_key, relin, rotation = setup.typed(shares)
+        tag = self.public_key.check(public_key)
         lead_tag = (self.public_key.party_tags or [tag])[0]
         joint_tag = joint_tag_for(lead_tag)
-        if setup.relin is not None and shares.relin is not None:
+        if setup.relin is not None and relin is not None:
             self.relin = self.relin or setup.relin.running_sum(joint_tag, 1)
-            self.relin.check(shares.relin, tag)
-        if setup.rotation is not None and shares.rotation is not None:
+            self.relin.check(relin, tag)
+        if setup.rotation is not None and rotation is not None:
             self.rotation = self.rotation or setup.rotation.running_sum(joint_tag, lead_tag)
-            self.rotation.check(shares.rotation)
-        self.public_key.include(shares.public_key, tag)
-        if self.relin is not None and shares.relin is not None:
-            self.relin.include(shares.relin, step)
-        if self.rotation is not None and shares.rotation is not None:
-            self.rotation.include(shares.rotation, step)
+            self.rotation.check(rotation)
+        self.public_key.include(public_key, tag)
+        if self.relin is not None and relin is not None:
+            self.relin.include(relin, step)
+        if self.rotation is not None and rotation is not None:
+            self.rotation.include(rotation, step)
 
     def result(self) -> JointRoundOne:
         """The joint keys and the round-1 relinearization aggregate, to send the parties."""
@@ -204,11 +248,13 @@ class RoundTwoSum:
         self.setup, self.joint = setup, joint
         self.relin = setup.relin.running_sum(joint.tag, 2) if setup.relin else None
 
-    def add(self, share: RelinShare, step: bytes = b"") -> None:
-        """Add one party's round-2 share (party order)."""
+    def add(self, share: RelinRound2, step: bytes = b"") -> None:
+        """Add one party's round-2 share (party order), as it arrived."""
         if self.relin is None:
             raise ProtocolError("a round-2 relinearization share without relinearization")
-        self.relin.add(share, self.joint.tag, step)
+        if not isinstance(share, RelinRound2):
+            raise ProtocolError(f"a round-2 share expected, not a {type(share).__name__}")
+        self.relin.add(RelinShare(2, share.share), self.joint.tag, step)
 
     def result(self) -> openfhe.EvalKey | None:
         """The summed relinearization key (None: the setup makes none)."""
@@ -255,7 +301,7 @@ class KeyCheck:
         self.round_one = setup.running_sum(1)
         self.round_two: RoundTwoSum | None = None
 
-    def add(self, shares: SetupShares | RelinShare, step: bytes = b"") -> None:
+    def add(self, shares: SetupShares | RelinRound2, step: bytes = b"") -> None:
         """Add one party's shares, checked as the server does: round one's (lead first),
         then, once :meth:`check_round_one` passed, round two's (party order); ``step``:
         the digest their maker signed (:meth:`RoundOneSum.add`)."""

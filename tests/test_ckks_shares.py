@@ -233,7 +233,7 @@ def test_key_setup_composes_the_key_operations() -> None:
     assert round_one.joint.party_tags == tuple(s.public_key.GetKeyTag() for s in shares)
     assert serialize(round_one.joint.public_key) == serialize(functools.reduce(
         lambda acc, key: raw.MultiAddPubKeys(acc, key, tag), [s.public_key for s in shares]))
-    assert serialize(round_one.relin) == serialize(functools.reduce(
+    assert serialize(round_one.relin_round1) == serialize(functools.reduce(
         lambda acc, key: raw.MultiAddEvalKeys(acc, key, tag), [s.relin_share for s in shares]))
     total.finalize(round_one.joint)
     parties = [lead, *others]

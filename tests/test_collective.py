@@ -3,6 +3,7 @@ operations (what they are shares of) and refuses a share the setup needs but lac
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -12,7 +13,7 @@ from tcp_federation import connected_pair
 from fednorm.engine import ckks
 from fednorm.engine.codec import Header, decode_received, encode_frame
 from fednorm.engine.errors import InputError, ProtocolError
-from fednorm.protocols.collective import JointRound1, shared_context
+from fednorm.protocols.collective import shared_context
 
 
 def test_setup_shares_are_the_messages_and_the_engine_types_them() -> None:
@@ -45,8 +46,12 @@ def test_setup_shares_are_the_messages_and_the_engine_types_them() -> None:
     for shares_of_party in (shares, setup.generate_share(other, 1, shares)):
         total.add(shares_of_party)
     round_one = total.result()
-    received = JointRound1.of(round_one).round_one()
-    assert received.joint == round_one.joint and received.relin is round_one.relin
+    received = decode_received(encode_frame(Header("ppf", "s", 0, 0, round_one.KIND),
+                                            round_one))[1]
+    assert (received.joint.tag, received.joint.party_tags) == \
+        (round_one.joint.tag, round_one.joint.party_tags)
+    assert ckks.object_digest(received.public_key, parsed=True) == \
+        ckks.object_digest(round_one.public_key)
     round_two = setup.generate_share(other, 2, received)
     assert type(round_two) is ckks.RelinRound2 and list(round_two.fields())[2:] == ["share"]
     with pytest.raises(ProtocolError, match="round-2 share expected, not a KeyShares"):
@@ -77,23 +82,9 @@ def _digest(value: object, parsed: bool) -> object:
         ckks.serial.ciphertext_digest_as_received(value)
 
 
-async def test_the_engine_checks_the_shares_that_arrive_over_tcp(certs) -> None:
-    """Shares sent over a TLS link on the loopback reach the engine's checks as they were
-    sent: a bootstrap share made for bootstrap #1 in answer to #0, and a decryption share
-    of another ciphertext's shape, are refused by name (the server used to relabel each
-    reply with what it expected, so the index check never saw network input)."""
-    ctx = shared_context("test")
-    parties, joint = ckks.setup_locally(ctx, 2)
-    boot, decryption = ckks.Bootstrap(ctx), ckks.Decryption(ctx)
-    ct = ctx.encrypt(joint.public_key, [1.0, 2.0])
-    rnd = boot.prepare(joint, ct, 0)
-    prepared = decryption.prepare(ct)
-    sent = [boot.generate_share(parties[0], joint.public_key, rnd.c1, 0),
-            boot.generate_share(parties[1], joint.public_key, rnd.c1, 1),
-            boot.generate_share(parties[1], joint.public_key, rnd.c1, 0),
-            decryption.generate_share(parties[0], prepared),
-            decryption.generate_share(parties[1], ct),  # not prepared: other towers
-            decryption.generate_share(parties[1], prepared)]
+async def _over_tcp(certs, sent: list) -> list:
+    """``sent``, each framed and sent by party 1 over a TLS link on the loopback, as the
+    server's end parses them."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     server_end, party_end = await connected_pair(listeners[0], certs, 1)
     arrived = []
@@ -106,15 +97,56 @@ async def test_the_engine_checks_the_shares_that_arrive_over_tcp(certs) -> None:
         nursery.start_soon(send_all)
         for _ in sent:
             arrived.append(decode_received(await server_end.receive())[1])
+    for link in (server_end, party_end):
+        await trio.aclose_forcefully(link.stream)
+    await listeners[0].aclose()
+    return arrived
+
+
+async def test_the_engine_checks_the_shares_that_arrive_over_tcp(certs) -> None:
+    """Shares sent over TCP reach the engine's checks as they were sent: a bootstrap
+    share made for bootstrap #1 in answer to #0, and a decryption share of another
+    ciphertext's shape, are refused by name (the server used to relabel each reply with
+    what it expected, so the index check never saw network input)."""
+    ctx = shared_context("test")
+    parties, joint = ckks.setup_locally(ctx, 2)
+    boot, decryption = ckks.Bootstrap(ctx), ckks.Decryption(ctx)
+    ct = ctx.encrypt(joint.public_key, [1.0, 2.0])
+    rnd = boot.prepare(joint, ct, 0)
+    prepared = decryption.prepare(ct)
+    arrived = await _over_tcp(certs, [
+        boot.generate_share(parties[0], joint.public_key, rnd.c1, 0),
+        boot.generate_share(parties[1], joint.public_key, rnd.c1, 1),
+        boot.generate_share(parties[1], joint.public_key, rnd.c1, 0),
+        decryption.generate_share(parties[0], prepared),
+        decryption.generate_share(parties[1], ct),  # not prepared: other towers
+        decryption.generate_share(parties[1], prepared)])
     with pytest.raises(ProtocolError, match=r"share #1 is for bootstrap #1, expected #0"):
         boot.aggregate_shares(joint, rnd, arrived[:2])
     with pytest.raises(ProtocolError, match=r"decryption share #1"):
         decryption.aggregate_shares(joint, prepared, arrived[3:5])
     assert boot.aggregate_shares(joint, rnd, [arrived[0], arrived[2]])  # the same link
     assert decryption.aggregate_shares(joint, prepared, [arrived[3], arrived[5]])
-    for link in (server_end, party_end):
-        await trio.aclose_forcefully(link.stream)
-    await listeners[0].aclose()
+
+
+async def test_the_key_setup_checks_the_shares_that_arrive_over_tcp(certs) -> None:
+    """A key setup's round-one shares sent over TCP are checked as they arrived: one
+    lacking the relinearization share, or carrying another party's, is refused by name
+    and leaves the running sums as they were."""
+    ctx = shared_context("test")
+    setup, _, shares = _round_one(ctx)
+    lacking = dataclasses.replace(shares[1], relin_share=None)
+    borrowed = dataclasses.replace(shares[2], relin_share=shares[1].relin_share)
+    arrived = await _over_tcp(certs, [shares[0], lacking, shares[1], borrowed, shares[2]])
+    total = setup.running_sum(1)
+    total.add(arrived[0])
+    with pytest.raises(ProtocolError, match="relin-key share is missing"):
+        total.add(arrived[1])
+    total.add(arrived[2])
+    with pytest.raises(ProtocolError, match="round-1 relinearization share #2 has key tag"):
+        total.add(arrived[3])
+    total.add(arrived[4])
+    assert total.result().party_tags == [s.public_key.GetKeyTag() for s in shares]
 
 
 def test_the_server_adds_each_party_s_key_shares_before_reading_the_next() -> None:
@@ -187,7 +219,7 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
     assert len(openfhe.Serialize(key, openfhe.BINARY)) != \
         len(openfhe.Serialize(their_key, openfhe.BINARY))  # why the digest parses first
     assert ckks.object_digest(key) == ckks.object_digest(their_key)
-    assert ckks.object_digest(ours.relin) == ckks.object_digest(theirs.relin)
+    assert ckks.object_digest(ours.relin_round1) == ckks.object_digest(theirs.relin_round1)
     assert ckks.object_digest(made.rotation_result()) == \
         ckks.object_digest(parsed.rotation_result())
     assert ckks.object_digest(shares[1].public_key) == \
@@ -202,7 +234,7 @@ def test_equal_keys_have_equal_digests_however_they_were_made() -> None:
     assert ckks.object_digest(received.public_key, parsed=True) == \
         ckks.object_digest(shares[1].public_key)
     assert ckks.object_digest(key) != ckks.object_digest(shares[0].public_key)
-    assert ckks.object_digest(ours.relin) != ckks.object_digest(shares[0].relin_share)
+    assert ckks.object_digest(ours.relin_round1) != ckks.object_digest(shares[0].relin_share)
     with pytest.raises(InputError, match="never serialized"):
         ckks.object_digest(ctx.raw.KeyGen().secretKey)
 
@@ -228,12 +260,13 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
     forged = fake.result()
     with pytest.raises(ProtocolError, match="other tags"):
         check().check_round_one(forged)
-    same_tags = ckks.JointKeys(forged.joint.public_key, server.joint.tag,
-                               server.joint.party_tags)
     with pytest.raises(ProtocolError, match="joint public key the server sent differs"):
-        check().check_round_one(ckks.JointRoundOne(same_tags, server.relin))
+        check().check_round_one(dataclasses.replace(server, public_key=forged.public_key))
     with pytest.raises(ProtocolError, match="round-1 relinearization aggregate"):
-        check().check_round_one(ckks.JointRoundOne(server.joint, shares[1].relin_share))
+        check().check_round_one(dataclasses.replace(server,
+                                                    relin_round1=shares[1].relin_share))
+    with pytest.raises(ProtocolError, match="sums no key shares under other tags"):
+        check().check_round_one(dataclasses.replace(server, party_tags="fednorm"))
 
     mine = check()
     round_one = mine.check_round_one(server)
@@ -245,9 +278,11 @@ def test_a_party_refuses_joint_keys_other_than_its_own_aggregate() -> None:
     installed = ckks.KeyDigests.of(round_two.result(), honest.rotation_result())
     mine.check_final(installed)
     with pytest.raises(ProtocolError, match="relinearization key the server installed"):
-        mine.check_final(ckks.KeyDigests(b"\0" * 32, installed.rotation))
+        mine.check_final(ckks.KeyDigests(b"\0" * 32, installed.rotation_keys))
     with pytest.raises(ProtocolError, match="rotation keys the server installed differ"):
-        mine.check_final(ckks.KeyDigests(installed.relin, None))
+        mine.check_final(ckks.KeyDigests(installed.relin_key, None))
+    with pytest.raises(ProtocolError, match="server's relin_key digest is malformed"):
+        mine.check_final(ckks.KeyDigests("a digest", installed.rotation_keys))
 
 
 def test_a_parsed_evaluation_key_serializes_to_the_payload_it_was_parsed_from() -> None:
@@ -290,8 +325,8 @@ def test_the_parties_of_a_simulation_share_each_step_of_their_key_checks() -> No
         other = setup.generate_share(setup.generate_keys(shares[0]), 1, shares[0])
         split = checked([shares[0], other, shares[2]])
     alone = checked(shares)
-    assert first.relin is second.relin
-    assert split.relin is not first.relin
-    assert ckks.object_digest(split.relin) != ckks.object_digest(first.relin)
-    assert alone.relin is not first.relin
-    assert ckks.object_digest(alone.relin) == ckks.object_digest(first.relin)
+    assert first.relin_round1 is second.relin_round1
+    assert split.relin_round1 is not first.relin_round1
+    assert ckks.object_digest(split.relin_round1) != ckks.object_digest(first.relin_round1)
+    assert alone.relin_round1 is not first.relin_round1
+    assert ckks.object_digest(alone.relin_round1) == ckks.object_digest(first.relin_round1)

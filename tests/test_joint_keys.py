@@ -19,12 +19,12 @@ import trio
 from deviating import deviating
 from tcp_federation import TEST, UPLOAD, PartyWatch, parts, tcp_run
 
-from fednorm.engine.ckks import KeyShares
+from fednorm.engine.ckks import JointRoundOne, KeyShares
 from fednorm.engine.errors import FednormError, ProtocolError
 from fednorm.engine.messages import Message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols import FitOptions, get_protocol
-from fednorm.protocols.collective import JointRound1, shared_context
+from fednorm.protocols.collective import shared_context
 from fednorm.protocols.ppf import moments as ppf
 from fednorm.sim.federation import run_federation
 
@@ -75,9 +75,9 @@ async def run(server, watch: PartyWatch, refusing: set[int]) -> dict[int, BaseEx
 
 # -- (a) a joint public key of the server's own ---------------------------------------------
 def own_joint_key(msg: Message) -> Message:
-    """JointRound1 with a public key the server made (it keeps the secret), under the
+    """JointRoundOne with a public key the server made (it keeps the secret), under the
     joint tag the parties expect, and the honest party tags and round-1 aggregate."""
-    if not isinstance(msg, JointRound1):
+    if not isinstance(msg, JointRoundOne):
         return msg
     pair = shared_context("test").raw.KeyGen()
     pair.publicKey.SetKeyTag(msg.public_key.GetKeyTag())
@@ -88,7 +88,7 @@ async def fake_joint_key_server(rc: RoleContext, options: FitOptions) -> object:
     cache: dict[str, Message] = {}  # one fake key, the same to every party
 
     def sent(peer: int, msg: Message) -> Message:
-        if isinstance(msg, JointRound1):
+        if isinstance(msg, JointRoundOne):
             return cache.setdefault("joint", own_joint_key(msg))
         return msg
 

@@ -23,9 +23,7 @@ from fednorm.protocols.collective.keys import (
 from fednorm.protocols.collective.messages import (
     BootRequest,
     DecryptRequest,
-    JointRound1,
     ProductDecryptRequest,
-    SetupDone,
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.roles import (
@@ -40,12 +38,10 @@ __all__ = [
     "LEAD",
     "BootRequest",
     "DecryptRequest",
-    "JointRound1",
     "PartyCrypto",
     "PartyKeyState",
     "ProductDecryptRequest",
     "ServerCrypto",
-    "SetupDone",
     "SumDecryptRequest",
     "flooding_arguments",
     "reusable",

@@ -7,11 +7,12 @@ rounds, every share signed by the party that made it and checked by every other 
 2. every other party generates its keys and shares on the lead's
    (:class:`~fednorm.engine.ckks.KeyShares`); the server forwards each party's to every
    other party, aggregates the joint public key and the round-1 relinearization key and
-   sends both to all parties (:class:`JointRound1`), then finalizes the rotation keys;
+   sends both to all parties (:class:`~fednorm.engine.ckks.JointRoundOne`), then
+   finalizes the rotation keys;
 3. every party sends its round-2 relinearization share
    (:class:`~fednorm.engine.ckks.RelinRound2`), which the server forwards too; it
    aggregates and finalizes the relinearization key and tells the parties digests of
-   the evaluation keys it installed (:class:`SetupDone`).
+   the evaluation keys it installed (:class:`~fednorm.engine.ckks.KeyDigests`).
 
 Every party checks the signature of every share it is forwarded (:mod:`.signatures`),
 adds the shares up itself (:class:`~fednorm.engine.ckks.KeyCheck`, the server's running
@@ -41,10 +42,6 @@ from fednorm.engine.messages import Message
 from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.collective.bootstrap import BOOTSTRAP
 from fednorm.protocols.collective.decryption import DECRYPT, DECRYPT_PRODUCT, DECRYPT_SUM
-from fednorm.protocols.collective.messages import (
-    JointRound1,
-    SetupDone,
-)
 from fednorm.protocols.collective.roles import (
     PartyCrypto,
     PartyKeyState,
@@ -96,8 +93,7 @@ async def setup_server(
             rc.stats.rounds += 1
             await _relay(rc, rc.parties, ckks.RelinRound2, round_two.add)
             relin_key = await rc.run_sync(round_two.finalize)
-        digests = await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys)
-        await rc.broadcast(SetupDone.of(digests))
+        await rc.broadcast(await rc.run_sync(ckks.KeyDigests.of, relin_key, rotation_keys))
     rc.held_keys = ckks.HeldKeys(context, joint, relinearized=relinearize,
                                  rotations=tuple(rotations))
     return ServerCrypto(rc, rc.held_keys)
@@ -113,7 +109,7 @@ async def _round_one(rc: RoleContext, setup: ckks.KeySetup
     await _relay(rc, [LEAD], ckks.LeadKeys, total.add)
     await _relay(rc, rc.parties[1:], ckks.KeyShares, total.add)
     round_one = await rc.run_sync(total.result)
-    await rc.broadcast(JointRound1.of(round_one))
+    await rc.broadcast(round_one)
     return round_one, await rc.run_sync(total.finalize, round_one.joint)
 
 
@@ -153,11 +149,11 @@ async def setup_party(
     check = ckks.KeyCheck(setup)
     with rc.subprotocol(SETUP):
         keys, announced = await _party_round_one(rc, setup, check)
-        round_one = await rc.run_sync(check.check_round_one, announced.round_one())
+        round_one = await rc.run_sync(check.check_round_one, announced)
         if setup.relin:
             await _party_round_two(rc, setup, keys, round_one, check)
-        done = await rc.receive(SERVER, SetupDone)
-        await rc.run_sync(check.check_final, done.digests())
+        done = await rc.receive(SERVER, ckks.KeyDigests)
+        await rc.run_sync(check.check_final, done)
     await rc.run_sync(check.install)
     joint = round_one.joint  # this party's own aggregate, equal to the server's
     rc.held_keys = PartyKeyState(ckks=context, joint=joint, relinearized=relinearize,
@@ -169,7 +165,7 @@ async def setup_party(
 
 
 async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.KeyCheck
-                           ) -> tuple[ckks.PartyKeys, JointRound1]:
+                           ) -> tuple[ckks.PartyKeys, ckks.JointRoundOne]:
     """Party: every party's round-one shares added up in party order, its own among
     them, every other one signature-checked first; its own sent once the earlier
     parties' have arrived (they come in party order) — or at once over a link that
@@ -194,8 +190,9 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     await rc.run_sync(check.add, mine, digest)
     del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
     party = rc.me
-    while not isinstance(msg := await rc.receive(SERVER, (ckks.KeyShares, JointRound1)),
-                         JointRound1):
+    while not isinstance(msg := await rc.receive(SERVER, (ckks.KeyShares,
+                                                           ckks.JointRoundOne)),
+                         ckks.JointRoundOne):
         party += 1
         await _add_round_one(rc, party, msg, check)
     return keys, msg

@@ -1,11 +1,13 @@
-"""The messages of the collective sub-protocols that are not shares: requests, the
-server's announcements of the joint keys, relays.
+"""The messages of the collective sub-protocols that the engine does not define: the
+server's requests (decrypt, bootstrap) and its relays of the parties' uploads.
 
-Shares are the engine's own messages (:mod:`fednorm.engine.ckks.multiparty`: a key
-setup's :class:`~fednorm.engine.ckks.LeadKeys`, :class:`~fednorm.engine.ckks.KeyShares`
-and :class:`~fednorm.engine.ckks.RelinRound2`, a :class:`~fednorm.engine.ckks.
-DecryptionShare`, a :class:`~fednorm.engine.ckks.BootstrapShare`), so what arrives is
-what the engine checks.  Kinds and fields are the wire format: changing one changes the
+Shares, and the server's announcements of the joint keys, are the engine's own messages
+(:mod:`fednorm.engine.ckks.multiparty`: a key setup's :class:`~fednorm.engine.ckks.
+LeadKeys`, :class:`~fednorm.engine.ckks.KeyShares`, :class:`~fednorm.engine.ckks.
+JointRoundOne`, :class:`~fednorm.engine.ckks.RelinRound2` and :class:`~fednorm.engine.
+ckks.KeyDigests`, a :class:`~fednorm.engine.ckks.DecryptionShare`, a
+:class:`~fednorm.engine.ckks.BootstrapShare`), so what arrives is what the engine
+checks.  Kinds and fields are the wire format: changing one changes the
 bytes sent.
 """
 
@@ -19,48 +21,6 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpload
-
-
-# -- key setup -----------------------------------------------------------------------------
-@message("ckks.joint_round1")
-class JointRound1(Message):
-    """The joint public key, whose shares it sums (party tags, lead first) and, with
-    relinearization, the sum of the round-1 relinearization shares."""
-
-    public_key: openfhe.PublicKey
-    party_tags: list[str]
-    relin_round1: openfhe.EvalKey | None
-
-    def round_one(self) -> ckks.JointRoundOne:
-        joint = ckks.JointKeys(public_key=self.public_key, tag=self.public_key.GetKeyTag(),
-                               party_tags=tuple(self.party_tags))
-        return ckks.JointRoundOne(joint, self.relin_round1)
-
-    @classmethod
-    def of(cls, round_one: ckks.JointRoundOne) -> JointRound1:
-        joint = round_one.joint
-        return cls(public_key=joint.public_key, party_tags=list(joint.party_tags),
-                   relin_round1=round_one.relin)
-
-
-@message("ckks.setup_done")
-class SetupDone(Message):
-    """The joint keys are ready: the protocol proper may start.  It carries digests of
-    the evaluation keys the server installed (None: not made), which every party
-    compares with its own aggregates."""
-
-    relin_key: bytes | None
-    rotation_keys: bytes | None
-
-    def digests(self) -> ckks.KeyDigests:
-        for name in ("relin_key", "rotation_keys"):
-            if not isinstance(getattr(self, name), bytes | None):
-                raise ProtocolError(f"the server's {name} digest is malformed")
-        return ckks.KeyDigests(self.relin_key, self.rotation_keys)
-
-    @classmethod
-    def of(cls, digests: ckks.KeyDigests) -> SetupDone:
-        return cls(relin_key=digests.relin, rotation_keys=digests.rotation)
 
 
 # -- decryption ----------------------------------------------------------------------------

@@ -31,8 +31,8 @@ under a key whose secret it knows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, overload
 
 import openfhe
@@ -51,7 +51,7 @@ from fednorm.engine.ckks.multiparty.keygen import (
 )
 from fednorm.engine.ckks.serial import object_digest, objects_digest
 from fednorm.engine.errors import ProtocolError
-from fednorm.engine.messages import Signed, message
+from fednorm.engine.messages import Message, Signed, message
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,13 +96,22 @@ class RelinRound2(Signed):
         return object_digest(self.share, parsed=parsed)
 
 
-@dataclass(frozen=True)
-class JointRoundOne:
-    """What the server sends every party after round one: the joint keys and, with
-    relinearization, the aggregate of round 1 that round-2 shares are made on."""
+@message("ckks.joint_round1")
+class JointRoundOne(Message):
+    """What the server sends every party after round one: the joint public key, whose
+    shares it sums (party tags, lead first), and, with relinearization, the aggregate of
+    round 1 that round-2 shares are made on; each party compares it with its own
+    (:meth:`KeyCheck.check_round_one`)."""
 
-    joint: JointKeys
-    relin: openfhe.EvalKey | None
+    public_key: openfhe.PublicKey
+    party_tags: list[str]
+    relin_round1: openfhe.EvalKey | None
+
+    @functools.cached_property
+    def joint(self) -> JointKeys:
+        """The joint keys it names (under the public key's own tag)."""
+        return JointKeys(public_key=self.public_key, tag=self.public_key.GetKeyTag(),
+                         party_tags=tuple(self.party_tags))
 
 
 class KeySetup:
@@ -181,9 +190,9 @@ class KeySetup:
         if round_ == 2 and isinstance(on, JointRoundOne):
             if not self.relin:
                 return None
-            if on.relin is None:
+            if on.relin_round1 is None:
                 raise ProtocolError("a relin-key share is missing")
-            return RelinRound2(share=self.relin.generate_share(keys, 2, on.relin).key)
+            return RelinRound2(share=self.relin.generate_share(keys, 2, on.relin_round1).key)
         raise ProtocolError(f"a round-{round_} key-setup share cannot be made on "
                             f"{type(on).__name__}")
 
@@ -224,7 +233,8 @@ class RoundOneSum:
     def result(self) -> JointRoundOne:
         """The joint keys and the round-1 relinearization aggregate, to send the parties."""
         joint = self.setup.public_key.finalize(self.public_key.result())
-        return JointRoundOne(joint, self.relin.result() if self.relin else None)
+        return JointRoundOne(public_key=joint.public_key, party_tags=list(joint.party_tags),
+                             relin_round1=self.relin.result() if self.relin else None)
 
     def rotation_result(self) -> openfhe.EvalKeyMap | None:
         """The summed rotation keys (None: the setup makes none)."""
@@ -268,13 +278,14 @@ class RoundTwoSum:
         return key
 
 
-@dataclass(frozen=True)
-class KeyDigests:
+@message("ckks.setup_done")
+class KeyDigests(Message):
     """Digests of the evaluation keys a setup finalized (None: the setup makes none):
-    what the server says it installed, and what a party compares with its own."""
+    what the server says it installed (sent when the joint keys are ready, so the
+    protocol proper may start), and what a party compares with its own."""
 
-    relin: bytes | None
-    rotation: bytes | None
+    relin_key: bytes | None
+    rotation_keys: bytes | None
 
     @classmethod
     def of(cls, relin: openfhe.EvalKey | None,
@@ -316,17 +327,20 @@ class KeyCheck:
         """This party's own round one, once the server's equals it; else ProtocolError
         naming what differs."""
         ours = self.round_one.result()
-        if tuple(theirs.joint.party_tags) != ours.joint.party_tags:
+        tags = theirs.party_tags
+        if not isinstance(tags, list) or tuple(tags) != ours.joint.party_tags:
             raise ProtocolError(f"the joint public key the server sent sums "
-                                f"{len(theirs.joint.party_tags)} key shares under other tags "
-                                f"than the {ours.joint.n_parties} signed public-key shares")
-        _require_same("joint public key", theirs.joint.public_key, ours.joint.public_key,
+                                f"{len(tags) if isinstance(tags, list) else 'no'} key shares "
+                                f"under other tags than the {ours.joint.n_parties} signed "
+                                "public-key shares")
+        _require_same("joint public key", theirs.public_key, ours.public_key,
                       "signed public-key shares: refusing to encrypt under it")
-        if (theirs.relin is None) != (ours.relin is None):
+        if (theirs.relin_round1 is None) != (ours.relin_round1 is None):
             raise ProtocolError("the server's round one and this party's disagree on "
                                 "whether there is a relinearization key")
-        if ours.relin is not None:
-            _require_same("round-1 relinearization aggregate", theirs.relin, ours.relin,
+        if ours.relin_round1 is not None:
+            _require_same("round-1 relinearization aggregate", theirs.relin_round1,
+                          ours.relin_round1,
                           "signed round-1 shares: refusing to make a round-2 share on it")
         self.round_two = self.setup.running_sum(2, ours.joint)
         return ours
@@ -336,8 +350,12 @@ class KeyCheck:
         party's own aggregates (the relinearization key of round 2, the rotation keys)."""
         relin = self.round_two.result() if self.round_two is not None else None
         ours = KeyDigests.of(relin, self.round_one.rotation_result())
-        for what, mine, server in (("relinearization key", ours.relin, theirs.relin),
-                                   ("rotation keys", ours.rotation, theirs.rotation)):
+        for name in ("relin_key", "rotation_keys"):
+            if not isinstance(getattr(theirs, name), bytes | None):
+                raise ProtocolError(f"the server's {name} digest is malformed")
+        for what, mine, server in (
+                ("relinearization key", ours.relin_key, theirs.relin_key),
+                ("rotation keys", ours.rotation_keys, theirs.rotation_keys)):
             if mine != server:
                 raise ProtocolError(f"the {what} the server installed "
                                     f"{'differ' if what.endswith('s') else 'differs'} from "

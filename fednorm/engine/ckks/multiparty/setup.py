@@ -143,7 +143,8 @@ class KeySetup:
               ) -> tuple[PublicKeyShare, RelinShare | None, RotationShare | None]:
         """Each operation's share in ``shares``, as that operation takes it (a round-1
         relinearization share; a rotation share for this setup's offsets); ProtocolError
-        if one this setup needs is missing or a field is not a share at all."""
+        if ``shares`` is no round-one bundle or lacks a share this setup needs (the
+        running sums check each share itself)."""
         if not isinstance(shares, SetupShares):
             raise ProtocolError(f"round-one shares expected, not a {type(shares).__name__}")
         for name, needed in (("relin", self.relin), ("rotation", self.rotation)):

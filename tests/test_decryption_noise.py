@@ -91,3 +91,13 @@ def test_every_declared_noise_lies_above_the_measured_one(method: str) -> None:
         (r.kind, r.margin_bits) for r in flooded]
     plain = {r.kind for r in rows if r.declared is None}
     assert plain == (set() if method == "minmax" else {"not flooded"})
+
+
+def test_a_request_is_read_with_the_largest_value_it_decrypts() -> None:
+    """The paper z-score's first quotient request decrypts the pooled means: the largest
+    value read from it with the joint secret is the largest |mean|, which is what the
+    noise of a quotient grows with (the calibration's 'relative' column)."""
+    parts = _parts(7, 40.0)
+    rows = measure_decryptions("zscore", parts, CASES["zscore"])
+    largest = float(np.abs(np.vstack(parts).mean(axis=0)).max())
+    assert abs(rows[0].largest_log2 - math.log2(largest)) < 1e-3

@@ -37,12 +37,14 @@ from fednorm.sim.federation import simulate_async
 class MeasuredDecryption:
     """One decryption request: the noise it declared (None: not flooded) and the noise
     measured in it, as log2 σ per coefficient per unit of scale (the declared one at the
-    run's number of parties)."""
+    run's number of parties), and log2 of the largest |value| it decrypts (what the noise
+    of a quotient grows with)."""
 
     kind: str
     declared: ckks.DecryptionNoise | None
     declared_log2: float
     measured_log2: float
+    largest_log2: float
 
     @property
     def margin_bits(self) -> float:
@@ -83,12 +85,13 @@ def _measured(ctx: ckks.CkksContext, request: DecryptRequest,
               keys: Sequence[ckks.PartyKeys]) -> MeasuredDecryption:
     declared = request.declared_noise()
     ct = request.ciphertext
-    noise = np.std(evaluations(joint_phase(ctx, ct, keys)).imag)
-    sigma = noise / math.sqrt(ctx.preset.ring_dim / 2) / ct.GetScalingFactor()
+    slots = evaluations(joint_phase(ctx, ct, keys))
+    sigma = np.std(slots.imag) / math.sqrt(ctx.preset.ring_dim / 2) / ct.GetScalingFactor()
+    largest = math.log2(max(float(np.abs(slots.real).max()) / ct.GetScalingFactor(), 2.0**-1074))
     if declared is None:
-        return MeasuredDecryption("not flooded", None, math.nan, math.log2(sigma))
+        return MeasuredDecryption("not flooded", None, math.nan, math.log2(sigma), largest)
     said = math.log2(declared.relative_sigma(len(keys)))
-    return MeasuredDecryption(declared.kind, declared, said, math.log2(sigma))
+    return MeasuredDecryption(declared.kind, declared, said, math.log2(sigma), largest)
 
 
 def joint_phase(ctx: ckks.CkksContext, ct: openfhe.Ciphertext,
@@ -158,13 +161,17 @@ def flooding_calibration(preset: str = "paper", parties: int = 10, command: str 
             for measured in measure_decryptions(method, parts, options):
                 rows.append({"method": method, "data": name, "kind": measured.kind,
                              "measured": measured.measured_log2,
-                             "declared": measured.declared_log2})
+                             "declared": measured.declared_log2,
+                             "largest": measured.largest_log2})
     cells = [[r["method"], r["data"], r["kind"], f"{r['measured']:.2f}",
-              "–" if math.isnan(r["declared"]) else f"{r['declared']:.2f}"] for r in rows]
+              "–" if math.isnan(r["declared"]) else f"{r['declared']:.2f}",
+              f"{r['largest']:.2f}", f"{r['measured'] - r['largest']:.2f}"] for r in rows]
     notes = [f"Preset `{preset}`, P={parties}: log2 of the noise's σ per coefficient per "
              "unit of scale, read with the joint secret from every decryption request "
              "(imaginary parts of the slots); 'declared' is what the request declared at "
-             "this P (– : not flooded)."]
+             "this P (– : not flooded); 'largest', log2 of the largest |value| the request "
+             "decrypts (real parts of the slots), and 'relative', the noise per unit of it: "
+             "a flooding sized by a public bound B on that value carries B times it."]
+    header = ["method", "data", "kind", "measured", "declared", "largest", "relative"]
     return finish(Section("flooding", "Noise of the paper algorithms' decryptions", rows,
-                          [("", ["method", "data", "kind", "measured", "declared"], cells)],
-                          notes, meta), t0)
+                          [("", header, cells)], notes, meta), t0)

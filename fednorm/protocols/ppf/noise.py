@@ -26,9 +26,11 @@ The other decryptions of the paper's algorithms are not flooded (docs/LEAKAGE.md
 the numbers): flooded this way, the z-score presence bit as first computed (measured
 -39.5 / -37.3) would have carried noise of σ 0.012 / 0.15 around its 0 or 1, too close to
 0.5 for every bit to come out right (it is now a flooded product of fresh bits); the
-quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a
-noise that grows with values no public bound keeps tight; and Yeo-Johnson's search
-signs (-23.6 / -21.7) would keep no significant bit.
+quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a noise that
+grows with the largest value decrypted (2^-45.9 / 2^-46.6 of it beyond a floor of
+2^-39.5 / 2^-37.3), which only a bound such as V_abs would size, to ~2e-4 of it; and
+Yeo-Johnson's search signs (2^-21.6 / 2^-20.8 of values in [−1, 1]) would keep no
+significant bit.
 """
 
 from __future__ import annotations

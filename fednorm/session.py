@@ -299,12 +299,20 @@ def needs_vabs(protocol: Protocol, options: FitOptions) -> bool:
     return protocol.kind(options).needs_vabs
 
 
+def uses_vabs(protocol: Protocol, options: FitOptions) -> bool:
+    """Whether the run reads V_abs: it needs one, or takes the one ``options`` give (the
+    paper's PPF z-score over the encrypted inverse floods its quotients by it)."""
+    kind = protocol.kind(options)
+    return kind.needs_vabs or (options.vabs is not None and kind.takes_vabs(options))
+
+
 def check_options_used(protocols: Sequence[Protocol], options: FitOptions) -> None:
     """InputError for an option the user set that no protocol of the run reads, since a
     run that silently ignores it looks like one that used it."""
-    if options.vabs is not None and not any(needs_vabs(p, options) for p in protocols):
-        raise InputError("--vabs bounds |x| for the paper's PPF minmax, robust and yeojohnson "
-                         "only (--privacy mhe --algorithm paper); this run would ignore it")
+    if options.vabs is not None and not any(uses_vabs(p, options) for p in protocols):
+        raise InputError("--vabs bounds |x| for the paper's PPF minmax, robust and yeojohnson, "
+                         "and the paper's z-score with n_g hidden (--privacy mhe --algorithm "
+                         "paper); this run would ignore it")
     if options.reveal_counts and not any(
             p.privacy == "mhe" and p.method == "zscore" and options.algorithm == "paper"
             for p in protocols):
@@ -345,7 +353,7 @@ def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
     """A party's values against the agreed V_abs, before anything is encrypted, with the
     offending features named (by their columns' names, else "feature 1"..): the one
     place the values meet V_abs, run at each entry point's edge, once per session."""
-    if not needs_vabs(protocol, options):
+    if not uses_vabs(protocol, options):
         return
     width = X.shape[1]
     if options.vabs is None:

@@ -178,8 +178,14 @@ def no_keys(options: FitOptions) -> dict[str, object]:
 
 
 Unflooded = Callable[[FitOptions], bool]
+TakesVabs = Callable[[FitOptions], bool]
 FloodedDecryptions = Callable[[FitOptions, int], "Allowance"]
 """(options, features) -> the most flooded sums and products a run makes, as allowed."""
+
+
+def takes_no_vabs(options: FitOptions) -> bool:
+    """False: with these options the kind reads no V_abs (unless it ``needs_vabs``)."""
+    return False
 
 
 def every_decryption_flooded(options: FitOptions) -> bool:
@@ -196,7 +202,8 @@ def some_decryptions_unflooded(options: FitOptions) -> bool:
 @dataclass(frozen=True)
 class Kind:
     """One algorithm of a protocol, declared in one place: its two roles, the joint keys
-    it needs (for a PPF session's one key setup), whether it needs an agreed V_abs, and
+    it needs (for a PPF session's one key setup), whether it needs an agreed V_abs (or,
+    ``takes_vabs`` with given options, uses one if the parties agree on it), and
     whether, with given options, its parties help with decryptions they do not flood
     (``unflooded``: each is checked against the party's own run of the server's step, but
     the server sees the ciphertext's own noise, so a multi-host party joins such a
@@ -207,6 +214,7 @@ class Kind:
     party: PartyRole
     key_needs: KeyNeeds = no_keys
     needs_vabs: bool = False
+    takes_vabs: TakesVabs = takes_no_vabs
     unflooded: Unflooded = every_decryption_flooded
     flooded_decryptions: FloodedDecryptions | None = None
 

@@ -35,6 +35,7 @@ significant bit.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from fednorm.engine import ckks
@@ -49,21 +50,28 @@ class FloodingOptions(Protocol):
 
 MARGIN_BITS = 1.0
 CALIBRATED_PARTIES = {"test": 3, "paper": 10}
+CALIBRATED_COUNT = 2**20
+"""The largest pooled count the z-score quotient's noise was measured at: it grows with
+n_g, so a run whose ``max_count`` allows more is refused."""
 
 MINMAX_PASS = "MinMax pass"
 SIGN_FLAGS = "Yeo-Johnson sign flags"
+BOUNDED_QUOTIENT = "z-score quotient"
 
 MEASURED: dict[str, dict[str, float]] = {
     MINMAX_PASS: {"test": -38.0, "paper": -36.4},
     SIGN_FLAGS: {"test": -44.1, "paper": -42.1},
+    BOUNDED_QUOTIENT: {"test": -24.6, "paper": -23.1},
 }
 """kind → preset → the measured floor, log2 σ per coefficient per unit of scale."""
 
 
-def declared(kind: str, preset: CkksPreset) -> ckks.DecryptionNoise:
+def declared(kind: str, preset: CkksPreset, slots: int = 1) -> ckks.DecryptionNoise:
     """The noise a decryption of ``kind`` declares at ``preset``: the measured noise, one
-    bit up."""
-    return ckks.DecryptionNoise(kind, MEASURED[kind][preset.name] + MARGIN_BITS,
+    bit up; for a quotient, whose noise sits in the slots it decrypts in proportion to
+    their values, that of ``slots`` slots each at the bound (√slots times one's)."""
+    spread = 0.5 * math.log2(slots) if kind == BOUNDED_QUOTIENT else 0.0
+    return ckks.DecryptionNoise(kind, MEASURED[kind][preset.name] + MARGIN_BITS + spread,
                                 CALIBRATED_PARTIES[preset.name])
 
 

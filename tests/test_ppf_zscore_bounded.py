@@ -2,8 +2,8 @@
 one decryption, flooded by the declared noise of a quotient of at most 2^16.
 
 Read through the real party roles: the fused decryption carries the documented flooding
-in every slot, a party refuses a request that declares another noise and a mean beyond
-V_abs (on which the variance's bound rests), and the fit keeps the precision
+in every slot, a party refuses a request that declares another noise and clips a mean
+beyond V_abs (on which the variance's bound rests), and the fit keeps the precision
 :meth:`~fednorm.protocols.ppf.quotient.BoundedQuotients.value_sigma` states.
 """
 
@@ -23,7 +23,9 @@ from fednorm.engine.ckks import get_preset
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.collective import ServerCrypto
-from fednorm.protocols.ppf import noise
+from fednorm.protocols.normalizers import ZScoreNormalizer
+from fednorm.protocols.ppf import noise, quotient
+from fednorm.protocols.ppf import zscore as ppf
 from fednorm.protocols.ppf.quotient import BoundedQuotients
 from fednorm.session import check_options_used
 from fednorm.sim.federation import run_federation, simulate
@@ -118,16 +120,34 @@ def test_a_quotient_request_declaring_no_flooding_is_refused() -> None:
     assert read == []
 
 
-def test_a_mean_beyond_vabs_is_refused_before_the_variance_is_sent() -> None:
-    """The variance's flooding is sized for |μ| ≤ V_abs: a server sending a mean beyond
-    it (to make Σ(x − μ)² larger than the flooding covers) gets no variance upload, so
-    it never asks for a second decryption."""
+def test_a_mean_beyond_vabs_is_clipped_before_the_variance_is_taken() -> None:
+    """The variance's flooding is sized for |μ| ≤ V_abs: a server that sends the parties a
+    mean far beyond it (to make Σ(x − μ)² larger than the flooding covers) gets a
+    variance request whose every value is still within 2^16, its bound: each party
+    clipped the mean to ±V_abs (a flooded honest mean near V_abs can pass it too)."""
     read: list[np.ndarray] = []
-    server = _reading(read, reveal=lambda values: np.full_like(values, 2.0**40))
-    with pytest.raises(ProtocolError, match="mean beyond the agreed V_abs"):
-        trio.run(partial(run_federation, deviating("zscore", server=server), _parts(5),
-                         _bounded(VABS), timeout=120))
-    assert len(read) == 1
+
+    async def server(rc, options):
+        crypto = await ppf.setup_server(rc, options.preset, **ppf.setup_arguments(options))
+        sums = await rc.gather(ppf.EncryptedSums)
+        total = await crypto.add_all({p: m.total for p, m in sums.items()})
+        count = await crypto.add_all({p: m.count for p, m in sums.items()})
+        inverse, _ = await ppf._count_inverse(crypto, sums, count, 3, options)
+        await quotient.bounded_quotient(crypto, total, inverse, 3, options)
+        await rc.broadcast(ppf.PpfMean(mean=np.full(3, 2.0**40)))
+        squares = quotient.encrypted_quotient(crypto.ckks, await quotient.pooled_vector(crypto),
+                                              inverse, options.max_count)
+        bounded = BoundedQuotients.of(options, 3)
+        read.append(await crypto.decrypt(squares, 3, bounded.noise))
+        await rc.broadcast(ppf.PpfZScoreResult(mean=np.zeros(3), var=np.ones(3)))
+        return ZScoreNormalizer(np.zeros(3), np.ones(3))
+
+    options = _bounded(VABS)
+    trio.run(partial(run_federation, deviating("zscore", server=server), _parts(5), options,
+                     timeout=120))
+    bounded = BoundedQuotients.of(options, 3)
+    sigma = noise.fused_sigma(bounded.noise, get_preset(options.preset), PARTIES, options)
+    assert np.abs(read[0]).max() <= 2.0**16 + 8 * sigma
 
 
 def test_with_vabs_every_decryption_is_flooded_and_vabs_is_read() -> None:

@@ -84,13 +84,13 @@ class BoundedQuotients:
     quotient is decrypted once, each share flooded by the declared noise of a quotient
     no larger than 2^16 (:data:`~.noise.BOUNDED_QUOTIENT`).
 
-    A quotient's noise grows with the largest value it decrypts, so its flooding needs a
-    bound on that value which no party's trust in the server enters: the parties upload
-    their numerators times per-feature powers of two fixed by V_abs alone
-    (:meth:`factors`), so that a pooled mean (within V_abs) and a pooled variance
-    (within (2·V_abs)², once each party has checked the mean it is sent against V_abs)
-    land at most at 2^16.  There is no coarse pass: the flooding is as large for every
-    slot as for the largest, so a second pass at finer scales would gain nothing."""
+    A quotient's noise grows with the values it decrypts, so its flooding needs a bound
+    on them which no party's trust in the server enters: the parties upload their
+    numerators times per-feature powers of two fixed by V_abs alone (:meth:`factors`), so
+    that a pooled mean (within V_abs) and a pooled variance (within (2·V_abs)², the mean
+    it is taken around clipped to ±V_abs: :meth:`clipped`) land at most at 2^16.  There
+    is no coarse pass: the flooding is as large for every slot as for the largest, so a
+    second pass at finer scales would gain nothing."""
 
     vabs: np.ndarray
     noise: ckks.DecryptionNoise
@@ -116,11 +116,10 @@ class BoundedQuotients:
         preset = ckks.get_preset(options.preset)
         return noise.fused_sigma(self.noise, preset, parties, options) / self.factors(squared)
 
-    def require_mean_within(self, mean: np.ndarray) -> None:
-        """ProtocolError if the server's mean passes V_abs: the variance's bound, and so
-        its flooding, rests on it."""
-        if not np.all(np.abs(mean[np.isfinite(mean)]) <= self.vabs[np.isfinite(mean)]):
-            raise ProtocolError("the server sent a mean beyond the agreed V_abs")
+    def clipped(self, mean: np.ndarray) -> np.ndarray:
+        """``mean`` within ±V_abs: the variance's bound, and so its flooding, rests on it
+        (a flooded mean near V_abs can pass it; a server's mean beyond it is not used)."""
+        return np.clip(mean, -self.vabs, self.vabs)
 
 
 # -- server -------------------------------------------------------------------------------
@@ -158,12 +157,13 @@ async def bounded_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertext,
                            scaled_inverse: openfhe.Ciphertext, width: int,
                            options: FitOptions, squared: bool = False) -> np.ndarray:
     """numerator / n_g per feature, the numerator uploaded times
-    :meth:`BoundedQuotients.factors`: one decryption, flooded."""
+    :meth:`BoundedQuotients.factors`: one decryption, flooded (a mean clipped to ±V_abs)."""
     bounded = BoundedQuotients.of(options, width)
     if bounded is None:
         raise InputError("a bounded quotient needs the agreed V_abs")
     ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
-    return await crypto.decrypt(ct, width, bounded.noise) / bounded.factors(squared)
+    values = await crypto.decrypt(ct, width, bounded.noise) / bounded.factors(squared)
+    return values if squared else bounded.clipped(values)
 
 
 def power_of_two_scales(coarse: np.ndarray, floor: float = COARSE_NOISE_FLOOR) -> np.ndarray:

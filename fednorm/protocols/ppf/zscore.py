@@ -339,10 +339,9 @@ async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
 async def _share_bounded_moments(crypto: PartyCrypto, X: np.ndarray, passes: Passes,
                                  bounded: BoundedQuotients, before: Allowance) -> None:
     """:func:`share_moments` bounded by V_abs: the mean is one flooded decryption (after
-    ``before``, with the inverse's bootstraps), checked against V_abs, then ⟨Σ(x − μ)²⟩
-    at its public scales (:class:`~.quotient.BoundedQuotients`)."""
+    ``before``, with the inverse's bootstraps), clipped to ±V_abs, then ⟨Σ(x − μ)²⟩ at
+    its public scales (:class:`~.quotient.BoundedQuotients`)."""
     served = await passes.serve(crypto, PpfMean, PRECISE + before, first=before != NOTHING)
     mean = as_float_vector(served.mean, X.shape[1], "mean from the server")
-    bounded.require_mean_within(mean)
-    squared, _ = deviation_sums(X, mean)
+    squared, _ = deviation_sums(X, bounded.clipped(mean))
     await passes.send(crypto, squared * bounded.factors(squared=True))

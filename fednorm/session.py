@@ -272,8 +272,11 @@ def check_real(X: object) -> None:
 
 
 def check_fit_options(options: FitOptions) -> FitOptions:
-    """What :class:`FitOptions` lets through but no run can use: an infinite ε (it ends
-    every rank search at once, at the ranges' midpoints), a V_abs not positive and finite."""
+    """What :class:`FitOptions` lets through but no run can use.
+
+    An infinite ε ends every rank search at once and returns the midpoints of the
+    ranges; a bound V_abs must be a positive finite number.
+    """
     if options.epsilon is not None and not math.isfinite(options.epsilon):
         raise InputError(f"epsilon must be a finite positive number, got {options.epsilon}")
     if options.vabs is not None:
@@ -290,20 +293,18 @@ def feature_labels(width: int, features: Sequence[str] | None = None) -> list[st
     return [f"feature {j + 1}" for j in range(width)]
 
 
-def uses_vabs(protocol: Protocol, options: FitOptions) -> bool:
-    """Whether the algorithm ``options`` pick reads V_abs: it needs one (the paper's MinMax,
-    robust, Yeo-Johnson) or takes one given (the paper's z-score with n_g hidden)."""
-    kind = protocol.kind(options)
-    return kind.needs_vabs or (options.vabs is not None and kind.takes_vabs(options))
+def needs_vabs(protocol: Protocol, options: FitOptions) -> bool:
+    """Whether the algorithm ``options`` pick runs on an agreed bound V_abs, as the
+    protocol declares it (the paper's PPF MinMax, robust scaling and Yeo-Johnson)."""
+    return protocol.kind(options).needs_vabs
 
 
 def check_options_used(protocols: Sequence[Protocol], options: FitOptions) -> None:
     """InputError for an option the user set that no protocol of the run reads, since a
     run that silently ignores it looks like one that used it."""
-    if options.vabs is not None and not any(uses_vabs(p, options) for p in protocols):
-        raise InputError("--vabs bounds |x| for the paper's PPF algorithms only (--privacy mhe "
-                         "--algorithm paper; not a z-score with --reveal-counts); this run "
-                         "would ignore it")
+    if options.vabs is not None and not any(needs_vabs(p, options) for p in protocols):
+        raise InputError("--vabs bounds |x| for the paper's PPF minmax, robust and yeojohnson "
+                         "only (--privacy mhe --algorithm paper); this run would ignore it")
     if options.reveal_counts and not any(
             p.privacy == "mhe" and p.method == "zscore" and options.algorithm == "paper"
             for p in protocols):
@@ -344,7 +345,7 @@ def check_within_vabs(X: np.ndarray, protocol: Protocol, options: FitOptions,
     """A party's values against the agreed V_abs, before anything is encrypted, with the
     offending features named (by their columns' names, else "feature 1"..): the one
     place the values meet V_abs, run at each entry point's edge, once per session."""
-    if not uses_vabs(protocol, options):
+    if not needs_vabs(protocol, options):
         return
     width = X.shape[1]
     if options.vabs is None:

@@ -49,8 +49,7 @@ async def zscore_server_with(rc, options, cls):
     crypto.count = await crypto.add_all({p: m.count for p, m in sums.items()})
     inverse, present = await ppf_zscore._count_inverse(crypto, sums, crypto.count, width,
                                                        options)
-    bounded = ppf_zscore.bounded_by_vabs(options)
-    mean, var = await ppf_zscore.pooled_moments(crypto, total, inverse, width, options, bounded)
+    mean, var = await ppf_zscore.pooled_moments(crypto, total, inverse, width, options)
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(ppf_zscore.PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)

@@ -115,11 +115,9 @@ def test_one_key_setup_covers_every_method_of_a_session() -> None:
     rng = np.random.default_rng(8)
     parts = [rng.normal(5, 2, size=(12, 2)) for _ in range(3)]
     pooled = np.vstack(parts)
-    bounded = replace(options, vabs=(16.0,))  # the z-score's quotients flooded by it
-    session = simulate_session(parts, ["zscore", "minmax"], "mhe", bounded)
+    session = simulate_session(parts, ["zscore", "minmax"], "mhe", replace(options, vabs=(16.0,)))
     zs, mm = (r.normalizer for r in session.results)
-    sigma = quotient.BoundedQuotients.of(bounded, 2).value_sigma(bounded, 3, squared=False)
-    np.testing.assert_allclose(zs.mean, pooled.mean(axis=0), rtol=0, atol=6 * sigma.max())
+    np.testing.assert_allclose(zs.mean, pooled.mean(axis=0), rtol=RTOL)
     np.testing.assert_allclose(mm.min, pooled.min(axis=0), rtol=1e-3)
     np.testing.assert_allclose(mm.max, pooled.max(axis=0), rtol=1e-3)
     for result in session.results:

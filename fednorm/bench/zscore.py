@@ -36,7 +36,7 @@ from fednorm.bench.measure import (
     section_meta,
     step,
 )
-from fednorm.bench.oracle import agreed_bound, estimate_errors
+from fednorm.bench.oracle import estimate_errors
 from fednorm.bench.paper import (
     PAPER_TABLE_V_ZSCORE_S,
     PAPER_TABLE_VI,
@@ -54,14 +54,11 @@ from fednorm.sim.federation import SimulationResult, run_federation
 MODES = {"flooded": "default algorithm (flooded sums, count revealed)",
          "inverse": "paper, encrypted inverse",
          "reveal": "paper, reveal_counts=True",
-         "max_count": "paper, encrypted inverse, max_count=2^12",
-         "bounded": "paper, encrypted inverse, quotients flooded by V_abs"}
+         "max_count": "paper, encrypted inverse, max_count=2^12"}
 MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "flooded": {}, "inverse": {"algorithm": "paper"},
     "reveal": {"algorithm": "paper", "reveal_counts": True},
-    "max_count": {"algorithm": "paper", "max_count": 2**12},
-    "bounded": {"algorithm": "paper"}}
-"""FitOptions per mode; ``bounded`` adds V_abs from the data (:func:`mode_options`)."""
+    "max_count": {"algorithm": "paper", "max_count": 2**12}}
 MODE_TARGET_S = {mode: TARGET_TABLE_V_S["zscore" if mode == "flooded" else "zscore_paper"]
                  for mode in MODES}
 """The default algorithm's time target; the paper algorithm's (10x faster than the
@@ -80,17 +77,10 @@ def rel_errors(result: SimulationResult, pooled: np.ndarray) -> tuple[float, flo
 def run_ppf_zscore(parts: list[np.ndarray], preset: str, mode: str,
                    timeline: Timeline | None = None) -> tuple[SimulationResult, Sample]:
     """One measured PPF z-score run; ``timeline`` traces the server and every party."""
-    options = mode_options(mode, preset, parts)
+    options = FitOptions(preset=preset, **MODE_OPTIONS[mode])
     protocol = get_protocol("zscore", "mhe")
     return measure(lambda: trio.run(lambda: run_federation(
         protocol, parts, options, timeout=None, tracer=timeline, party_tracer=timeline)))
-
-
-def mode_options(mode: str, preset: str, parts: list[np.ndarray]) -> FitOptions:
-    """A mode's options; ``bounded``: V_abs, per feature, the power of two above the
-    pooled max |x| (as the paper's other algorithms are benchmarked)."""
-    vabs = agreed_bound(np.vstack(parts)) if mode == "bounded" else None
-    return FitOptions(preset=preset, vabs=vabs, **MODE_OPTIONS[mode])
 
 
 # -- Table V: the whole PPF z-score, with a per-phase breakdown ----------------------------
@@ -271,8 +261,8 @@ def _bytes_table(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[
 
 # -- Table VI: precision ------------------------------------------------------------------
 def table_vi(repeats: int = 3, parties: int = 10, preset: str = "paper",
-             command: str = "",
-             modes: tuple[str, ...] = ("flooded", "inverse", "reveal", "bounded")) -> Section:
+             command: str = "", modes: tuple[str, ...] = ("flooded", "inverse", "reveal")
+             ) -> Section:
     """Relative error of PPF z-score mean and variance vs numpy, per data kind and mode."""
     started, t0 = now()
     meta = section_meta(command, started, load_average())

@@ -39,9 +39,8 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
                              "default %(default)s); the flooding noise grows as √τ; a run "
                              "that needs more is refused before any key, saying how many")
     parser.add_argument("--vabs", help="mhe minmax/robust/yeojohnson: agreed bound on |x|, one "
-                                       "value or one per feature separated by commas (the "
-                                       "paper's zscore with n_g hidden floods its quotients "
-                                       "by it)" + vabs_default)
+                                       "value or one per feature separated by commas"
+                                       + vabs_default)
 
 
 def fit_options(args: argparse.Namespace) -> FitOptions:

@@ -41,10 +41,10 @@ from fednorm.session import (
     StepContexts,
     check_fit_options,
     check_options_used,
+    needs_vabs,
     play_session,
     role_context,
     run_role,
-    uses_vabs,
 )
 from fednorm.transport.tcp import TcpLink
 from fednorm.transport.tls import server_context
@@ -82,7 +82,7 @@ def check_server_options(protocol: Protocol, options: FitOptions,
     if features is not None:
         check_feature_names(features)
     check_fit_options(options)
-    if not uses_vabs(protocol, options):
+    if not needs_vabs(protocol, options):
         return
     if options.vabs is None:
         raise InputError(f"{protocol.name} needs --vabs: a bound on |x| the parties agree "

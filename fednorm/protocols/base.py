@@ -177,13 +177,13 @@ def no_keys(options: FitOptions) -> dict[str, object]:
     return {}
 
 
-ByOptions = Callable[[FitOptions], bool]  # a yes or no that a kind's options decide
+Unflooded = Callable[[FitOptions], bool]
 FloodedDecryptions = Callable[[FitOptions, int], "Allowance"]
 """(options, features) -> the most flooded sums and products a run makes, as allowed."""
 
 
-def never(options: FitOptions) -> bool:
-    """False whatever the options: the kind takes no V_abs, or floods every decryption."""
+def every_decryption_flooded(options: FitOptions) -> bool:
+    """False: every decryption this kind's parties help with is one they flood."""
     return False
 
 
@@ -196,20 +196,18 @@ def some_decryptions_unflooded(options: FitOptions) -> bool:
 @dataclass(frozen=True)
 class Kind:
     """One algorithm of a protocol, declared in one place: its two roles, the joint keys
-    it needs (for a PPF session's one key setup), whether it needs an agreed V_abs (or
-    ``takes_vabs``, uses one if given), and whether, with given options, its parties
-    help with decryptions they do not flood (``unflooded``: each is checked against the
-    party's own run of the server's step, but the server sees the ciphertext's own noise,
-    so a multi-host party joins such a session only if its operator allows it), and the
-    most flooded decryptions it makes on a number of features, where public numbers fix
-    it (:mod:`.decryptions`)."""
+    it needs (for a PPF session's one key setup), whether it needs an agreed V_abs, and
+    whether, with given options, its parties help with decryptions they do not flood
+    (``unflooded``: each is checked against the party's own run of the server's step, but
+    the server sees the ciphertext's own noise, so a multi-host party joins such a
+    session only if its operator allows it), and the most flooded decryptions it makes
+    on a number of features, where public numbers fix it (:mod:`.decryptions`)."""
 
     server: ServerRole
     party: PartyRole
     key_needs: KeyNeeds = no_keys
     needs_vabs: bool = False
-    takes_vabs: ByOptions = never
-    unflooded: ByOptions = never
+    unflooded: Unflooded = every_decryption_flooded
     flooded_decryptions: FloodedDecryptions | None = None
 
 

@@ -23,7 +23,7 @@ register("zscore", "mhe",
          Kind(moments.server, moments.party, moments.setup_arguments,
               flooded_decryptions=moments.flooded_decryptions),
          Kind(zscore.server, zscore.party, zscore.setup_arguments,
-              takes_vabs=zscore.takes_vabs, unflooded=zscore.unflooded_decryptions))
+              unflooded=zscore.unflooded_decryptions))
 register("minmax", "mhe",
          Kind(extremes.server, extremes.party, extremes.setup_arguments,
               flooded_decryptions=extremes.flooded_decryptions),

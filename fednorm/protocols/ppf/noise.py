@@ -20,30 +20,21 @@ kind                   test       paper      what is decrypted
 =====================  =========  =========  ============================================
 MinMax pass            -38.0      -36.4      each window's maximum, within ±2·HEADROOM
 Yeo-Johnson flags      -44.1      -42.1      a product of 0/1 flags
-z-score quotient       TESTQ      PAPERQ     μ or σ² at public scales (at most 2^16),
-                                             per slot at that bound, n_g near 2^20
 =====================  =========  =========  ============================================
-
-A quotient's noise grows with the values it decrypts (it sits in each slot in
-proportion to the slot's value: σ per coefficient √W times one slot's for W slots at the
-bound) and with the pooled count (2^-45 of the value at n_g = 10^3, 2^-40.4 at 10^6,
-test preset), so the z-score's quotients are flooded only when V_abs bounds their values
-(:class:`~.quotient.BoundedQuotients`), declared for W = the run's width, and measured on
-means and variances at their bounds over a pooled count of 2^20, the most ``max_count``
-allows with them (:data:`CALIBRATED_COUNT`).
 
 The other decryptions of the paper's algorithms are not flooded (docs/LEAKAGE.md gives
 the numbers): flooded this way, the z-score presence bit as first computed (measured
 -39.5 / -37.3) would have carried noise of σ 0.012 / 0.15 around its 0 or 1, too close to
 0.5 for every bit to come out right (it is now a flooded product of fresh bits); the
-z-score's quotients without V_abs, and Yeo-Johnson's, have no public bound on their
-values; and Yeo-Johnson's search signs (2^-21.6 / 2^-20.8 of values in [−1, 1]) would
-keep no significant bit.
+quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a noise that
+grows with the largest value decrypted (2^-45.9 / 2^-46.6 of it beyond a floor of
+2^-39.5 / 2^-37.3), which only a public bound such as V_abs would size; and
+Yeo-Johnson's search signs (2^-21.6 / 2^-20.8 of values in [−1, 1]) would keep no
+significant bit.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 from fednorm.engine import ckks
@@ -58,28 +49,21 @@ class FloodingOptions(Protocol):
 
 MARGIN_BITS = 1.0
 CALIBRATED_PARTIES = {"test": 3, "paper": 10}
-CALIBRATED_COUNT = 2**20
-"""The largest pooled count the z-score quotient's noise was measured at: it grows with
-n_g, so a run whose ``max_count`` allows more is refused."""
 
 MINMAX_PASS = "MinMax pass"
 SIGN_FLAGS = "Yeo-Johnson sign flags"
-BOUNDED_QUOTIENT = "z-score quotient"
 
 MEASURED: dict[str, dict[str, float]] = {
     MINMAX_PASS: {"test": -38.0, "paper": -36.4},
     SIGN_FLAGS: {"test": -44.1, "paper": -42.1},
-    BOUNDED_QUOTIENT: {"test": -24.6, "paper": -23.1},
 }
 """kind → preset → the measured floor, log2 σ per coefficient per unit of scale."""
 
 
-def declared(kind: str, preset: CkksPreset, slots: int = 1) -> ckks.DecryptionNoise:
+def declared(kind: str, preset: CkksPreset) -> ckks.DecryptionNoise:
     """The noise a decryption of ``kind`` declares at ``preset``: the measured noise, one
-    bit up; for a quotient, whose noise sits in the slots it decrypts in proportion to
-    their values, that of ``slots`` slots each at the bound (√slots times one's)."""
-    spread = 0.5 * math.log2(slots) if kind == BOUNDED_QUOTIENT else 0.0
-    return ckks.DecryptionNoise(kind, MEASURED[kind][preset.name] + MARGIN_BITS + spread,
+    bit up."""
+    return ckks.DecryptionNoise(kind, MEASURED[kind][preset.name] + MARGIN_BITS,
                                 CALIBRATED_PARTIES[preset.name])
 
 

@@ -34,8 +34,6 @@ from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
 from fednorm.protocols.collective.sums import InputUpload, SumUpload
 from fednorm.protocols.ledger import NOTHING, Allowance
-from fednorm.protocols.ppf import noise
-from fednorm.protocols.ppf.checks import vabs_vector
 from fednorm.protocols.ppf.phases import serve_phase, serve_replayed
 
 M = TypeVar("M", bound=Message)
@@ -78,50 +76,6 @@ Denominator = openfhe.Ciphertext | np.ndarray
 """⟨max_count / n_g⟩ under encryption, or max_count / n_g per slot (revealed counts)."""
 
 
-@dataclass(frozen=True)
-class BoundedQuotients:
-    """Quotients over the encrypted inverse, flooded: with an agreed V_abs, every
-    quotient is decrypted once, each share flooded by the declared noise of a quotient
-    no larger than 2^16 (:data:`~.noise.BOUNDED_QUOTIENT`).
-
-    A quotient's noise grows with the values it decrypts, so its flooding needs a bound
-    on them which no party's trust in the server enters: the parties upload their
-    numerators times per-feature powers of two fixed by V_abs alone (:meth:`factors`), so
-    that a pooled mean (within V_abs) and a pooled variance (within (2·V_abs)², the mean
-    it is taken around clipped to ±V_abs: :meth:`clipped`) land at most at 2^16.  There
-    is no coarse pass: the flooding is as large for every slot as for the largest, so a
-    second pass at finer scales would gain nothing."""
-
-    vabs: np.ndarray
-    noise: ckks.DecryptionNoise
-
-    @classmethod
-    def of(cls, options: FitOptions, width: int) -> BoundedQuotients | None:
-        """The flooded quotients of a run with ``options``; None without V_abs."""
-        if options.vabs is None:
-            return None
-        preset = ckks.get_preset(options.preset)
-        return cls(vabs_vector(options, width),
-                   noise.declared(noise.BOUNDED_QUOTIENT, preset, slots=width))
-
-    def factors(self, squared: bool) -> np.ndarray:
-        """Per-feature powers of two taking a quotient's bound (V_abs for a mean, (2·V_abs)²
-        for a variance) to at most 2^16."""
-        bound = (2.0 * self.vabs) ** 2 if squared else self.vabs
-        return np.ldexp(1.0, QUOTIENT_EXPONENT - np.ceil(np.log2(bound)).astype(np.int64))
-
-    def value_sigma(self, options: FitOptions, parties: int, squared: bool) -> np.ndarray:
-        """Per feature, the standard deviation all parties' flooding adds to a quotient
-        (a mean, or ``squared``, a variance) in the data's units: the precision it keeps."""
-        preset = ckks.get_preset(options.preset)
-        return noise.fused_sigma(self.noise, preset, parties, options) / self.factors(squared)
-
-    def clipped(self, mean: np.ndarray) -> np.ndarray:
-        """``mean`` within ±V_abs: the variance's bound, and so its flooding, rests on it
-        (a flooded mean near V_abs can pass it; a server's mean beyond it is not used)."""
-        return np.clip(mean, -self.vabs, self.vabs)
-
-
 # -- server -------------------------------------------------------------------------------
 async def pooled_vector(crypto: ServerCrypto) -> openfhe.Ciphertext:
     """⊕ of every party's :class:`EncryptedVector`."""
@@ -151,19 +105,6 @@ async def precise_quotient(
     numerator = await pooled_vector(crypto)
     precise = await _decrypt_quotient(crypto, numerator, scaled_inverse, width, options)
     return precise / scales
-
-
-async def bounded_quotient(crypto: ServerCrypto, numerator: openfhe.Ciphertext,
-                           scaled_inverse: openfhe.Ciphertext, width: int,
-                           options: FitOptions, squared: bool = False) -> np.ndarray:
-    """numerator / n_g per feature, the numerator uploaded times
-    :meth:`BoundedQuotients.factors`: one decryption, flooded (a mean clipped to ±V_abs)."""
-    bounded = BoundedQuotients.of(options, width)
-    if bounded is None:
-        raise InputError("a bounded quotient needs the agreed V_abs")
-    ct = await _encrypted_quotient(crypto, numerator, scaled_inverse, options)
-    values = await crypto.decrypt(ct, width, bounded.noise) / bounded.factors(squared)
-    return values if squared else bounded.clipped(values)
 
 
 def power_of_two_scales(coarse: np.ndarray, floor: float = COARSE_NOISE_FLOOR) -> np.ndarray:
@@ -241,9 +182,7 @@ class QuotientReplay:
     each decryption and bootstrap request is checked against it (:class:`.driver.Replay`):
     every phase decrypts the quotient of the latest pooled numerator, the first after
     ``inverse_core`` (the encrypted inverse, with its bootstraps and decryptions), unless
-    the ``inverse`` was computed before (the paper's Yeo-Johnson: its replayed search's).
-    ``noise``: what each decryption declares (:class:`BoundedQuotients`; None: not
-    flooded)."""
+    the ``inverse`` was computed before (the paper's Yeo-Johnson: its replayed search's)."""
 
     context: ckks.CkksContext
     width: int
@@ -251,7 +190,6 @@ class QuotientReplay:
     inverse_core: Callable[[], Core[openfhe.Ciphertext]] | None = None
     inverse: openfhe.Ciphertext | None = None
     numerator: openfhe.Ciphertext | None = None
-    noise: ckks.DecryptionNoise | None = None
 
     def phase(self) -> Core[None]:
         """One phase's requests, as the server's :func:`precise_quotient` makes them."""
@@ -262,7 +200,7 @@ class QuotientReplay:
         if self.numerator is None:
             raise ProtocolError("a quotient pass before this party's numerator was pooled")
         yield from decrypted(encrypted_quotient(self.context, self.numerator, self.inverse,
-                                                self.max_count), self.width, self.noise)
+                                                self.max_count), self.width, None)
 
 
 @dataclass(frozen=True)
@@ -280,13 +218,12 @@ class Passes:
 
     Over the encrypted inverse, numerators travel as input uploads the server relays to
     every party, whose ``replay`` recomputes the passes (None with ``FitOptions.replay``
-    off: taken on trust); ``bounded`` by V_abs, each quotient is one flooded decryption.
+    off: taken on trust).
     """
 
     revealed: bool = False
     inverse_bootstraps: int = 0
     replay: QuotientReplay | None = None
-    bounded: BoundedQuotients | None = None
 
     @property
     def coarse(self) -> Allowance:

@@ -15,11 +15,7 @@ Line by line with the algorithm:
 (:mod:`.quotient`): a coarse decryption gives every feature's magnitude, the parties
 re-encrypt at per-feature scales, and the second decryption is precise in every slot.
 Both passes reveal the same quantity (the first coarsely), so only μ and σ² are
-revealed; the pooled count stays encrypted.  These decryptions are not flooded (a
-quotient's noise grows with the value it decrypts, which nothing public bounds), unless
-the parties agree on V_abs: then each quotient is one decryption at public per-feature
-scales, flooded (:class:`~.quotient.BoundedQuotients`; docs/LEAKAGE.md gives the
-precision that keeps).  Which features hold any value at all (the
+revealed; the pooled count stays encrypted.  Which features hold any value at all (the
 others are NaN, as in plain mode) comes from the product of the parties' fresh "no value
 here" bits, 1 exactly where n_g = 0: a flooded decryption under the proven product
 bound, as the default MinMax's bits (:func:`pooled_presence`).
@@ -67,7 +63,7 @@ from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpl
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
-from fednorm.protocols.ppf import noise, quotient
+from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import (
     product_bits,
     require_counts_within,
@@ -76,13 +72,10 @@ from fednorm.protocols.ppf.checks import (
 from fednorm.protocols.ppf.driver import run_core
 from fednorm.protocols.ppf.quotient import (
     PRECISE,
-    BoundedQuotients,
     Denominator,
     Passes,
     QuotientReplay,
-    bounded_quotient,
     pooled_quotient,
-    pooled_vector,
     precise_quotient,
     precise_quotient_party,
 )
@@ -142,16 +135,7 @@ def check_ppf_values(X: np.ndarray, options: FitOptions) -> np.ndarray:
     if np.nanmax(np.abs(X), initial=0.0) > MAX_ABS_VALUE:
         raise InputError(f"PPF z-score supports |x| ≤ 2^40 ({MAX_ABS_VALUE:.3g})")
     require_counts_within(X, options)
-    require_calibrated_count(options)
     return X
-
-
-def require_calibrated_count(options: FitOptions) -> None:
-    """InputError, before any key is made, for flooded quotients whose ``max_count``
-    passes the counts their noise was measured at (it grows with n_g)."""
-    if bounded_by_vabs(options) and options.max_count > noise.CALIBRATED_COUNT:
-        raise InputError(f"with --vabs the z-score's quotients are flooded by a noise measured "
-                         f"for pooled counts up to 2^20; max_count={options.max_count} is larger")
 
 
 def counts_revealed(options: FitOptions) -> bool:
@@ -160,27 +144,11 @@ def counts_revealed(options: FitOptions) -> bool:
     return options.reveal_counts
 
 
-def takes_vabs(options: FitOptions) -> bool:
-    """With the encrypted inverse an agreed V_abs bounds the quotients, which are then
-    flooded (:class:`~.quotient.BoundedQuotients`)."""
-    return not counts_revealed(options)
-
-
-def bounded_by_vabs(options: FitOptions) -> bool:
-    """Whether the quotients are flooded: over the encrypted inverse, with V_abs."""
-    return takes_vabs(options) and options.vabs is not None
-
-
-def bounded_quotients(options: FitOptions, width: int) -> BoundedQuotients | None:
-    """The flooded quotients of a run over the encrypted inverse with V_abs; else None."""
-    return BoundedQuotients.of(options, width) if bounded_by_vabs(options) else None
-
-
 def unflooded_decryptions(options: FitOptions) -> bool:
-    """With the encrypted inverse and no V_abs the quotients are plain decryptions: each
-    party checks them against its own run of the server's step, but does not flood them
+    """With the encrypted inverse the quotients are plain decryptions: each party checks
+    them against its own run of the server's step, but does not flood them
     (docs/LEAKAGE.md), so a multi-host party joins only if its operator allows it."""
-    return takes_vabs(options) and not bounded_by_vabs(options)
+    return not counts_revealed(options)
 
 
 def setup_arguments(options: FitOptions) -> dict[str, object]:
@@ -190,7 +158,6 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
-    require_calibrated_count(options)
     if not counts_revealed(options):
         require_product_for(shared_context(options.preset), len(rc.parties),
                             options.flooding_bits)
@@ -200,8 +167,7 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     total = await crypto.add_all({p: m.total for p, m in sums.items()})
     count = await crypto.add_all({p: m.count for p, m in sums.items()})
     scaled_inverse, present = await _count_inverse(crypto, sums, count, width, options)
-    bounded = bounded_by_vabs(options)
-    mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options, bounded)
+    mean, var = await pooled_moments(crypto, total, scaled_inverse, width, options)
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
@@ -209,23 +175,13 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
 
 async def pooled_moments(
     crypto: ServerCrypto, total: openfhe.Ciphertext, scaled_inverse: Denominator,
-    width: int, options: FitOptions, bounded: bool = False,
+    width: int, options: FitOptions,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lines 17–31 given ⟨S_g⟩ and ⟨max_count/n_g⟩: μ (decrypted, broadcast), then the
-    parties' ⟨Σ(x − μ)²⟩ and σ², each in two passes, or, ``bounded`` by V_abs, in one
-    flooded decryption (:class:`~.quotient.BoundedQuotients`).  PPF Yeo-Johnson runs
-    this on its transformed data."""
-    if bounded:
-        mean = await bounded_quotient(crypto, total, scaled_inverse, width, options)
-    else:
-        mean = await precise_quotient(crypto, total, scaled_inverse, width, options)
+    parties' ⟨Σ(x − μ)²⟩ and σ².  PPF Yeo-Johnson runs this on its transformed data."""
+    mean = await precise_quotient(crypto, total, scaled_inverse, width, options)
     await crypto.rc.broadcast(PpfMean(mean=mean))
-    if bounded:
-        var = await bounded_quotient(crypto, await pooled_vector(crypto), scaled_inverse,
-                                     width, options, squared=True)
-    else:
-        var = await pooled_quotient(crypto, scaled_inverse, width, options,
-                                    floor=SQUARES_FLOOR)
+    var = await pooled_quotient(crypto, scaled_inverse, width, options, floor=SQUARES_FLOOR)
     return mean, np.maximum(var, 0.0)
 
 
@@ -282,13 +238,11 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     total = np.nansum(X, axis=0)
     counts = feature_counts(X)
     passes = Passes(revealed=counts_revealed(options))
-    bounded = bounded_quotients(options, width)
     if not passes.revealed:
         require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits)
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
-        total=await passes.upload(crypto, total if bounded is None
-                                  else total * bounded.factors(squared=False)),
+        total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.
         count=await (crypto.encrypt_for_sum(counts) if passes.revealed
                      else crypto.encrypt_input(counts)), width=width,
@@ -310,22 +264,19 @@ async def _replaying(crypto: PartyCrypto, sums: EncryptedSums, width: int,
     of the server's step (:class:`~.quotient.QuotientReplay`) from the relayed uploads."""
     total = await crypto.pooled_input(sums.total)
     count = await crypto.pooled_input(sums.count)
-    bounded = bounded_quotients(options, width)
     replay = QuotientReplay(crypto.ckks, width, options.max_count,
                             partial(_inverse, crypto.ckks, count, width, options),
-                            numerator=total, noise=bounded and bounded.noise)
+                            numerator=total)
     return Passes(inverse_bootstraps=inverse_plan(crypto.ckks, options).bootstraps,
-                  replay=replay if options.replay else None, bounded=bounded)
+                  replay=replay if options.replay else None)
 
 
 async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
                         passes: Passes, before: Allowance = NOTHING) -> None:
     """Party side of :func:`pooled_moments`, once ``total`` (Σx) has been sent: the mean's
-    decryptions (after ``before``, the decryptions the server makes first), then
-    ⟨Σ(x − μ)²⟩ and its decryptions, the last before the result arrives
-    (:data:`PRECISE` when awaiting it)."""
-    if passes.bounded is not None:
-        return await _share_bounded_moments(crypto, X, passes, passes.bounded, before)
+    two passes (after ``before``, the decryptions the server makes first), then
+    ⟨Σ(x − μ)²⟩ and its two passes.  The variance's precise pass is decrypted before the
+    result arrives (:data:`PRECISE` when awaiting it)."""
     width = X.shape[1]
     await precise_quotient_party(crypto, total, width, passes, before)
     # The precise pass is decrypted before the mean arrives.
@@ -335,13 +286,3 @@ async def share_moments(crypto: PartyCrypto, X: np.ndarray, total: np.ndarray,
     await passes.send(crypto, squared)
     await precise_quotient_party(crypto, squared, width, passes)
 
-
-async def _share_bounded_moments(crypto: PartyCrypto, X: np.ndarray, passes: Passes,
-                                 bounded: BoundedQuotients, before: Allowance) -> None:
-    """:func:`share_moments` bounded by V_abs: the mean is one flooded decryption (after
-    ``before``, with the inverse's bootstraps), clipped to ±V_abs, then ⟨Σ(x − μ)²⟩ at
-    its public scales (:class:`~.quotient.BoundedQuotients`)."""
-    served = await passes.serve(crypto, PpfMean, PRECISE + before, first=before != NOTHING)
-    mean = as_float_vector(served.mean, X.shape[1], "mean from the server")
-    squared, _ = deviation_sums(X, bounded.clipped(mean))
-    await passes.send(crypto, squared * bounded.factors(squared=True))

@@ -126,17 +126,20 @@ def _element_towers(ctx: ckks.CkksContext, ct: openfhe.Ciphertext, keep: int
 CALIBRATION_METHODS = ("minmax", "yeojohnson", "zscore")
 
 
-def calibration_cases(parties: int, seed: int = 0
+def calibration_cases(parties: int, method: str, seed: int = 0
                       ) -> list[tuple[str, list[np.ndarray], tuple[float, ...]]]:
     """The data :mod:`fednorm.protocols.ppf.noise` was measured on: (name, parts, V_abs)
     for ordinary values, values near the bound, tiny values, and features of mixed
-    magnitudes side by side."""
+    magnitudes side by side; for the z-score, whose quotients' noise grows with the pooled
+    count and with the number of features near the bound, also 16 means and 16 variances
+    near their bounds (V_abs, (2·V_abs)²) over as many rows as ``max_count`` allows
+    (2^20)."""
     rng = np.random.default_rng(seed)
 
     def parts(make) -> list[np.ndarray]:
         return [make() for _ in range(parties)]
 
-    return [
+    cases = [
         ("ordinary", parts(lambda: rng.normal(5, 2, (40, 4))), (64.0,)),
         ("near the bound", parts(lambda: rng.uniform(-1000, 1000, (30, 3))), (1000.0,)),
         ("tiny", parts(lambda: rng.normal(1e-3, 1e-4, (30, 3))), (1.0,)),
@@ -145,6 +148,13 @@ def calibration_cases(parties: int, seed: int = 0
                                                  rng.exponential(2, 30)])),
          (0.01, 1e4, 50.0)),
     ]
+    if method == "zscore":
+        rows = FitOptions().max_count // parties
+        cases.append(("counts at max_count", parts(lambda: np.clip(np.column_stack([
+            rng.normal(60, 1, (rows, 16)),
+            rng.choice([-60.0, 60.0], (rows, 16)) + rng.normal(0, 1, (rows, 16))]), -64, 64)),
+            (64.0,)))
+    return cases
 
 
 def flooding_calibration(preset: str = "paper", parties: int = 10, command: str = ""
@@ -156,7 +166,7 @@ def flooding_calibration(preset: str = "paper", parties: int = 10, command: str 
     meta = section_meta(command, started, load_average())
     rows: list[dict[str, object]] = []
     for method in CALIBRATION_METHODS:
-        for name, parts, vabs in calibration_cases(parties):
+        for name, parts, vabs in calibration_cases(parties, method):
             options = FitOptions(algorithm="paper", preset=preset, vabs=vabs)
             for measured in measure_decryptions(method, parts, options):
                 rows.append({"method": method, "data": name, "kind": measured.kind,

@@ -131,9 +131,8 @@ def calibration_cases(parties: int, method: str, seed: int = 0
     """The data :mod:`fednorm.protocols.ppf.noise` was measured on: (name, parts, V_abs)
     for ordinary values, values near the bound, tiny values, and features of mixed
     magnitudes side by side; for the z-score, whose quotients' noise grows with the pooled
-    count and with the number of features near the bound, also 16 means and 16 variances
-    near their bounds (V_abs, (2·V_abs)²) over as many rows as ``max_count`` allows
-    (2^20)."""
+    count and with the number of features near their bounds, also 16 means near V_abs and
+    16 variances near V_abs² over as many rows as ``max_count`` allows (2^20)."""
     rng = np.random.default_rng(seed)
 
     def parts(make) -> list[np.ndarray]:

@@ -28,7 +28,9 @@ the numbers): flooded this way, the z-score presence bit as first computed (meas
 0.5 for every bit to come out right (it is now a flooded product of fresh bits); the
 quotients (μ and σ² over the encrypted inverse, and Yeo-Johnson's) carry a noise that
 grows with the largest value decrypted (2^-45.9 / 2^-46.6 of it beyond a floor of
-2^-39.5 / 2^-37.3), which only a public bound such as V_abs would size; and
+2^-39.5 / 2^-37.3) and with the pooled count, which only public bounds (V_abs,
+max_count) would size, and flooded by those bounds they kept no useful precision
+(measured, docs/LEAKAGE.md "Why not the others"); and
 Yeo-Johnson's search signs (2^-21.6 / 2^-20.8 of values in [−1, 1]) would keep no
 significant bit.
 """

@@ -15,7 +15,7 @@ from ckks_federation import PARTIES as P
 from ckks_federation import CkksFederation
 from ring_reading import flooding_noise
 
-from fednorm.bench.decryption_noise import measure_decryptions
+from fednorm.bench.decryption_noise import calibration_cases, measure_decryptions
 from fednorm.engine.ckks import DecryptionNoise, FloodedDecryption, MeasuredFlooding
 from fednorm.engine.ckks.decoding import fused_slots
 from fednorm.engine.ckks.flooding import flood_share
@@ -101,3 +101,19 @@ def test_a_request_is_read_with_the_largest_value_it_decrypts() -> None:
     rows = measure_decryptions("zscore", parts, CASES["zscore"])
     largest = float(np.abs(np.vstack(parts).mean(axis=0)).max())
     assert abs(rows[0].largest_log2 - math.log2(largest)) < 1e-3
+
+
+def test_the_quotients_noise_grows_with_the_pooled_count() -> None:
+    """The paper z-score's precise quotient passes (values near 2^16), read with the joint
+    secret: over 2^20 pooled rows (the calibration's largest case) their noise per unit of
+    value is at least 2^4 times that over 3 × 40 rows, which is why docs/LEAKAGE.md says a
+    flooding of them must be sized for the largest count ``max_count`` allows."""
+    cases = {name: (parts, vabs) for name, parts, vabs in calibration_cases(3, "zscore")}
+
+    def relative(name: str) -> float:
+        parts, vabs = cases[name]
+        rows = measure_decryptions("zscore", parts,
+                                   FitOptions(algorithm="paper", preset="test", vabs=vabs))
+        return max(r.measured_log2 - r.largest_log2 for r in rows if r.largest_log2 > 10)
+
+    assert relative("counts at max_count") > relative("ordinary") + 4

@@ -14,7 +14,6 @@ everyone stops promptly and names the same culprit.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,7 +98,9 @@ class SessionPlan:
     plays its own server role through it."""
 
     def __post_init__(self) -> None:
-        check_methods(self.methods, list(self.methods))
+        """The one check of the methods a run was asked for (``"a,b"`` or a sequence of
+        names, kept as a tuple) and of their protocols."""
+        object.__setattr__(self, "methods", check_methods(self.methods))
         for method in self.methods:  # an unknown mode fails here, not mid-run
             self.lookup(method, self.privacy)
 
@@ -269,21 +270,6 @@ def check_real(X: object) -> None:
     """Refuse complex data: a float conversion would silently drop the imaginary part."""
     if np.iscomplexobj(X):
         raise InputError("party data is complex; fednorm normalizes real numbers only")
-
-
-def check_fit_options(options: FitOptions) -> FitOptions:
-    """What :class:`FitOptions` lets through but no run can use.
-
-    An infinite ε ends every rank search at once and returns the midpoints of the
-    ranges; a bound V_abs must be a positive finite number.
-    """
-    if options.epsilon is not None and not math.isfinite(options.epsilon):
-        raise InputError(f"epsilon must be a finite positive number, got {options.epsilon}")
-    if options.vabs is not None:
-        vabs = np.asarray(options.vabs, dtype=np.float64).ravel()
-        if vabs.size == 0 or not np.all(np.isfinite(vabs) & (vabs > 0)):
-            raise InputError(f"vabs values must be positive and finite, got {list(vabs)}")
-    return options
 
 
 def feature_labels(width: int, features: Sequence[str] | None = None) -> list[str]:

@@ -119,3 +119,52 @@ def test_the_keys_a_role_holds_across_steps_carry_no_network_handle() -> None:
     assert [f.name for f in fields(PartyCrypto)] == ["rc", "held"]
     hints = typing.get_type_hints(RoleContext.__init__, localns={"HeldKeys": HeldKeys})
     assert hints["held_keys"] == HeldKeys | None
+
+
+INPUT_CHECKS = ("check_methods", "check_options_used", "check_federation_data",
+                "check_party_inputs", "require_decryptions_within")
+"""The checks a simulated session runs before any role starts."""
+
+
+def checks_run(run) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """How many times ``run()`` enters each input check and each ``__post_init__`` of
+    FitOptions and SessionPlan (watched with a profile hook, nothing replaced)."""
+    import collections
+    import sys
+
+    counted: collections.Counter[str] = collections.Counter()
+
+    def watch(frame, event, arg):  # type: ignore[no-untyped-def]
+        code = frame.f_code
+        if event != "call" or not code.co_filename.startswith(str(PACKAGE)):
+            return
+        if code.co_name in INPUT_CHECKS:
+            counted[code.co_name] += 1
+        elif code.co_name == "__post_init__":
+            counted[type(frame.f_locals["self"]).__name__] += 1
+
+    sys.setprofile(watch)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return dict(counted)
+
+
+def test_a_simulation_checks_each_input_once() -> None:
+    """From the command line and from the library, a session's methods, options and data
+    are checked once each, at its edge, before any role starts (the command once made
+    and checked its options, plan and method list two to four times)."""
+    import numpy as np
+
+    from fednorm.cli import main
+
+    rng = np.random.default_rng(5)
+    parts = [rng.normal(size=(n, 3)) for n in (5, 1, 7)]
+    once = {name: 1 for name in ("FitOptions", "SessionPlan", *INPUT_CHECKS)}
+    command = checks_run(lambda: main(["simulate", "--method", "zscore,minmax",
+                                       "--parties", "3", "--quiet", "--json"]))
+    assert {name: command.get(name, 0) for name in once} == once
+    library = checks_run(lambda: fednorm.simulate_session(parts, ["zscore", "minmax"], "plain"))
+    once["check_options_used"] = 0  # the library fits with whatever options it is given
+    assert {name: library.get(name, 0) for name in once} == once

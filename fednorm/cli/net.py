@@ -22,7 +22,6 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
-from fednorm.cli.simulate import parse_methods
 from fednorm.engine.errors import InputError
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import (
@@ -36,6 +35,7 @@ from fednorm.multihost.party import Party
 from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
 from fednorm.protocols.base import ALLOW_UNFLOODED, UNUSABLE_DATA
+from fednorm.protocols.methods import split_methods
 from fednorm.session import root_cause
 from fednorm.transport.tcp import DEFAULT_MAX_FRAME, parse_address
 from fednorm.transport.tls import init_certs
@@ -195,7 +195,7 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the server of a multi-host federation")
     serve.add_argument("--bind", required=True, metavar="HOST:PORT")
     serve.add_argument("--parties", type=int, required=True)
-    serve.add_argument("--method", type=parse_methods, required=True, metavar="M[,M...]",
+    serve.add_argument("--method", type=split_methods, required=True, metavar="M[,M...]",
                        help=f"what each session fits: one or more of {', '.join(METHODS)}, "
                             "in order; with --privacy mhe several share one key setup, and "
                             "every --out gets a directory per method")

@@ -11,7 +11,6 @@ import argparse
 from fednorm.engine.ckks.flooding import DEFAULT_DECRYPTIONS
 from fednorm.engine.errors import InputError
 from fednorm.protocols import FitOptions
-from fednorm.session import check_fit_options
 
 
 def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--preset",
@@ -43,12 +42,13 @@ def add_fit_options(parser: argparse.ArgumentParser, preset_flag: str = "--prese
                                        + vabs_default)
 
 
-def fit_options(args: argparse.Namespace) -> FitOptions:
-    options = FitOptions(algorithm=args.algorithm, epsilon=args.epsilon, preset=args.ckks_preset,
-                         rank_probes=args.rank_probes, reveal_counts=args.reveal_counts,
-                         vabs=parse_vabs(args.vabs),
-                         flooding_decryptions=args.flooding_decryptions)
-    return check_fit_options(options)
+def fit_options(args: argparse.Namespace, replay: bool = True) -> FitOptions:
+    """The options of ``args`` (checked as :class:`FitOptions` is made); ``replay`` is the
+    party's own choice (:data:`~fednorm.protocols.base.LOCAL`)."""
+    return FitOptions(algorithm=args.algorithm, epsilon=args.epsilon, preset=args.ckks_preset,
+                      rank_probes=args.rank_probes, reveal_counts=args.reveal_counts,
+                      vabs=parse_vabs(args.vabs),
+                      flooding_decryptions=args.flooding_decryptions, replay=replay)
 
 
 def parse_vabs(text: str | None) -> tuple[float, ...] | None:

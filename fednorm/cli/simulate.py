@@ -10,21 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+import trio
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
-from fednorm.engine.errors import InputError
 from fednorm.protocols import METHODS, Normalizer, fit_local
-from fednorm.protocols.methods import parse_methods as parse_method_list
+from fednorm.protocols.methods import split_methods
 from fednorm.session import SessionPlan, check_options_used
 from fednorm.sim.csv_files import load_csv
 from fednorm.sim.federation import (
     SimulationReport,
     SimulationResult,
-    simulate_session,
+    play_federation,
 )
 from fednorm.sim.partition import SplitSpec, partition
 
@@ -78,14 +79,6 @@ def _json_floats(params: dict[str, list[float]]) -> dict[str, list[float | None]
     return {k: [v if np.isfinite(v) else None for v in vs] for k, vs in params.items()}
 
 
-def parse_methods(text: str) -> tuple[str, ...]:
-    """``zscore,minmax``: methods in the order given, each once."""
-    try:
-        return parse_method_list(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 @dataclass
 class MethodRun:
     """One method of a ``simulate`` session, with its comparison to the pooled fit."""
@@ -118,23 +111,24 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     runs alone (in mhe mode its report includes its key setup); several run as a session:
     in mhe mode one key setup, reported apart, then every method on those keys."""
     split = SplitSpec.parse(args.split)
-    options = replace(fit_options(args), replay=not args.no_replay)
-    check_options_used(SessionPlan(tuple(args.method), args.privacy).protocols, options)
+    options = fit_options(args, replay=not args.no_replay)
+    plan = SessionPlan(args.method, args.privacy)  # the run's one check of its methods
+    check_options_used(plan.protocols, options)
     dataset = load_csv(args.dataset, args.target)
     parts = partition(dataset.X, dataset.y, args.parties, split, seed=args.seed)
-    label = ",".join(args.method)
+    label = ",".join(plan.methods)
     progress = progress_for(args, f"fednorm {args.command} {label}-{args.privacy}")
     # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
     with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
         arrays = [p.X for p in parts]
-        session = simulate_session(arrays, args.method, args.privacy, options,
-                                   features=dataset.feature_names, tracer=progress)
+        session = trio.run(partial(play_federation, plan, arrays, options,
+                                   features=dataset.feature_names, tracer=progress))
         # The reference: the pooled rows the parties hold (a feature split adds noise).
         held = np.vstack(arrays)
         runs = [MethodRun(method, result, compare(result.normalizer,
                                                   fit_local(method, held, options),
                                                   feature_spread(held)))
-                for method, result in zip(args.method, session.results, strict=True)]
+                for method, result in zip(plan.methods, session.results, strict=True)]
     return SimulateOutcome(dataset.feature_names, session.setup, runs)
 
 
@@ -219,7 +213,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="iid | label:β | quantity:β | feature:σ (default iid)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the partition and its noise (default 0)")
-    p.add_argument("--method", type=parse_methods, default=("zscore",),
+    p.add_argument("--method", type=split_methods, default=("zscore",),
                    help=f"one of {', '.join(METHODS)}, or several separated by commas: "
                    "with --privacy mhe they share one joint key setup (default zscore)")
     p.add_argument("--privacy", choices=("plain", "mhe"), default="plain")

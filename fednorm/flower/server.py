@@ -42,12 +42,10 @@ from fednorm.protocols import FitOptions, Normalizer
 from fednorm.protocols.base import options_to_wire
 from fednorm.protocols.columns import check_feature_names
 from fednorm.protocols.decryptions import require_decryptions_within
-from fednorm.protocols.methods import parse_methods
 from fednorm.protocols.progress import LineTracer
 from fednorm.session import (
     SessionPlan,
     StepContexts,
-    check_fit_options,
     play_session,
     run_role,
 )
@@ -283,9 +281,8 @@ def normalize(
     the count ``flower_rounds`` ends at, never the protocol's own beside them;
     ``tracer`` watches the server role (its phases, crypto calls and every frame).
     """
-    methods = parse_methods(method) if isinstance(method, str) else tuple(method)
-    plan = SessionPlan(methods, privacy)
-    options = check_fit_options(options or FitOptions())
+    plan = SessionPlan(method, privacy)
+    options = options or FitOptions()
     wire_options = options_to_wire(options)
     node_ids = list(nodes)
     if not node_ids or len(set(node_ids)) != len(node_ids):

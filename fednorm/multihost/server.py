@@ -39,7 +39,6 @@ from fednorm.session import (
     ProtocolLookup,
     SessionPlan,
     StepContexts,
-    check_fit_options,
     check_options_used,
     needs_vabs,
     play_session,
@@ -81,7 +80,6 @@ def check_server_options(protocol: Protocol, options: FitOptions,
     """
     if features is not None:
         check_feature_names(features)
-    check_fit_options(options)
     if not needs_vabs(protocol, options):
         return
     if options.vabs is None:

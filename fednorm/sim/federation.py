@@ -29,12 +29,10 @@ from fednorm.engine.tracing import Tracer
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
 from fednorm.protocols.decryptions import require_decryptions_within
-from fednorm.protocols.methods import check_methods
 from fednorm.session import (
     SessionPlan,
     StepContexts,
     check_federation_data,
-    check_fit_options,
     check_party_inputs,
     play_session,
     root_cause,
@@ -130,7 +128,7 @@ async def play_federation(
     through the server: :func:`~fednorm.engine.signing.trusted_setup`).
     """
     arrays = check_federation_data(party_data)
-    options = check_fit_options(options or FitOptions())
+    options = options or FitOptions()
     check_party_inputs(arrays, plan.protocols, options, features)
     require_decryptions_within(plan.protocols, options, arrays[0].shape[1], len(arrays))
     session = session or secrets.token_hex(8)
@@ -268,7 +266,7 @@ async def fit_session(
         A :class:`SessionResult`: the key setup's cost (``None`` in plain mode or for one
         method), then one :class:`SimulationResult` per method, in the order asked.
     """
-    plan = SessionPlan(check_methods(tuple(methods), methods), privacy)
+    plan = SessionPlan(methods, privacy)
     tables = party_tables(party_data, features)
     return await play_federation(plan, tables.arrays, options, timeout=timeout,
                                  features=tables.features, tracer=tracer,

@@ -152,9 +152,12 @@ def test_simulate_runs_several_methods_on_one_key_setup(
     assert setup["bytes"] > zscore_run["bytes"]
 
 
+@pytest.mark.parametrize("flag", ["simulate --method", "demo --methods"])
 @pytest.mark.parametrize("methods", ["zscore,zscore", "zscore,median", ","])
-def test_a_bad_method_list_exits_2(methods: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["simulate", "--method", methods], capsys)
+def test_a_bad_method_list_exits_2(flag: str, methods: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Both commands refuse it with the session's one message, before any run."""
+    code, out, err = run_cli([*flag.split(), methods], capsys)
     assert code == 2 and out == "" and "each once" in err
 
 

@@ -91,7 +91,7 @@ class SessionPlan:
     method runs as its protocol alone, keys included.
     """
 
-    methods: tuple[str, ...]
+    methods: tuple[str, ...]  # given as a sequence or as "a,b": kept as a tuple, checked
     privacy: str
     lookup: ProtocolLookup = field(default=get_protocol, compare=False, repr=False)
     """Where each method's protocol comes from: the registry; a test's deviating server

@@ -165,6 +165,9 @@ def test_a_simulation_checks_each_input_once() -> None:
     command = checks_run(lambda: main(["simulate", "--method", "zscore,minmax",
                                        "--parties", "3", "--quiet", "--json"]))
     assert {name: command.get(name, 0) for name in once} == once
-    library = checks_run(lambda: fednorm.simulate_session(parts, ["zscore", "minmax"], "plain"))
+    sessions = []
+    library = checks_run(lambda: sessions.append(
+        fednorm.simulate_session(parts, "zscore, minmax", "plain")))  # or a list of names
+    assert len(sessions[0].results) == 2
     once["check_options_used"] = 0  # the library fits with whatever options it is given
     assert {name: library.get(name, 0) for name in once} == once

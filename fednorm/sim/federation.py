@@ -259,8 +259,8 @@ async def fit_session(
     joint keys are generated once, first, covering every method, and each protocol
     reuses them, so its report holds its own cost only; a single method generates its
     keys in its own run.  The arguments, and the errors raised, are
-    :func:`fit_federation`'s, with ``methods`` (a sequence of method names) in place of
-    ``method``.
+    :func:`fit_federation`'s, with ``methods`` (method names, or one string of them
+    separated by commas) in place of ``method``.
 
     Returns:
         A :class:`SessionResult`: the key setup's cost (``None`` in plain mode or for one

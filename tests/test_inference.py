@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fednorm.training.claims import dataset_claims, write_claims
 from fednorm.training.inference import (
     bootstrap_interval,
     count_intervals,
     paired_differences,
     signed_rank_p,
+    stratified_interval,
 )
 
 
@@ -136,3 +138,47 @@ def test_r2_is_floored_at_zero_before_differencing():
 def test_rows_of_a_task_without_a_metric_are_skipped():
     rows = [run_row("federated_zscore", 0, 0.9), run_row("local_zscore", 0, 0.8)]
     assert paired_differences(rows, {"regression": "test_r2"}) == []
+
+
+# --- per-dataset claims ------------------------------------------------------------------
+
+
+def test_one_group_stratified_interval_is_the_plain_bootstrap_interval():
+    values = [0.03, -0.01, 0.02, 0.05, 0.0]
+    assert stratified_interval([values]) == pytest.approx(bootstrap_interval(values))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_the_stratified_interval_brackets_the_mean_of_the_group_means(groups):
+    low, high = stratified_interval(groups)
+    mean = np.mean([np.mean(g) for g in groups])
+    lows, highs = [min(g) for g in groups], [max(g) for g in groups]
+    assert np.mean(lows) - 1e-12 <= low <= high <= np.mean(highs) + 1e-12
+    if all(len(set(g)) == 1 for g in groups):  # no spread anywhere: the interval is a point
+        assert low == pytest.approx(mean) and high == pytest.approx(mean)
+
+
+def test_a_dataset_claim_holds_is_reversed_or_is_not_shown_by_its_interval(tmp_path):
+    rows = []
+    for seed, (skew, noise) in itertools.product(range(5), [("iid", 0.0), ("label:0.5", 0.01)]):
+        rows += [run_row("federated_zscore", seed, 0.8 + noise * seed, skew, "up"),
+                 run_row("local_zscore", seed, 0.7, skew, "up"),
+                 run_row("federated_zscore", seed, 0.6, skew, "down"),
+                 run_row("local_zscore", seed, 0.7 + noise * seed, skew, "down"),
+                 run_row("federated_zscore", seed, 0.7 + (0.1 if seed % 2 else -0.1), skew,
+                         "bcw"),
+                 run_row("local_zscore", seed, 0.7, skew, "bcw")]
+    claims = {c.dataset: c for c in dataset_claims(paired_differences(rows, METRIC_F1))}
+    assert {name: c.verdict for name, c in claims.items()} == {
+        "up": "holds", "down": "reversed", "bcw": "not shown"}
+    # "up": cells iid (+0.1 on every seed) and label:0.5 (+0.1 + 0.01·seed): mean of means.
+    assert claims["up"].effect == pytest.approx((0.1 + 0.1 + 0.02) / 2)
+    assert (claims["up"].cells, claims["up"].seeds) == (2, 5)
+    write_claims(rows, tmp_path)
+    text = (tmp_path / "claims.md").read_text(encoding="utf-8")
+    assert "| up | test_f1 | 2 | 5 | +0.1100 [" in text
+    assert "| bcw | test_f1 | 2 | 5 | " in text and "| 71 / 4 / 9 | 0.0414 |" in text
+
+
+METRIC_F1 = {"classification": "test_f1"}

@@ -58,11 +58,15 @@ class PairedDifference:
 
     @property
     def verdict(self) -> Verdict:
-        if self.low > 0:
-            return "federated"
-        if self.high < 0:
-            return "local"
-        return "undecided"
+        return CELL_VERDICT[side_of_zero(self.low, self.high)]
+
+
+CELL_VERDICT: dict[int, Verdict] = {1: "federated", -1: "local", 0: "undecided"}
+
+
+def side_of_zero(low: float, high: float) -> int:
+    """1 where the interval lies above 0, -1 where below, 0 across it (or undefined)."""
+    return 1 if low > 0 else -1 if high < 0 else 0
 
 
 @dataclass
@@ -90,6 +94,23 @@ def bootstrap_interval(differences: Sequence[float], level: float = LEVEL,
     means = values[picks].mean(axis=1)
     tail = (1 - level) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def stratified_interval(groups: Sequence[Sequence[float]], level: float = LEVEL,
+                        resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of the groups' means, each group
+    resampled within itself (a group of one value adds no spread). Seeded."""
+    if not groups:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    total = np.zeros(resamples)
+    for group in groups:
+        values = np.asarray(group, dtype=np.float64)
+        total += values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(
+            axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(total / len(groups), [tail, 1 - tail])
     return float(low), float(high)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fednorm.engine.errors import InputError
+from fednorm.training.claims import write_claims
 from fednorm.training.figures import plot_all
 from fednorm.training.normalization import (
     LOOKUP_REFERENCE,
@@ -52,7 +53,7 @@ def write_report(paths: Sequence[Path], out_dir: Path, figures: bool = True) -> 
         raise InputError("the results hold no finished runs to report on")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [*_write_table3({r: count_pairs(scores, r) for r in READINGS}, out_dir),
-               *write_interval_tables(rows, out_dir),
+               *write_interval_tables(rows, out_dir), *write_claims(rows, out_dir),
                *_write_means(scores, out_dir), *_write_health(training_health(rows), out_dir)]
     if not figures:
         return written

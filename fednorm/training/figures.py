@@ -290,7 +290,9 @@ def _finish(ax: Any, names: list[str], values: list[float]) -> None:
     finite = [v for v in values if math.isfinite(v)]
     if finite:
         low = min(finite)
-        ax.set_ylim(max(0.0, low - 0.1) if low > 0 else low - 0.1, max(finite) + 0.05)
+        whiskers_top = ax.get_ylim()[1]  # autoscaled: it covers the seed-range whiskers
+        ax.set_ylim(max(0.0, low - 0.1) if low > 0 else low - 0.1,
+                    max(max(finite) + 0.05, whiskers_top))
 
 
 def _color(normalization: str) -> tuple[float, ...]:

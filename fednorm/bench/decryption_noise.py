@@ -20,12 +20,12 @@ from functools import reduce
 
 import numpy as np
 import openfhe
-import trio
 
 from fednorm.bench.measure import Section, finish, load_average, now, section_meta
 from fednorm.engine import ckks
 from fednorm.engine.ckks import ring
 from fednorm.engine.ckks.decoding import centered_integers, evaluations
+from fednorm.engine.clock import run_trio
 from fednorm.engine.runtime import role_name
 from fednorm.engine.tracing import CryptoEvent, FrameEvent, Tracer
 from fednorm.protocols.base import FitOptions
@@ -75,7 +75,7 @@ def measure_decryptions(method: str, party_data: Sequence[np.ndarray], options: 
                         ) -> list[MeasuredDecryption]:
     """Every decryption request of one PPF run of ``method``, its noise measured."""
     keys, requests = _SecretKeys(), _Requests()
-    trio.run(lambda: simulate_async(party_data, method, "mhe", options, tracer=requests,
+    run_trio(lambda: simulate_async(party_data, method, "mhe", options, tracer=requests,
                                     party_tracer=keys))
     ctx = ckks.CkksContext(options.preset)
     return [_measured(ctx, request, keys.keys) for request in requests.requests]

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import trio
 
 from fednorm.bench.inputs import col_context
 from fednorm.bench.measure import (
@@ -36,6 +35,7 @@ from fednorm.bench.noise import prepare_decryption
 from fednorm.bench.paper import PAPER_TABLE_IV_MS, PAPER_TABLE_IV_NAMES
 from fednorm.engine import ckks
 from fednorm.engine.ckks import multiparty as col
+from fednorm.engine.clock import run_trio
 
 
 # -- Table IV: primitives at P parties ---------------------------------------------------
@@ -143,7 +143,7 @@ class _TimedRefresh:
 def _inverse(ctx, joint, keys, ct, ops: dict[str, OpSamples]) -> None:
     refresh = _TimedRefresh(ctx, joint, keys)
     hi = ckks.COUNT_RANGE[1]
-    _, s = measure(lambda: trio.run(functools.partial(
+    _, s = measure(lambda: run_trio(functools.partial(
         ckks.inverse, ctx, ct, 1.0, hi, refresh, out_scale=hi, keep_levels=2)))
     ops["inv"].total.append(s)
     ops["inv"].server.append(s.wall - refresh.seconds)

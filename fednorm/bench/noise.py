@@ -13,13 +13,13 @@ import functools
 from typing import Any
 
 import numpy as np
-import trio
 
 from fednorm.bench.inputs import col_context, synthetic_split
 from fednorm.bench.measure import Section, finish, load_average, now, sci, section_meta
 from fednorm.bench.timeline import Timeline
 from fednorm.bench.zscore import run_ppf_zscore
 from fednorm.engine import ckks
+from fednorm.engine.clock import run_trio
 
 
 def prepare_decryption(ctx: ckks.CkksContext, ct):
@@ -99,7 +99,7 @@ def _inverse_noise(ctx, joint, keys) -> list[dict[str, Any]]:
     rows = []
     for out_scale in (1.0, hi):
         refresh = ckks.local_refresh(ctx, joint, keys)
-        out = trio.run(functools.partial(ckks.inverse, ctx, ct, *ckks.COUNT_RANGE, refresh,
+        out = run_trio(functools.partial(ckks.inverse, ctx, ct, *ckks.COUNT_RANGE, refresh,
                                          out_scale=out_scale))
         for e in (5, 10, 15, 20):
             band = (counts <= 2.0**e) & (counts > 2.0**(e - 5))
@@ -147,7 +147,7 @@ def _quotient_noise(ctx, joint, keys) -> list[dict[str, Any]]:
     for pad_name, pad in (("unused count slots 0", 0.0), ("unused count slots 1", 1.0)):
         padded = np.concatenate([counts, np.full(ctx.slots - width, pad)])
         refresh = ckks.local_refresh(ctx, joint, keys)
-        inv = trio.run(functools.partial(
+        inv = run_trio(functools.partial(
             ckks.inverse, ctx, ctx.encrypt(joint.public_key, padded), 1.0, hi, refresh,
             out_scale=hi, keep_levels=2))
         for order, ct in (("1/max_count first (as the protocol)",

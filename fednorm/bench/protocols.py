@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import trio
 
 from fednorm.bench.cases import CASES, display_name, refusal, with_counterparts
 from fednorm.bench.inputs import bcw_split, col_context
@@ -46,6 +45,7 @@ from fednorm.bench.paper import (
     TABLE_V_ROBUST_EPSILON,
 )
 from fednorm.bench.timeline import Timeline
+from fednorm.engine.clock import run_trio
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.protocols import FitOptions, get_protocol
 from fednorm.protocols.base import Protocol
@@ -126,7 +126,7 @@ def run_protocol(protocol: Protocol, method: str, parts: Sequence[np.ndarray],
     """One federation run of ``protocol``, measured (``timeline``: the server's phases and
     every role's calls); errors are filled in by the caller."""
     col_context(options.preset)  # context and codec warm-up stay outside the timing
-    result, sample = measure(lambda: trio.run(lambda: run_federation(
+    result, sample = measure(lambda: run_trio(lambda: run_federation(
         protocol, parts, options, timeout=None, tracer=timeline, party_tracer=timeline)))
     return result, record(method, options.preset, result, sample)
 

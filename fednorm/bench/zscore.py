@@ -20,7 +20,6 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-import trio
 
 from fednorm.bench.inputs import WARMUP_S, bcw_split, col_context, synthetic_split
 from fednorm.bench.measure import (
@@ -47,6 +46,7 @@ from fednorm.bench.paper import (
     TARGET_TABLE_V_S,
 )
 from fednorm.bench.timeline import Timeline
+from fednorm.engine.clock import run_trio
 from fednorm.protocols import get_protocol
 from fednorm.protocols.base import FitOptions
 from fednorm.sim.federation import SimulationResult, run_federation
@@ -79,7 +79,7 @@ def run_ppf_zscore(parts: list[np.ndarray], preset: str, mode: str,
     """One measured PPF z-score run; ``timeline`` traces the server and every party."""
     options = FitOptions(preset=preset, **MODE_OPTIONS[mode])
     protocol = get_protocol("zscore", "mhe")
-    return measure(lambda: trio.run(lambda: run_federation(
+    return measure(lambda: run_trio(lambda: run_federation(
         protocol, parts, options, timeout=None, tracer=timeline, party_tracer=timeline)))
 
 

@@ -22,6 +22,7 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
+from fednorm.engine.clock import run_trio
 from fednorm.engine.errors import InputError
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import (
@@ -141,7 +142,7 @@ def _run(main: Callable[[], Awaitable[T]]) -> T:
     """trio.run, with a nursery's exception group reduced to its real cause (an
     interrupt is reported by :func:`fednorm.cli.main`)."""
     try:
-        return trio.run(main)
+        return run_trio(main)
     except BaseExceptionGroup as group:
         raise root_cause(group) from None
 

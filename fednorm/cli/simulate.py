@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import trio
 
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import add_quiet_option, progress_for
+from fednorm.engine.clock import run_trio
 from fednorm.protocols import METHODS, Normalizer, fit_local
 from fednorm.protocols.methods import split_methods
 from fednorm.session import SessionPlan, check_options_used
@@ -121,7 +121,7 @@ def run_simulation(args: argparse.Namespace) -> SimulateOutcome:
     # Overflow is reported as an error (check_no_overflow), not as numpy warnings.
     with progress or nullcontext(), np.errstate(over="ignore", invalid="ignore"):
         arrays = [p.X for p in parts]
-        session = trio.run(partial(play_federation, plan, arrays, options,
+        session = run_trio(partial(play_federation, plan, arrays, options,
                                    features=dataset.feature_names, tracer=progress))
         # The reference: the pooled rows the parties hold (a feature split adds noise).
         held = np.vstack(arrays)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from fednorm.engine.clock import run_trio
 from fednorm.engine.errors import (
     InputError,
     PartyDropped,
@@ -301,7 +302,7 @@ def normalize(
     if progress is not None:
         tracers.append(LineTracer(progress, f"fednorm {plan.name}",
                                   lambda: f"Flower round {exchange.flower_rounds}"))
-    return trio.run(_serve, plan, options, exchange, tracers)
+    return run_trio(_serve, plan, options, exchange, tracers)
 
 
 async def _serve(plan: SessionPlan, options: FitOptions, exchange: FlowerExchange,

@@ -29,12 +29,8 @@ import numpy as np
 import trio
 from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.errors import (
-    FednormError,
-    InputError,
-    PartyDropped,
-    ProtocolError,
-)
+from fednorm.engine.clock import run_trio
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     READY,
@@ -379,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, required=True)
     args = parser.parse_args(argv)
     try:
-        outcome = trio.run(run_worker, args.pipe, args.watch_pid, args.timeout)
+        outcome = run_trio(run_worker, args.pipe, args.watch_pid, args.timeout)
     except BaseExceptionGroup as group:
         print(f"fednorm party worker: {describe(root_cause(group), args.timeout)}",
               file=sys.stderr)

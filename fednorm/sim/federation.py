@@ -22,6 +22,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.ckks import in_process_run
+from fednorm.engine.clock import run_trio
 from fednorm.engine.errors import InputError
 from fednorm.engine.runtime import SERVER, TrafficStats, role_name
 from fednorm.engine.signing import Keyring, trusted_setup
@@ -279,7 +280,7 @@ def blocking(trio_native: Callable[P, Awaitable[R]], name: str) -> Callable[P, R
     @wraps(trio_native)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         refuse_inside_event_loop(name)
-        return trio.run(partial(trio_native, *args, **kwargs))
+        return run_trio(partial(trio_native, *args, **kwargs))
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = _with_first_paragraph(trio_native, "Fits in a trio run of its own and "

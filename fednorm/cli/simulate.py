@@ -96,6 +96,11 @@ class SimulateOutcome:
     setup: SimulationReport | None
     runs: list[MethodRun]
 
+    @property
+    def methods(self) -> list[str]:
+        """The methods run, as the plan named them."""
+        return [run.method for run in self.runs]
+
 
 def simulate_command(args: argparse.Namespace) -> int:
     outcome = run_simulation(args)
@@ -140,7 +145,7 @@ def json_report(args: argparse.Namespace, outcome: SimulateOutcome) -> dict[str,
     setup = None if outcome.setup is None else {
         "rounds": outcome.setup.rounds, "bytes": outcome.setup.bytes_total,
         "seconds": outcome.setup.seconds}
-    return {"methods": list(args.method), "privacy": args.privacy, "parties": args.parties,
+    return {"methods": outcome.methods, "privacy": args.privacy, "parties": args.parties,
             "split": args.split, "features": outcome.features, "setup": setup, "runs": runs}
 
 
@@ -169,7 +174,7 @@ def human_session_report(args: argparse.Namespace, outcome: SimulateOutcome) -> 
     if outcome.setup is not None:
         setup = outcome.setup
         blocks.append(f"joint key setup ({_privacy_label(args)}) for "
-                      f"{', '.join(args.method)}: {setup.rounds} rounds, "
+                      f"{', '.join(outcome.methods)}: {setup.rounds} rounds, "
                       f"{setup.bytes_total:,} bytes, {setup.seconds:.3f} s "
                       "(each method below reuses the keys)")
     blocks += [human_report(args, outcome.features, run) for run in outcome.runs]

@@ -201,7 +201,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     tuning.add_parser(subparsers)
 
-    r = subparsers.add_parser("report", help="Table III, method means and figures from results")
+    r = subparsers.add_parser("report", help="Table III, the per-dataset claims with their "
+                              "intervals, method means and figures from results")
     r.add_argument("results", type=Path, nargs="+", help="results CSV file(s)")
     r.add_argument("--out", type=Path, default=Path("results"), help="output folder")
     r.add_argument("--readme", type=Path, action="append",

@@ -144,10 +144,10 @@ def test_the_default_minmax_needs_the_relinearization_key_only() -> None:
 
 
 def test_more_parties_than_the_preset_multiplies_are_refused() -> None:
-    context = ckks.CkksContext("test")  # depth 9: products of at most 2^7 parties
-    assert product_level(context, 128) == 0
+    preset = ckks.get_preset("test")  # depth 9: products of at most 2^7 parties
+    assert product_level(preset, 128) == 0
     with pytest.raises(InputError, match="multiplies at most 128 parties"):
-        checks.require_product_for(context, 129, 30)
+        checks.require_product_for(preset, 129, 30)
 
 
 def test_many_parties_products_are_flooded_for_the_decryptions_their_bits_allow() -> None:
@@ -166,9 +166,9 @@ def test_many_parties_products_are_flooded_for_the_decryptions_their_bits_allow(
     assert product_decryptions(paper, 100, 30, 5) == 5
     assert product_decryptions(paper, 27, 30, 1024) == 1024
     assert product_decryptions(paper, 28, 30, 1024) < 1024
-    checks.require_product_for(ckks.CkksContext("paper"), 100, 30)
+    checks.require_product_for(paper, 100, 30)
     with pytest.raises(InputError, match="even flooded for a single decryption"):
-        checks.require_product_for(ckks.CkksContext("paper"), 100, 60)
+        checks.require_product_for(paper, 100, 60)
 
 
 def test_a_default_minmax_whose_bits_no_flooding_leaves_readable_stops_before_key_setup(
@@ -193,7 +193,7 @@ class Product:
     def __init__(self) -> None:
         self.ctx = ckks.CkksContext("test")
         self.parties, self.joint = ckks.setup_locally(self.ctx, PRODUCT_PARTIES)
-        self.level = product_level(self.ctx, PRODUCT_PARTIES)
+        self.level = product_level(self.ctx.preset, PRODUCT_PARTIES)
 
     def of(self, bits: list[np.ndarray]) -> tuple[object, object]:
         """(the product, one factor)."""
@@ -280,7 +280,7 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     3 alone) and signs with a key of its own."""
     def forge(crypto, bits):
         ones = crypto.ckks.encrypt(crypto.joint.public_key, np.ones(4),
-                                   product_level(crypto.ckks, 3))
+                                   product_level(crypto.ckks.preset, 3))
         own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
                                   signing.TrustedKeys({}))
         forged, _ = sign_upload(own_key, crypto.rc.session, 0, ones, ProductUpload)

@@ -27,10 +27,10 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
+from fednorm.engine.ckks import get_preset
 from fednorm.engine.errors import InputError, SessionRefused
 from fednorm.engine.runtime import role_name
 from fednorm.protocols.base import FitOptions, Protocol
-from fednorm.protocols.collective import shared_context
 from fednorm.protocols.ledger import Allowance
 from fednorm.protocols.ppf.checks import require_product_for
 
@@ -84,7 +84,7 @@ def require_decryptions_within(protocols: Sequence[Protocol], options: FitOption
     total = sum(counts.values(), Allowance())
     readable = 0
     if total.products:  # refused here if no product of so many parties' bits can be read
-        readable = require_product_for(shared_context(options.preset), parties,
+        readable = require_product_for(get_preset(options.preset), parties,
                                        options.flooding_bits)
     allowed = options.flooding_decryptions
     if budget_spent(total, allowed, readable) <= 1:

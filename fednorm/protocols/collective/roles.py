@@ -258,7 +258,7 @@ class PartyCrypto(_OnHeldKeys):
         ckks.flooding`), at the level whose product of P ends at the towers it is
         decrypted at (:func:`.sums.product_level`); signed by this party as its next
         product upload of the session."""
-        level = sums.product_level(self.ckks, self.n_parties)
+        level = sums.product_level(self.ckks.preset, self.n_parties)
         ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
         return await self._signed(ProductUpload, ct)
 

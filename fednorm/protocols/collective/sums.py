@@ -231,18 +231,18 @@ def product_levels(factors: int) -> int:
     return max(1, math.ceil(math.log2(factors)))
 
 
-def product_level(context: ckks.CkksContext, factors: int) -> int:
+def product_level(preset: ckks.CkksPreset, factors: int) -> int:
     """The level parties encrypt product uploads at (scale Δ²): each is rescaled once
     before its first product, each of the tree's ⌈log2 P⌉ levels takes a tower, and the
     product ends one rescale above the decrypted :data:`~fednorm.engine.ckks.context.
     PRODUCT_TOWERS` (the smallest uploads and products that hold the flooded bits).
     InputError when the preset has too few levels for so many parties."""
-    level = context.preset.towers - PRODUCT_TOWERS - 1 - product_levels(factors)
+    level = preset.towers - PRODUCT_TOWERS - 1 - product_levels(factors)
     if level < 0:
-        most = 2 ** (context.preset.towers - PRODUCT_TOWERS - 1)
+        most = 2 ** (preset.towers - PRODUCT_TOWERS - 1)
         raise InputError(f"a product of {factors} parties' uploads needs "
                          f"{product_levels(factors)} levels; preset "
-                         f"{context.preset.name!r} multiplies at most {most} parties")
+                         f"{preset.name!r} multiplies at most {most} parties")
     return level
 
 

@@ -44,7 +44,7 @@ def require_counts_within(X: np.ndarray, options: FitOptions) -> None:
         raise InputError(f"a party holds more than max_count={options.max_count} values")
 
 
-def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: int) -> int:
+def require_product_for(preset: ckks.CkksPreset, parties: int, flooding_bits: int) -> int:
     """The most decryptions a product of ``parties``' bits may be flooded for
     (:func:`~fednorm.protocols.collective.sums.readable_product_decryptions`); InputError,
     before anything is sent, when no flooded product of ``parties``' bit
@@ -56,12 +56,12 @@ def require_product_for(context: ckks.CkksContext, parties: int, flooding_bits: 
     noise grows as P^1.5·√τ (σ ≈ 0.24 per bit at P = 100, paper preset, s = 30,
     τ = 1024, where a bit is read wrong at ~0.5), so many parties' products are flooded
     for fewer decryptions, each spending more of the keys' budget."""
-    product_level(context, parties)
-    readable = readable_product_decryptions(context.preset, parties, flooding_bits)
+    product_level(preset, parties)
+    readable = readable_product_decryptions(preset, parties, flooding_bits)
     if readable < 1:
-        noise = product_bit_noise(context.preset, parties, flooding_bits, 1)
+        noise = product_bit_noise(preset, parties, flooding_bits, 1)
         raise InputError(
-            f"a flooded product of {parties} parties' bits at the {context.preset.name!r} "
+            f"a flooded product of {parties} parties' bits at the {preset.name!r} "
             f"preset carries noise σ = {noise:.3f} per bit with s = {flooding_bits}, even "
             f"flooded for a single decryption: too close to 0 and 1 to read every bit (σ "
             f"at most {BIT_TOLERANCE / BIT_MARGIN:.3f}). Fewer parties, or a smaller s "

@@ -57,7 +57,6 @@ from fednorm.protocols.collective import (
     flooding_arguments,
     setup_party,
     setup_server,
-    shared_context,
 )
 from fednorm.protocols.collective.sums import ProductUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
@@ -268,7 +267,7 @@ def _as_bits(values: np.ndarray) -> np.ndarray:
 # -- party ----------------------------------------------------------------------------------
 async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A party's side of the search after key setup: returns (min, max) per feature."""
-    require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits)
+    require_product_for(crypto.ckks.preset, crypto.n_parties, crypto.held.flooding_bits)
     rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.slots)
     tops = local_tops(X)
     start = Brackets.start(layout.brackets)
@@ -307,7 +306,7 @@ def _received_thresholds(value: object, layout: Layout) -> np.ndarray:
 def require_search_for(rc: RoleContext, options: FitOptions) -> None:
     """Server, before key setup: InputError if the flooded products of this many parties'
     bits cannot be read with ``options``' preset and flooding (:func:`require_product_for`)."""
-    require_product_for(shared_context(options.preset), len(rc.parties),
+    require_product_for(ckks.get_preset(options.preset), len(rc.parties),
                         options.flooding_bits)
 
 

@@ -57,7 +57,6 @@ from fednorm.protocols.collective import (
     flooding_arguments,
     setup_party,
     setup_server,
-    shared_context,
 )
 from fednorm.protocols.collective.sums import InputUpload, ProductUpload, SumUpload
 from fednorm.protocols.ledger import COLLECTIVE, NOTHING, Allowance, declare
@@ -159,7 +158,7 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     if not counts_revealed(options):
-        require_product_for(shared_context(options.preset), len(rc.parties),
+        require_product_for(ckks.get_preset(options.preset), len(rc.parties),
                             options.flooding_bits)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     sums = await rc.gather(EncryptedSums)
@@ -239,7 +238,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     counts = feature_counts(X)
     passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
-        require_product_for(crypto.ckks, crypto.n_parties, crypto.held.flooding_bits)
+        require_product_for(crypto.ckks.preset, crypto.n_parties, crypto.held.flooding_bits)
         crypto.require_pooled_count_within(counts, options.max_count)
     sums = EncryptedSums(
         total=await passes.upload(crypto, total),

@@ -3,9 +3,10 @@ starts a trio run.
 
 A role waits at most its timeout for a peer's next frame: that catches a peer that
 stalled. Counted on the monotonic clock alone, a process that is itself stopped for
-longer (SIGSTOP to lend the cores to another job, a laptop asleep, a debugger) wakes to
+longer (SIGSTOP to lend the cores to another job, a debugger's breakpoint) wakes to
 find every pending deadline past, and fails each run that was waiting mid-protocol,
-although no peer stalled: a study grid paused for a benchmark died of it.
+although no peer stalled: a study grid paused for a benchmark died of it. (A machine
+asleep is no such case: the monotonic clock itself stops then.)
 
 :class:`RunningClock` makes the event loop wake at least every :data:`TICK` seconds, so
 two readings of the clock are never further apart than a tick plus the work between

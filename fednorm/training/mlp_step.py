@@ -232,6 +232,13 @@ class MLPStep:
         slots, rows, channels = x.shape
         width = len(runs)
         clients = slots // width
+        batch_stats = [torch.zeros(clients, width, channels, dtype=x.dtype),
+                       torch.ones(clients, width, channels, dtype=x.dtype),
+                       torch.ones(clients, width, dtype=x.dtype)]
+        groups = self.mixed.norm_groups(runs)
+        if all(norm is None for norm, _ in groups):
+            self._keep_batch_stats(stats, batch_stats)
+            return x  # the runs with a norm have stopped: no graph (_backward: identity)
         weight = params[f"{name}.weight"].detach().requires_grad_()
         bias = params[f"{name}.bias"].detach().requires_grad_()
         record.norm_input = x.detach().requires_grad_()
@@ -240,12 +247,9 @@ class MLPStep:
                    "weight": weight.view(clients, width, channels),
                    "bias": bias.view(clients, width, channels)}
         run_mask = mask.view(clients, width, rows)
-        batch_stats = [torch.zeros(clients, width, channels, dtype=x.dtype),
-                       torch.ones(clients, width, channels, dtype=x.dtype),
-                       torch.ones(clients, width, dtype=x.dtype)]
         parts, order = [], []
         with torch.enable_grad():
-            for norm, positions in self.mixed.norm_groups(runs):
+            for norm, positions in groups:
                 index = torch.tensor(positions)
                 part = per_run["x"][:, index]
                 if norm is not None:
@@ -255,10 +259,16 @@ class MLPStep:
                 order += positions
             joined = torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(order))]
             out = joined.reshape(slots, rows, channels)
-        if any(isinstance(norm, MaskedBatchNorm) for norm in self.mixed.norms):
-            stats.append(tuple(t.reshape(slots, *t.shape[2:]) for t in batch_stats))
+        self._keep_batch_stats(stats, batch_stats)
         record.tensor = out
         return out.detach()
+
+    def _keep_batch_stats(self, stats: list, batch_stats: list[Tensor]) -> None:
+        """The stack's batch statistics, slot by slot, when any of its runs has batch
+        norm (runs without it get mean 0, variance 1)."""
+        assert self.mixed is not None
+        if any(isinstance(norm, MaskedBatchNorm) for norm in self.mixed.norms):
+            stats.append(tuple(t.reshape(-1, *t.shape[2:]) for t in batch_stats))
 
     @staticmethod
     def _group_norm_forward(norm: nn.Module, per_run: dict[str, Tensor], run_mask: Tensor,
@@ -295,8 +305,11 @@ class MLPStep:
                     keep = record.tensor
                     delta = (delta.view(keep.shape[0], -1, *delta.shape[1:]) * keep
                              ).view(delta.shape)
+            elif record.norm_input is None:  # a mixed stack's norm layer, no norm left
+                grads[f"{name}.weight"] = torch.zeros_like(params[f"{name}.weight"])
+                grads[f"{name}.bias"] = torch.zeros_like(params[f"{name}.bias"])
             else:
-                assert record.norm_input is not None and record.norm_params is not None
+                assert record.norm_params is not None
                 inputs = [record.norm_input, *record.norm_params]
                 # A mixed stack whose runs with a norm have all stopped early no longer
                 # uses the norm's parameters: their gradient is zero.

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from fednorm.engine.clock import STOPPED_AFTER, TICK, RunningClock
+from fednorm.engine.clock import STOPPED_AFTER, TICK, RunningClock, run_trio
+from fednorm.engine.errors import ProtocolTimeout
+from fednorm.engine.messages import Message, message
+from fednorm.engine.runtime import SERVER, RoleContext
+from fednorm.transport.memory import link_pair
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,6 +59,22 @@ def test_a_federation_stopped_longer_than_its_timeout_finishes(tmp_path):
             child.kill()
     assert child.returncode == 0, err[-2000:]
     assert out.startswith("done")
+
+
+@message("test.clock.silence")
+class Silence(Message):
+    n: int
+
+
+def test_a_silent_peer_still_times_out_on_the_running_clock():
+    """The clock leaves out stops, not silence: a party that never sends times out the
+    server after its 1.5 s timeout, counted in the ticks the process runs."""
+    server_end, _party_end = link_pair(SERVER, 1)
+    server = RoleContext(SERVER, {1: server_end}, "s1", protocol="proto", timeout=1.5)
+    started = time.monotonic()
+    with pytest.raises(ProtocolTimeout, match="party 1"):
+        run_trio(server.receive, 1, Silence)
+    assert 1.4 < time.monotonic() - started < 10.0
 
 
 class Source:

@@ -143,14 +143,17 @@ def test_rows_of_a_task_without_a_metric_are_skipped():
 # --- per-dataset claims ------------------------------------------------------------------
 
 
-def test_one_group_stratified_interval_is_the_plain_bootstrap_interval():
-    values = [0.03, -0.01, 0.02, 0.05, 0.0]
-    assert stratified_interval([values]) == pytest.approx(bootstrap_interval(values))
+def test_the_stratified_interval_resamples_each_group_within_itself():
+    # Groups [0, 1] and [2]: the first's resampled mean is 0, 1/2 or 1 (chances 1/4, 1/2,
+    # 1/4), the second's always 2, so the mean of the two is 1, 1.25 or 1.5 and the 95 %
+    # interval is (1, 1.5). Pooling the three values, or weighting groups by size, would
+    # reach below 1.
+    assert stratified_interval([[0.0, 1.0], [2.0]]) == pytest.approx((1.0, 1.5))
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=6), min_size=1, max_size=5))
-def test_the_stratified_interval_brackets_the_mean_of_the_group_means(groups):
+def test_the_stratified_interval_lies_within_the_groups_ranges(groups):
     low, high = stratified_interval(groups)
     mean = np.mean([np.mean(g) for g in groups])
     lows, highs = [min(g) for g in groups], [max(g) for g in groups]

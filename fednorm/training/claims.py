@@ -85,7 +85,8 @@ def write_claims(rows: Sequence[dict[str, str]], out_dir: Path) -> list[Path]:
         differences = paired_differences(rows, metric_of)
         counts = {c.dataset: c for c in count_intervals(differences)}
         paper = reading == "paper"
-        margin = {c.dataset: c for c in count_pairs(mean_scores(rows, metric_of), "paper")}
+        margin = {c.dataset: c for c in count_pairs(mean_scores(rows, metric_of), "paper")
+                  } if paper else {}
         lines = ["| Dataset | Metric | Cells | Seeds | Federated − local [95 % interval] "
                  "| Claim | Cells F / L / U |" + (" Margin F / L / T | Paper F / L / T "
                                                   "| Paper mean impr. |" if paper else ""),

@@ -86,15 +86,9 @@ def bootstrap_interval(differences: Sequence[float], level: float = LEVEL,
                        resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``differences`` (NaN, NaN with fewer
     than :data:`MIN_PAIRS`). Seeded, so a report is reproducible."""
-    values = np.asarray(differences, dtype=np.float64)
-    if len(values) < MIN_PAIRS:
+    if len(differences) < MIN_PAIRS:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(values), size=(resamples, len(values)))
-    means = values[picks].mean(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(low), float(high)
+    return stratified_interval([differences], level, resamples, seed)
 
 
 def stratified_interval(groups: Sequence[Sequence[float]], level: float = LEVEL,

@@ -310,13 +310,8 @@ class MLPStep:
                 grads[f"{name}.bias"] = torch.zeros_like(params[f"{name}.bias"])
             else:
                 assert record.norm_params is not None
-                inputs = [record.norm_input, *record.norm_params]
-                # A mixed stack whose runs with a norm have all stopped early no longer
-                # uses the norm's parameters: their gradient is zero.
-                d_input, d_weight, d_bias = (
-                    torch.zeros_like(tensor) if grad is None else grad
-                    for tensor, grad in zip(inputs, torch.autograd.grad(
-                        record.tensor, inputs, delta, allow_unused=True), strict=True))
+                d_input, d_weight, d_bias = torch.autograd.grad(
+                    record.tensor, [record.norm_input, *record.norm_params], delta)
                 grads[f"{name}.weight"], grads[f"{name}.bias"] = d_weight, d_bias
                 delta = d_input
         return grads

@@ -35,6 +35,7 @@ from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import (
     DecryptionNoise,
     Flooding,
+    MaskFlooding,
     MeasuredFlooding,
     ProductFlooding,
     check_decryptions,
@@ -63,6 +64,7 @@ from fednorm.engine.ckks.local import (
     local_refresh,
     setup_locally,
 )
+from fednorm.engine.ckks.masking import encrypt_masked
 from fednorm.engine.ckks.multiparty import (
     BootRound,
     Bootstrap,
@@ -77,6 +79,7 @@ from fednorm.engine.ckks.multiparty import (
     KeySetup,
     KeyShares,
     LeadKeys,
+    MaskedSumDecryption,
     ProductDecryption,
     PublicKeyAggregate,
     PublicKeyGen,
@@ -126,6 +129,8 @@ __all__ = [
     "LevelBudgetError",
     "Levels",
     "LocalRefresh",
+    "MaskFlooding",
+    "MaskedSumDecryption",
     "MeasuredFlooding",
     "PartyKeys",
     "ProductDecryption",
@@ -149,6 +154,7 @@ __all__ = [
     "comparison_error",
     "consumed_levels",
     "decrypt_locally",
+    "encrypt_masked",
     "ensure_levels",
     "fold_maximum",
     "fold_rotations",

@@ -30,6 +30,21 @@ def fused_slots(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext], scale: f
                 ) -> np.ndarray:
     """The real parts of every slot of Σ shares (one-element ciphertexts of one shape)."""
     moduli = ctx.moduli[:ctx.towers(shares[0])]
+    return slot_values(centered_integers(moduli, fused_residues(ctx, shares)), scale)
+
+
+def fused_coefficients(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext]
+                       ) -> np.ndarray:
+    """The exact centered coefficients (Python integers) of Σ shares: what a masked sum
+    decrypts to (:mod:`.masking`)."""
+    moduli = ctx.moduli[:ctx.towers(shares[0])]
+    return exact_coefficients(moduli, fused_residues(ctx, shares))
+
+
+def fused_residues(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext]
+                   ) -> list[np.ndarray]:
+    """The coefficient-domain residues, tower by tower, of Σ shares."""
+    moduli = ctx.moduli[:ctx.towers(shares[0])]
     n = ctx.preset.ring_dim
     totals: list[np.ndarray] = []
     for share in shares:
@@ -41,8 +56,7 @@ def fused_slots(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext], scale: f
                 totals.append(tower)
             else:
                 totals[i] = ring.add_mod(totals[i], tower, q)
-    residues = [ring.ntt(q, n).inverse(t) for q, t in zip(moduli, totals, strict=True)]
-    return slot_values(centered_integers(moduli, residues), scale)
+    return [ring.ntt(q, n).inverse(t) for q, t in zip(moduli, totals, strict=True)]
 
 
 def centered_integers(moduli: Sequence[int], residues: Sequence[np.ndarray]) -> np.ndarray:

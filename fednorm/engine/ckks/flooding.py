@@ -65,7 +65,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import ring
-from fednorm.engine.ckks.context import PRODUCT_TOWERS, SUM_TOWERS, CkksContext
+from fednorm.engine.ckks.context import MASK_TOWERS, PRODUCT_TOWERS, SUM_TOWERS, CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
@@ -140,6 +140,18 @@ class Flooding:
         """The added noise's standard deviation in each slot's real part, at ``scale``
         (a coefficient Gaussian of std σ is one of std σ·√(N/2)/scale per slot)."""
         return self.sigma * math.sqrt(self.ring_dim / 2) / scale
+
+
+@dataclass(frozen=True)
+class MaskFlooding(Flooding):
+    """The noise a party adds to a decryption share of a sum of the parties' masked
+    uploads (:mod:`.masking`): a sum of fresh encryptions like any sum upload, so the same
+    proven bound; only its shape differs (scale Δ, :data:`~.context.MASK_TOWERS`
+    towers)."""
+
+    @property
+    def decrypted_shape(self) -> tuple[str, int, int]:
+        return "a masked sum", 1, MASK_TOWERS
 
 
 @dataclass(frozen=True)

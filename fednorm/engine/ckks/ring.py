@@ -20,7 +20,7 @@ import secrets
 import struct
 import threading
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 import openfhe
@@ -46,6 +46,23 @@ def _mulmod(a: np.ndarray, w: np.ndarray, w_shoup: np.ndarray, q: int) -> np.nda
     modulus = np.uint64(q)
     rest = a * w - _mulhi(a, w_shoup) * modulus  # wraps mod 2^64 to the true value < 2q
     return np.minimum(rest, rest - modulus)  # below q, rest − q wraps above rest
+
+
+FLOAT_QUOTIENT_BITS = 51
+"""Below 2^51 a modulus takes :func:`_mulmod_float`: a, w < q, so the float64 quotient
+a·(w/q) is within 1/2 of the true one and the remainder within (−q, 2q)."""
+
+
+def _mulmod_float(a: np.ndarray, w: np.ndarray, w_over_q: np.ndarray, q: int) -> np.ndarray:
+    """``a·w mod q`` for ``q < 2^51`` from the quotient estimated in float64 (``w_over_q``
+    = w/q rounded): off by at most one, so the wrapped remainder a·w − ⌊a·w/q⌋·q lies in
+    (−q, 2q) and two corrections finish it; a third fewer array operations than
+    :func:`_mulmod`."""
+    modulus = np.uint64(q)
+    estimate = (a.astype(np.float64) * w_over_q).astype(np.uint64)
+    rest = (a * w - estimate * modulus).view(np.int64)  # wraps to the true value
+    rest = np.where(rest < 0, rest + np.int64(q), rest).view(np.uint64)
+    return np.minimum(rest, rest - modulus)
 
 
 def _shoup(w: np.ndarray, q: int) -> np.ndarray:
@@ -111,12 +128,24 @@ class Ntt:
             view = a.reshape(groups, 2, half)
             upper, lower = view[:, 0, :].copy(), view[:, 1, :]
             twiddles = slice(groups, 2 * groups)
-            twisted = _mulmod(lower, self.psi_powers[twiddles, None],
-                              self.psi_shoup[twiddles, None], q)
+            twisted = self._times_twiddles(lower, twiddles)
             view[:, 0, :] = add_mod(upper, twisted, q)
             view[:, 1, :] = _sub(upper, twisted, q)
             groups, half = groups * 2, half // 2
         return a
+
+    def _times_twiddles(self, values: np.ndarray, twiddles: slice) -> np.ndarray:
+        """``values`` (groups × half) times ψ^rev(g) per group g of ``twiddles``, mod q."""
+        powers = self.psi_powers[twiddles, None]
+        if self.modulus < 1 << FLOAT_QUOTIENT_BITS:
+            return _mulmod_float(values, powers, self.psi_over_q[twiddles, None],
+                                 self.modulus)
+        return _mulmod(values, powers, self.psi_shoup[twiddles, None], self.modulus)
+
+    @cached_property
+    def psi_over_q(self) -> np.ndarray:
+        """ψ^rev(k)/q in float64, for :func:`_mulmod_float`."""
+        return self.psi_powers.astype(np.float64) / self.modulus
 
     def inverse(self, evaluations: np.ndarray) -> np.ndarray:
         """Coefficient residues of evaluation-domain residues (OpenFHE's order)."""
@@ -212,6 +241,17 @@ def locate_towers(data: bytes | bytearray, ring_dim: int, count: int,
         if np.any(towers.read(blob, i) >= np.uint64(modulus)):
             raise ProtocolError(f"tower {i} of a serialized polynomial exceeds its modulus")
     return towers
+
+
+def locate_first_element(data: bytes | bytearray, ring_dim: int, count: int,
+                         moduli: tuple[int, ...] = ()) -> Towers:
+    """The towers of the *first* element (c0) of a serialized two-element ciphertext: the
+    evenly spaced run of towers that ends before the last element's
+    (:func:`locate_towers`), which must be exactly ``count``."""
+    last = locate_towers(data, ring_dim, count, moduli)
+    head = bytes(data[:last.offsets[0] - 8])
+    first = locate_towers(head, ring_dim, count, moduli)
+    return first
 
 
 def _evenly_spaced_tail(found: list[int], width: int) -> list[int]:

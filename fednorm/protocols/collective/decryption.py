@@ -3,10 +3,11 @@
 Three kinds share one flow: a decryption of a computed ciphertext (sub-protocol
 ``decrypt``: :class:`~fednorm.engine.ckks.FloodedDecryption`, flooded by the noise the
 step declares, or, where flooding would leave no useful precision, a plain
-:class:`~fednorm.engine.ckks.Decryption`) and a flooded decryption of a sum or a product
-of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption` and
-:class:`~fednorm.engine.ckks.ProductDecryption`, sub-protocols ``decrypt_sum`` and
-``decrypt_product``).
+:class:`~fednorm.engine.ckks.Decryption`) and a flooded decryption of a sum, a product or a
+masked sum of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption`,
+:class:`~fednorm.engine.ckks.ProductDecryption` and
+:class:`~fednorm.engine.ckks.MaskedSumDecryption`, sub-protocols ``decrypt_sum``,
+``decrypt_product`` and ``decrypt_masked``).
 
 A plain (not flooded) decryption whose values were too large to decode may be retried
 once where a phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`),
@@ -29,11 +30,13 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.protocols.collective.messages import (
     DecryptRequest,
+    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.rounds import relayed, request_shares, send_share
 from fednorm.protocols.collective.sums import (
+    MaskedUpload,
     PooledUploads,
     ProductUpload,
     SignedUpload,
@@ -44,12 +47,14 @@ if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
 
 DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT = "decrypt", "decrypt_sum", "decrypt_product"
+DECRYPT_MASKED = "decrypt_masked"
 RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
-CombinedRequest = SumDecryptRequest | ProductDecryptRequest
+CombinedRequest = SumDecryptRequest | ProductDecryptRequest | MaskedDecryptRequest
 _COMBINED: dict[type[SignedUpload],
                 tuple[str, type[CombinedRequest], type[ckks.SumDecryption]]] = {
     SumUpload: (DECRYPT_SUM, SumDecryptRequest, ckks.SumDecryption),
     ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest, ckks.ProductDecryption),
+    MaskedUpload: (DECRYPT_MASKED, MaskedDecryptRequest, ckks.MaskedSumDecryption),
 }  # each kind of upload: the sub-protocol, request and decryption of its combination
 
 
@@ -160,6 +165,13 @@ async def answer_product_decryption(crypto: PartyCrypto, request: ProductDecrypt
     await _answer_combined(crypto, request, ProductUpload)
 
 
+async def answer_masked_decryption(crypto: PartyCrypto, request: MaskedDecryptRequest
+                                   ) -> None:
+    """Party: a flooded share of the sum of the relayed masked uploads
+    (:func:`_answer_combined`)."""
+    await _answer_combined(crypto, request, MaskedUpload)
+
+
 async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
                            kind: type[SignedUpload]) -> None:
     """Party: a flooded decryption share (this party's s and τ) of the combination it
@@ -184,7 +196,8 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
 
 
 _REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request",
-             DECRYPT_PRODUCT: "product decryption request"}
+             DECRYPT_PRODUCT: "product decryption request",
+             DECRYPT_MASKED: "masked decryption request"}
 
 
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,

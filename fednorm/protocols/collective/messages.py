@@ -75,6 +75,15 @@ class ProductDecryptRequest(Message):
     index: int
 
 
+@message("ckks.decrypt_masked_request")
+class MaskedDecryptRequest(Message):
+    """Decrypt the sum of every party's masked upload #``index`` and read it as bits,
+    whose P uploads follow as for a sum (:class:`SumDecryptRequest`): every party checks
+    their signatures, recomputes the sum and floods its share (docs/LEAKAGE.md)."""
+
+    index: int
+
+
 # -- bootstrapping -------------------------------------------------------------------------
 @message("ckks.boot_request")
 class BootRequest(Message):

@@ -3,7 +3,8 @@
 The server holds the context and the joint public material, never a secret; a party
 holds its :class:`~fednorm.engine.ckks.PartyKeys` (secret, never sent) and the joint
 public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum`,
-:meth:`~ServerCrypto.decrypt_product` and :meth:`~ServerCrypto.bootstrap` each run one
+:meth:`~ServerCrypto.decrypt_product`, :meth:`~ServerCrypto.decrypt_masked` and
+:meth:`~ServerCrypto.bootstrap` each run one
 network round of a collective operation (:mod:`.decryption`, :mod:`.bootstrap`); a
 party makes at most one share of any ciphertext (:meth:`PartyCrypto.claim_share`).
 """
@@ -29,6 +30,7 @@ from fednorm.protocols.collective.signatures import keyring_of
 from fednorm.protocols.collective.sums import (
     AnUpload,
     InputUpload,
+    MaskedUpload,
     PooledUploads,
     ProductUpload,
     SignedUpload,
@@ -115,6 +117,13 @@ class ServerCrypto(_OnHeldKeys):
         """
         return await decryption.decrypt_pooled(self, pooled, n)
 
+    async def decrypt_masked(self, pooled: PooledUploads, n: int) -> np.ndarray:
+        """Flooded collective decryption of a sum of the parties' masked uploads
+        (:meth:`PartyCrypto.encrypt_masked`, pooled by :meth:`pool_masked`), read as the
+        first ``n`` bits: 1 where every party's bit is 1 (:mod:`~fednorm.engine.ckks.
+        masking`); every party recomputes the sum (:mod:`.sums`)."""
+        return await decryption.decrypt_pooled(self, pooled, n)
+
     async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
                         ) -> openfhe.Ciphertext:
         """Collective bootstrapping: same values, full level budget, nothing revealed;
@@ -141,6 +150,11 @@ class ServerCrypto(_OnHeldKeys):
         """⊗ over every party's signed product upload of one index (by party id), by the
         fixed tree every party repeats (:func:`.sums.product_of`)."""
         return await self.rc.run_sync(self._pool, uploads, ProductUpload)
+
+    async def pool_masked(self, uploads: Mapping[int, object]) -> PooledUploads:
+        """Every party's signed masked upload of one index (by party id), checked, for
+        :meth:`decrypt_masked`: the server only adds them up."""
+        return await self.rc.run_sync(self._pool, uploads, MaskedUpload)
 
     def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload],
               every_party: bool = True) -> PooledUploads:
@@ -262,6 +276,15 @@ class PartyCrypto(_OnHeldKeys):
         ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
         return await self._signed(ProductUpload, ct)
 
+    async def encrypt_masked(self, bits: np.ndarray) -> MaskedUpload:
+        """Encrypt bits as masked zeros (:func:`~fednorm.engine.ckks.masking.
+        encrypt_masked`: 0 where a bit is 1, uniform in Z_Q where it is 0), which the
+        server only adds up with the other parties' and decrypts with :meth:`ServerCrypto.
+        decrypt_masked`; signed by this party as its next masked upload of the session."""
+        ct = await self.rc.run_sync(ckks.encrypt_masked, self.ckks, self.public_key,
+                                    np.asarray(bits) == 1.0)
+        return await self._signed(MaskedUpload, ct)
+
     async def encrypt_input(self, values: np.ndarray, level: int = 0) -> InputUpload:
         """Encrypt an input of the server's encrypted computation (:meth:`encrypt`), signed
         as this party's next input upload: the server relays every party's, so each can
@@ -313,9 +336,15 @@ class PartyCrypto(_OnHeldKeys):
     def flooding_of(self, kind: type[SignedUpload], combined: openfhe.Ciphertext,
                     factor: openfhe.Ciphertext) -> ckks.Flooding:
         """The noise for a share of ``combined``, the P parties' uploads of ``kind``
-        combined (``factor`` one of them): a sum's, or a product's at its scale."""
+        combined (``factor`` one of them): a sum's (a masked sum's at its shape), or a
+        product's at its scale."""
         if kind is SumUpload:
             return self.flooding()
+        if kind is MaskedUpload:
+            return ckks.MaskFlooding(self.ckks.preset.ring_dim, self.n_parties,
+                                     self.n_parties, self.held.flooding_bits,
+                                     self.held.flooding_decryptions,
+                                     enabled=self.held.flooding_enabled)
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,

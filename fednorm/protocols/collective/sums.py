@@ -14,8 +14,8 @@ decrypted once.
 The statement a party signs names the kind of its upload (:attr:`SignedUpload.KIND`), and
 each kind has its own combination (:meth:`SignedUpload.combined`): a sum upload
 (:class:`SumUpload`) is only ever added, a product upload (:class:`ProductUpload`) only
-ever multiplied with the other parties', so neither can be decrypted as the other, nor
-alone.
+ever multiplied with the other parties', a masked upload (:class:`MaskedUpload`) only
+added and read as bits, so none can be decrypted as another, nor alone.
 """
 
 from __future__ import annotations
@@ -105,8 +105,20 @@ class InputUpload(_AddedUp):
     EXT = 26
 
 
+@dataclass(frozen=True, eq=False)
+class MaskedUpload(_AddedUp):
+    """Bits as masked zeros (:mod:`fednorm.engine.ckks.masking`): 0 where the bit is 1,
+    uniform in Z_Q where it is 0; the server only adds them up, and their sum decrypts to
+    0 exactly where every party's bit is 1 — an AND from a sum, no product."""
+
+    KIND = "ckks.masked_upload"
+    NOUN = "masked"
+    EXT = 27
+
+
 AnUpload = TypeVar("AnUpload", bound=SignedUpload)
-UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload, InputUpload)
+UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload, InputUpload,
+                                                MaskedUpload)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """PPF pooled extremes (the default PPF MinMax): a threshold search over encrypted bits.
 
 The pooled max of a feature is ≤ a threshold exactly when every party's values are, so
-the product over the parties of the bits "all my values are ≤ threshold" is the pooled
-bit, and it tells the server nothing else.  Step by step:
+the AND over the parties of the bits "all my values are ≤ threshold" is the pooled bit,
+and it tells the server nothing else.  The AND comes from a sum: each party uploads its
+bits as masked zeros (0 for a 1, a uniform element of Z_Q for a 0,
+:mod:`fednorm.engine.ckks.masking`), whose sum decrypts to 0 exactly where every bit is
+1 and to a uniform element elsewhere.  Step by step:
 
-1. collective key setup with relinearization (:func:`setup_arguments`); no V_abs, no
-   rotations, no bootstraps;
+1. collective key setup of the joint public key alone (:func:`setup_arguments`): no
+   relinearization or rotation keys, no V_abs, no bootstraps;
 2. every feature has two brackets (l, h] of float order keys
    (:mod:`fednorm.protocols.float_order`): one for its max, one for the max of its
    negated values (−min), both starting as the whole float order (−inf, +inf] with
@@ -16,13 +19,13 @@ bit, and it tells the server nothing else.  Step by step:
    (:class:`Thresholds`);
 4. each party computes in the clear, per bracket and threshold, the bit "my largest
    value (of the feature, or of its negation) is ≤ the threshold" — 1 for a feature it
-   has no values of — and encrypts all of them in one ciphertext (chunks if they do not
-   fit the slots) as a signed product upload (:meth:`PartyCrypto.encrypt_for_product`);
-5. the server multiplies the P uploads by a fixed tree (:func:`~fednorm.protocols.
-   collective.sums.product_of`) and has the product decrypted, flooded: a party checks
-   every relayed upload, recomputes the product itself and decrypts only that, once per
-   round (:data:`ROUND`); the bits read 0…0 1…1 per bracket, the first 1 marks the cell
-   holding the pooled extreme, which becomes the bracket;
+   has no values of — and encrypts all of them in one ciphertext, one bit per coefficient
+   of the ring (chunks if they do not fit), as a signed masked upload
+   (:meth:`PartyCrypto.encrypt_masked`);
+5. the server adds the P uploads up and has the sum decrypted, flooded, and read as
+   bits: a party checks every relayed upload, recomputes the sum itself and decrypts
+   only that, once per round (:data:`ROUND`); the bits read 0…0 1…1 per bracket, the
+   first 1 marks the cell holding the pooled extreme, which becomes the bracket;
 6. after ⌈64 / log2(T + 1)⌉ rounds at most every bracket holds one float: the pooled
    max and −min, exact, broadcast as :class:`~fednorm.protocols.ppf.minmax.MinMaxExtremes`.
 
@@ -58,10 +61,9 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.collective.sums import ProductUpload
+from fednorm.protocols.collective.sums import MaskedUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
-from fednorm.protocols.ppf.checks import product_bits, require_product_for
 from fednorm.protocols.ppf.minmax import MinMaxExtremes
 from fednorm.protocols.ppf.phases import serve_phase
 
@@ -76,9 +78,9 @@ _POSITIVE_INFINITY = int(float_order.keys(np.array([np.inf]))[0])
 # -- messages -----------------------------------------------------------------------------
 @message("ppf_extremes.bits")
 class EncryptedBits(Message):
-    """A party's bits of one round, one signed product upload per chunk of slots."""
+    """A party's bits of one round, one signed masked upload per chunk of positions."""
 
-    chunks: list[ProductUpload]
+    chunks: list[MaskedUpload]
     width: int
 
 
@@ -99,22 +101,22 @@ PLAINTEXT = {
 """What the search sends in the clear: widths, each round's thresholds (a function of the
 result, revealed anyway) and the result."""
 
-ROUND = Allowance(products=1)
-"""Each round, per chunk of slots: one flooded decryption of the product of the parties'
-bits; no bootstraps."""
+ROUND = Allowance(masked=1)
+"""Each round, per chunk of positions: one flooded decryption of the sum of the parties'
+masked bits; no bootstraps."""
 
 LEDGER = declare("minmax", "mhe", {**COLLECTIVE, **PLAINTEXT}, algorithm="default")
 
 
 def setup_arguments(options: FitOptions) -> dict[str, object]:
-    """The keys the search needs: relinearization (the product tree), no rotations."""
-    return {"relinearize": True, "rotations": ()}
+    """The keys the search needs: the joint public key alone (sums, no products)."""
+    return {"relinearize": False, "rotations": ()}
 
 
 def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
-    """The most flooded decryptions the search makes on ``width`` features: one product
+    """The most flooded decryptions the search makes on ``width`` features: one masked sum
     per chunk and round (:data:`ROUND`), for as many rounds as a party allows."""
-    layout = Layout(width, ckks.get_preset(options.preset).slots)
+    layout = Layout(width, ckks.get_preset(options.preset).ring_dim)
     return ROUND.times(Brackets.start(layout.brackets).rounds_left(layout.count)
                        * layout.chunks)
 
@@ -122,11 +124,12 @@ def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
 # -- the search in the float order (both roles, plaintext) -----------------------------------
 @dataclass(frozen=True)
 class Layout:
-    """Where each bit sits: bracket b's T bits at slots b·T … b·T + T − 1 of the
-    concatenated chunks (brackets: the max of every feature, then the −min of every one)."""
+    """Where each bit sits: bracket b's T bits at positions b·T … b·T + T − 1 of the
+    concatenated chunks (brackets: the max of every feature, then the −min of every one),
+    ``positions`` per chunk (the ring's coefficients)."""
 
     width: int
-    slots: int
+    positions: int
 
     @property
     def brackets(self) -> int:
@@ -135,21 +138,21 @@ class Layout:
     @property
     def count(self) -> int:
         """T, thresholds per bracket and round: as many as fit one ciphertext."""
-        return max(self.slots // self.brackets, MIN_THRESHOLDS)
+        return max(self.positions // self.brackets, MIN_THRESHOLDS)
 
     @property
     def chunks(self) -> int:
         """Ciphertexts per round (one unless the features leave fewer than
-        :data:`MIN_THRESHOLDS` slots per bracket)."""
-        return math.ceil(self.brackets * self.count / self.slots)
+        :data:`MIN_THRESHOLDS` positions per bracket)."""
+        return math.ceil(self.brackets * self.count / self.positions)
 
     def chunk(self, flat: np.ndarray, index: int) -> np.ndarray:
         """Chunk ``index`` of the bits in layout order."""
-        return flat[index * self.slots:(index + 1) * self.slots]
+        return flat[index * self.positions:(index + 1) * self.positions]
 
     def chunk_size(self, index: int) -> int:
-        """Bits chunk ``index`` holds: the slots its decryption reveals."""
-        return min(self.slots, self.brackets * self.count - index * self.slots)
+        """Bits chunk ``index`` holds: the positions its decryption reveals."""
+        return min(self.positions, self.brackets * self.count - index * self.positions)
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ async def extremes_server(crypto: ServerCrypto, width: int | None
     rc = crypto.rc
     with rc.subprotocol("extremes"):
         replies = await rc.gather(EncryptedBits)
-        layout = Layout(agreed_width(replies, width), crypto.ckks.slots)
+        layout = Layout(agreed_width(replies, width), crypto.ckks.preset.ring_dim)
         brackets = Brackets.start(layout.brackets)
         thresholds = brackets.thresholds(layout.count)
         while True:
@@ -237,15 +240,15 @@ async def extremes_server(crypto: ServerCrypto, width: int | None
 
 async def _pooled_bits(crypto: ServerCrypto, layout: Layout,
                        replies: dict[int, EncryptedBits]) -> np.ndarray:
-    """The pooled bits of one round, (brackets, T): each chunk's product decrypted."""
+    """The pooled bits of one round, (brackets, T): each chunk's masked sum decrypted."""
     for party, reply in replies.items():
         if not isinstance(reply.chunks, list) or len(reply.chunks) != layout.chunks:
             raise ProtocolError(f"party {party} sent bits in {_count(reply.chunks)} "
                                 f"ciphertexts, expected {layout.chunks}")
     parts = []
     for chunk in range(layout.chunks):
-        product = await crypto.multiply_all({p: r.chunks[chunk] for p, r in replies.items()})
-        parts.append(await crypto.decrypt_product(product, layout.chunk_size(chunk)))
+        pooled = await crypto.pool_masked({p: r.chunks[chunk] for p, r in replies.items()})
+        parts.append(await crypto.decrypt_masked(pooled, layout.chunk_size(chunk)))
     return _as_bits(np.concatenate(parts).reshape(layout.brackets, layout.count))
 
 
@@ -253,11 +256,9 @@ def _count(chunks: object) -> object:
     return len(chunks) if isinstance(chunks, list) else type(chunks).__name__
 
 
-def _as_bits(values: np.ndarray) -> np.ndarray:
-    """The decrypted products rounded to bits (:func:`~.checks.product_bits`);
-    ProtocolError unless each bracket reads 0…0 1…1 (honest parties' bits always do: a
-    party sent something else)."""
-    bits = product_bits(values, "the pooled bits")
+def _as_bits(bits: np.ndarray) -> np.ndarray:
+    """The decrypted bits; ProtocolError unless each bracket reads 0…0 1…1 (honest
+    parties' bits always do: a party sent something else)."""
     if (np.diff(bits, axis=1) < 0).any():
         raise ProtocolError("the pooled bits are not a threshold pattern: a party sent "
                             "something other than its bits")
@@ -267,8 +268,7 @@ def _as_bits(values: np.ndarray) -> np.ndarray:
 # -- party ----------------------------------------------------------------------------------
 async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A party's side of the search after key setup: returns (min, max) per feature."""
-    require_product_for(crypto.ckks.preset, crypto.n_parties, crypto.held.flooding_bits)
-    rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.slots)
+    rc, layout = crypto.rc, Layout(X.shape[1], crypto.ckks.preset.ring_dim)
     tops = local_tops(X)
     start = Brackets.start(layout.brackets)
     thresholds, rounds_left = start.thresholds(layout.count), start.rounds_left(layout.count)
@@ -288,7 +288,7 @@ async def extremes_party(crypto: PartyCrypto, X: np.ndarray) -> tuple[np.ndarray
 
 
 async def _send_bits(crypto: PartyCrypto, layout: Layout, bits: np.ndarray) -> None:
-    chunks = [await crypto.encrypt_for_product(layout.chunk(bits, c))
+    chunks = [await crypto.encrypt_masked(layout.chunk(bits, c))
               for c in range(layout.chunks)]
     await crypto.rc.send(SERVER, EncryptedBits(chunks=chunks, width=layout.width))
 
@@ -303,15 +303,7 @@ def _received_thresholds(value: object, layout: Layout) -> np.ndarray:
 
 
 # -- the registered protocol (default PPF MinMax) --------------------------------------------
-def require_search_for(rc: RoleContext, options: FitOptions) -> None:
-    """Server, before key setup: InputError if the flooded products of this many parties'
-    bits cannot be read with ``options``' preset and flooding (:func:`require_product_for`)."""
-    require_product_for(ckks.get_preset(options.preset), len(rc.parties),
-                        options.flooding_bits)
-
-
 async def server(rc: RoleContext, options: FitOptions) -> MinMaxNormalizer:
-    require_search_for(rc, options)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     low, high = await extremes_server(crypto, None)
     return MinMaxNormalizer(low, high)

@@ -217,7 +217,6 @@ class ProbedMoments:
 
 
 async def server(rc: RoleContext, options: FitOptions) -> YeoJohnsonNormalizer:
-    extremes.require_search_for(rc, options)
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     low, high = await extremes.extremes_server(crypto, None)
     summary, identity = await _pooled_summary(crypto, low, high)

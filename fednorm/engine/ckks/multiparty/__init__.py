@@ -12,6 +12,7 @@ decryption             :class:`Decryption`     prepare, generate_share, aggregat
 flooded sum decryption :class:`SumDecryption`  the same
 flooded product        :class:`ProductDecryption` the same
 decryption
+flooded masked sum     :class:`MaskedSumDecryption` the same (bits: :mod:`..masking`)
 flooded decryption of  :class:`FloodedDecryption` the same
 a computed ciphertext
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
@@ -47,6 +48,7 @@ from fednorm.engine.ckks.multiparty.decryption import (
     Decryption,
     DecryptionShare,
     FloodedDecryption,
+    MaskedSumDecryption,
     ProductDecryption,
     SumDecryption,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "KeySetup",
     "KeyShares",
     "LeadKeys",
+    "MaskedSumDecryption",
     "ProductDecryption",
     "PublicKeyAggregate",
     "PublicKeyGen",

@@ -32,7 +32,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.decoding import fused_slots
+from fednorm.engine.ckks.decoding import fused_coefficients, fused_slots
 from fednorm.engine.ckks.flooding import (
     FLOODED_TOWERS,
     DecryptionNoise,
@@ -45,6 +45,7 @@ from fednorm.engine.ckks.keys import (
     PartyKeys,
     decrypt_share_towers,
 )
+from fednorm.engine.ckks.masking import zero_bits
 from fednorm.engine.ckks.multiparty.checks import (
     require_like,
     require_shares,
@@ -219,6 +220,25 @@ class ProductDecryption(_DecodedHere, SumDecryption):
     decryptions a product may be flooded for and still read as bits (through OpenFHE's
     decoding it was √2 times that σ, read from the decoded slots of a real run in
     ``tests/test_flooding.py``)."""
+
+
+class MaskedSumDecryption(SumDecryption):
+    """Flooded collective decryption of a sum of the parties' masked uploads
+    (:mod:`..masking`): shares flooded as a sum's (:class:`~..flooding.MaskFlooding`);
+    the server fuses them to the exact coefficients and reads each as a bit, 1 where
+    every party's bit was 1 (:func:`~..masking.zero_bits`)."""
+
+    def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,  # type: ignore[override]
+                         shares: Sequence[DecryptionShare]) -> np.ndarray:
+        self._check_shares(joint, ct, shares)
+        coefficients = fused_coefficients(self.ctx, [share.share for share in shares])
+        return zero_bits(coefficients, self.ctx.moduli[:self.ctx.towers(ct)])
+
+    def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
+        """The first ``n`` bits: what the decryption reveals."""
+        if not 0 <= n <= self.ctx.preset.ring_dim:
+            raise InputError(f"n={n} outside [0, {self.ctx.preset.ring_dim}]")
+        return np.asarray(plaintext)[:n]
 
 
 def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:

@@ -1,17 +1,16 @@
 """The default PPF MinMax (fednorm.protocols.ppf.extremes): exact pooled extremes from a
-threshold search over products of encrypted bits.
+threshold search over encrypted bits, each round's AND a flooded sum of masked zeros.
 
-Against numpy bit for bit on hostile data; the search itself in plaintext; the noise of a
-product of P fresh bit encryptions read in the coefficient domain against the flooding
-bound, and the flooded bits' deviation; a deviating server refused through the real
-party roles (test preset throughout).
+Against numpy bit for bit on hostile data; the search itself in plaintext; masked sums
+read as the AND of the parties' bits; a deviating server refused through the real party
+roles (test preset throughout); what the server reads of a masked sum is in
+tests/test_masked_zeros.py.
 """
 
 from __future__ import annotations
 
 import warnings
 from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,27 +21,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import federations
 
-from fednorm.bench.decryption_noise import joint_phase
 from fednorm.engine import ckks, signing
-from fednorm.engine.ckks import ProductDecryption, ProductFlooding, in_process_run
+from fednorm.engine.ckks import MaskedSumDecryption, MaskFlooding, in_process_run
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (
+    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
     setup_server,
 )
 from fednorm.protocols.collective.rounds import request_shares
-from fednorm.protocols.collective.sums import (
-    ProductUpload,
-    product_decryptions,
-    product_level,
-    product_of,
-    readable_product_decryptions,
-    sign_upload,
-)
-from fednorm.protocols.ppf import checks, extremes
+from fednorm.protocols.collective.sums import MaskedUpload, sign_upload, total_of
+from fednorm.protocols.ppf import extremes
 from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate
 
@@ -137,106 +129,65 @@ def test_random_federations_give_numpys_extremes(federation) -> None:
     _assert_numpys(federation.parts, fitted.min, fitted.max)
 
 
-def test_the_default_minmax_needs_the_relinearization_key_only() -> None:
-    assert key_needs(["minmax"], TEST) == {"relinearize": True, "rotations": ()}
+def test_the_default_minmax_needs_the_joint_public_key_only() -> None:
+    assert key_needs(["minmax"], TEST) == {"relinearize": False, "rotations": ()}
     paper = key_needs(["minmax"], FitOptions(preset="test", algorithm="paper"))
     assert paper["rotations"], "the paper's MinMax rotates by its slot block"
 
 
-def test_more_parties_than_the_preset_multiplies_are_refused() -> None:
-    preset = ckks.get_preset("test")  # depth 9: products of at most 2^7 parties
-    assert product_level(preset, 128) == 0
-    with pytest.raises(InputError, match="multiplies at most 128 parties"):
-        checks.require_product_for(preset, 129, 30)
+def test_many_parties_at_a_large_flooding_keep_their_bits() -> None:
+    """No product, so no limit on parties from the flooding (a product of 10 parties'
+    bits was refused at s = 60, tests/test_product_bits.py): at s = 60 the default
+    MinMax of 12 parties still ends on numpy's extremes."""
+    parts = [np.array([[float(p), -p / 7.0]]) for p in range(12)]
+    fitted = simulate(parts, "minmax", "mhe", FitOptions(preset="test", flooding_bits=60))
+    _assert_numpys(parts, fitted.normalizer.min, fitted.normalizer.max)
 
 
-def test_many_parties_products_are_flooded_for_the_decryptions_their_bits_allow() -> None:
-    """Paper preset, s = 30: a product of 100 parties' bits flooded for the default
-    τ = 1024 would carry σ ≈ 0.24 per bit, where a bit reads wrong at 0.5 (a default
-    MinMax of 100 parties once stopped after key setup: "the pooled bits are not bits").
-    It is flooded for the most decryptions that keep σ within 0.25/7 instead; 27 parties'
-    products keep the whole τ, 28 do not (docs/LEAKAGE.md).  Refused before anything is
-    sent only where not even one decryption keeps the bits readable."""
-    paper, limit = ckks.get_preset("paper"), checks.BIT_TOLERANCE / checks.BIT_MARGIN
-    assert checks.product_bit_noise(paper, 100, 30, 1024) > 0.2
-    most = readable_product_decryptions(paper, 100, 30)
-    assert checks.product_bit_noise(paper, 100, 30, most) <= limit \
-        < checks.product_bit_noise(paper, 100, 30, most + 1)
-    assert product_decryptions(paper, 100, 30, 1024) == most < 1024
-    assert product_decryptions(paper, 100, 30, 5) == 5
-    assert product_decryptions(paper, 27, 30, 1024) == 1024
-    assert product_decryptions(paper, 28, 30, 1024) < 1024
-    checks.require_product_for(paper, 100, 30)
-    with pytest.raises(InputError, match="even flooded for a single decryption"):
-        checks.require_product_for(paper, 100, 60)
+# -- masked zeros: an AND from a flooded sum -----------------------------------------------
+MASK_PARTIES = 4
 
 
-def test_a_default_minmax_whose_bits_no_flooding_leaves_readable_stops_before_key_setup(
-) -> None:
-    """10 parties at the test preset and s = 60: the server refuses before key setup and
-    every role reports that cause."""
-    kinds: list[str] = []
-    parts = [np.arange(4.0).reshape(2, 2) + p for p in range(10)]
-    with pytest.raises(InputError, match="even flooded for a single decryption"):
-        simulate(parts, "minmax", "mhe", FitOptions(preset="test", flooding_bits=60),
-                 tracer=SimpleNamespace(frame=lambda event: kinds.append(event.kind)))
-    assert kinds == []
-
-
-# -- the noise of a product, and the flooded bits ------------------------------------------
-PRODUCT_PARTIES = 10
-
-
-class Product:
-    """A product of P fresh encryptions under locally made joint keys (test preset)."""
+class Masked:
+    """Masked uploads of :data:`MASK_PARTIES` parties under locally made joint keys."""
 
     def __init__(self) -> None:
         self.ctx = ckks.CkksContext("test")
-        self.parties, self.joint = ckks.setup_locally(self.ctx, PRODUCT_PARTIES)
-        self.level = product_level(self.ctx.preset, PRODUCT_PARTIES)
+        self.parties, self.joint = ckks.setup_locally(self.ctx, MASK_PARTIES)
 
-    def of(self, bits: list[np.ndarray]) -> tuple[object, object]:
-        """(the product, one factor)."""
-        cts = [self.ctx.encrypt(self.joint.public_key, b, self.level, 2) for b in bits]
-        return product_of(self.ctx, cts), cts[0]
-
-    def flooding(self, product, factor) -> ProductFlooding:
-        return ProductFlooding(self.ctx.preset.ring_dim, PRODUCT_PARTIES, PRODUCT_PARTIES,
-                               growth=product.GetScalingFactor() / factor.GetScalingFactor())
+    def decrypted(self, bits: np.ndarray) -> np.ndarray:
+        """The flooded decryption of the sum of each party's row of ``bits`` as masked
+        zeros, read as bits (s = 30, τ = 1024)."""
+        cts = [ckks.encrypt_masked(self.ctx, self.joint.public_key, row == 1) for row in bits]
+        total = total_of(self.ctx, cts)
+        decryption = MaskedSumDecryption(self.ctx, MaskFlooding(
+            self.ctx.preset.ring_dim, MASK_PARTIES, MASK_PARTIES))
+        shares = [decryption.generate_share(p, total) for p in self.parties]
+        return decryption.finalize(decryption.aggregate_shares(self.joint, total, shares),
+                                   bits.shape[1])
 
 
 @pytest.fixture(scope="module")
-def product() -> Product:
-    return Product()
+def masked() -> Masked:
+    return Masked()
 
 
-def test_a_products_noise_is_below_the_flooding_bound(product: Product) -> None:
-    """Every slot 1 (the largest noise: each factor's noise is multiplied by the others'
-    slots): the product as decrypted, read with the joint secret in the coefficient
-    domain, is its scale at coefficient 0 plus noise; the largest noise coefficient is
-    below the bound t, whose σ (t/8) is the measured std within a factor 1.5."""
-    ctx = product.ctx
-    ct, factor = product.of([np.ones(ctx.slots)] * PRODUCT_PARTIES)
-    noise = joint_phase(ctx, ct, product.parties)
-    noise[0] -= round(ct.GetScalingFactor())
-    bound = product.flooding(ct, factor).ciphertext_noise_bound
-    assert np.abs(noise).max() < bound
-    assert bound / 8 / 1.5 < noise.std() < bound / 8 * 1.5
+@settings(max_examples=8, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+       st.sampled_from([1, 300, 16384]))
+def test_a_masked_sum_reads_as_the_and_of_the_parties_bits(masked: Masked, seed: int,
+                                                          zeros: float, size: int) -> None:
+    """Any bits (none, few, half or all zeros; one position up to the whole ring): the
+    flooded sum reads 1 exactly where every party's bit is 1."""
+    bits = (np.random.default_rng(seed).random((MASK_PARTIES, size)) >= zeros).astype(float)
+    np.testing.assert_array_equal(masked.decrypted(bits), bits.min(axis=0))
 
 
-def test_flooded_product_bits_round_correctly(product: Product) -> None:
-    """Random bits of P = 10 parties, their product decrypted with every share flooded
-    (s = 30, τ = 1024): within 0.25 of the exact product in every slot."""
-    ctx, rng = product.ctx, np.random.default_rng(7)
-    bits = [(rng.random(ctx.slots) < 0.93).astype(np.float64) for _ in range(PRODUCT_PARTIES)]
-    ct, factor = product.of(bits)
-    decryption = ProductDecryption(ctx, product.flooding(ct, factor))
-    shares = [decryption.generate_share(p, ct) for p in product.parties]
-    out = decryption.finalize(decryption.aggregate_shares(product.joint, ct, shares),
-                              ctx.slots)
-    exact = np.prod(bits, axis=0)
-    assert 0 < exact.sum() < ctx.slots  # both bit values occur
-    assert np.abs(out - exact).max() < 0.25
+def test_a_masked_upload_refuses_more_positions_than_the_ring() -> None:
+    ctx = ckks.CkksContext("test")
+    with pytest.raises(InputError, match="at most 16384 positions"):
+        ckks.encrypt_masked(ctx, None, np.ones(ctx.preset.ring_dim + 1, dtype=bool))
 
 
 # -- a deviating server ------------------------------------------------------------------
@@ -252,9 +203,9 @@ def _attack(server) -> BaseException:
     return refusal.value
 
 
-def _forging(forge):
-    """A server that, once the first bits arrive, asks for the product decryption
-    ``forge`` builds from them; it records the parties whose shares it receives."""
+def _forging(forge, request=MaskedDecryptRequest, subprotocol="decrypt_masked"):
+    """A server that, once the first bits arrive, asks for the decryption ``forge`` builds
+    from them; it records the parties whose shares it receives."""
     received: list[int] = []
 
     async def server(rc, options):
@@ -262,28 +213,28 @@ def _forging(forge):
         with rc.subprotocol("extremes"):
             replies = await rc.gather(extremes.EncryptedBits)
             index, uploads = forge(crypto, {p: r.chunks[0] for p, r in replies.items()})
-            shares = await request_shares(rc, "decrypt_product", ProductDecryptRequest(
-                index=index), DecryptionShare, (index, uploads))
+            shares = await request_shares(rc, subprotocol, request(index=index),
+                                          DecryptionShare, (index, uploads))
         received.extend(rc.parties[:len(shares)])
 
     return server, received
 
 
-def test_a_partys_own_upload_in_place_of_the_product_is_refused() -> None:
+def test_a_partys_own_upload_in_place_of_the_sum_is_refused() -> None:
+    """Decrypted alone, party 1's masked upload would show its own bits."""
     server, received = _forging(lambda crypto, bits: (0, [bits[1]] * 3))
-    assert "product decryption request" in str(_attack(server))
+    assert "masked decryption request" in str(_attack(server))
     assert received == []
 
 
 def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
-    """The server encrypts ones as 'party 2's bits' (the product would be parties 1 and
-    3 alone) and signs with a key of its own."""
+    """The server masks nothing as 'party 2's bits' (the sum would be parties 1 and 3
+    alone) and signs with a key of its own."""
     def forge(crypto, bits):
-        ones = crypto.ckks.encrypt(crypto.joint.public_key, np.ones(4),
-                                   product_level(crypto.ckks.preset, 3))
+        zeros = ckks.encrypt_masked(crypto.ckks, crypto.joint.public_key, np.ones(4, bool))
         own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
                                   signing.TrustedKeys({}))
-        forged, _ = sign_upload(own_key, crypto.rc.session, 0, ones, ProductUpload)
+        forged, _ = sign_upload(own_key, crypto.rc.session, 0, zeros, MaskedUpload)
         return 0, [bits[1], forged, bits[3]]
 
     server, received = _forging(forge)
@@ -293,26 +244,19 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     assert received == []
 
 
-def test_product_uploads_are_not_decrypted_as_a_sum() -> None:
-    """The same uploads relayed in a sum decryption request: refused."""
-    received: list[int] = []
-
-    async def server(rc, options):
-        await _setup(rc, options)
-        with rc.subprotocol("extremes"):
-            replies = await rc.gather(extremes.EncryptedBits)
-            uploads = [replies[p].chunks[0] for p in rc.parties]
-            shares = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=0),
-                                          DecryptionShare, (0, uploads))
-        received.extend(rc.parties[:len(shares)])
-
-    assert "sum" in str(_attack(server))
-    assert received == []
+def test_masked_uploads_are_not_decrypted_as_a_sum_or_a_product() -> None:
+    """The same uploads relayed in a sum or a product decryption request: refused."""
+    for request, subprotocol in ((SumDecryptRequest, "decrypt_sum"),
+                                 (ProductDecryptRequest, "decrypt_product")):
+        server, received = _forging(lambda crypto, bits: (0, [bits[p] for p in (1, 2, 3)]),
+                                    request, subprotocol)
+        assert subprotocol.removeprefix("decrypt_") in str(_attack(server))
+        assert received == []
 
 
 def _first_round(crypto, replies):
-    """The honest first round's product."""
-    return crypto.multiply_all({p: r.chunks[0] for p, r in replies.items()})
+    """The honest first round's pooled uploads."""
+    return crypto.pool_masked({p: r.chunks[0] for p, r in replies.items()})
 
 
 def test_a_second_decryption_in_a_round_is_refused() -> None:
@@ -320,10 +264,10 @@ def test_a_second_decryption_in_a_round_is_refused() -> None:
         crypto = await _setup(rc, options)
         with rc.subprotocol("extremes"):
             pooled = await _first_round(crypto, await rc.gather(extremes.EncryptedBits))
-            await crypto.decrypt_product(pooled, 8)
-            await crypto.decrypt_product(pooled, 8)
+            await crypto.decrypt_masked(pooled, 8)
+            await crypto.decrypt_masked(pooled, 8)
 
-    assert "more product decryptions" in str(_attack(server))
+    assert "more masked decryptions" in str(_attack(server))
 
 
 def test_a_decrypted_round_is_not_decrypted_again_later() -> None:
@@ -332,13 +276,13 @@ def test_a_decrypted_round_is_not_decrypted_again_later() -> None:
         crypto = await _setup(rc, options)
         with rc.subprotocol("extremes"):
             replies = await rc.gather(extremes.EncryptedBits)
-            layout = extremes.Layout(2, crypto.ckks.slots)
+            layout = extremes.Layout(2, crypto.ckks.preset.ring_dim)
             pooled = await _first_round(crypto, replies)
-            await crypto.decrypt_product(pooled, 8)
+            await crypto.decrypt_masked(pooled, 8)
             start = extremes.Brackets.start(layout.brackets)
             await rc.broadcast(extremes.Thresholds(thresholds=start.thresholds(layout.count)))
             await rc.gather(extremes.EncryptedBits)
-            await crypto.decrypt_product(pooled, 8)
+            await crypto.decrypt_masked(pooled, 8)
 
     assert "already decrypted" in str(_attack(server))
 
@@ -350,7 +294,7 @@ def test_rounds_beyond_the_search_are_refused() -> None:
         crypto = await _setup(rc, options)
         with rc.subprotocol("extremes"):
             replies = await rc.gather(extremes.EncryptedBits)
-            layout = extremes.Layout(2, crypto.ckks.slots)
+            layout = extremes.Layout(2, crypto.ckks.preset.ring_dim)
             brackets = extremes.Brackets.start(layout.brackets)
             while True:
                 thresholds = brackets.thresholds(layout.count)
@@ -383,11 +327,9 @@ def test_roles_of_one_process_compute_a_verified_combination_once() -> None:
 def test_pooled_bits_must_be_a_threshold_pattern_and_thresholds_their_shape() -> None:
     """The server refuses decrypted bits that are not 0…0 1…1 per bracket (a party sent
     something else); a party refuses thresholds of another shape or type."""
-    assert extremes._as_bits(np.array([[0.02, 0.98, 1.01]])).tolist() == [[0, 1, 1]]
-    for wrong, why in (([[0.0, 1.0, 0.0]], "not a threshold pattern"),
-                       ([[0.0, 0.5, 1.0]], "are not bits"), ([[0.0, 1.0, 2.0]], "are not bits")):
-        with pytest.raises(ProtocolError, match=why):
-            extremes._as_bits(np.array(wrong))
+    assert extremes._as_bits(np.array([[0.0, 1.0, 1.0]])).tolist() == [[0, 1, 1]]
+    with pytest.raises(ProtocolError, match="not a threshold pattern"):
+        extremes._as_bits(np.array([[0.0, 1.0, 0.0]]))
     layout = extremes.Layout(1, 64)
     good = extremes.Brackets.start(layout.brackets).thresholds(layout.count)
     assert extremes._received_thresholds(good, layout) is good

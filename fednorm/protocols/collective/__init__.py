@@ -23,6 +23,7 @@ from fednorm.protocols.collective.keys import (
 from fednorm.protocols.collective.messages import (
     BootRequest,
     DecryptRequest,
+    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "LEAD",
     "BootRequest",
     "DecryptRequest",
+    "MaskedDecryptRequest",
     "PartyCrypto",
     "PartyKeyState",
     "ProductDecryptRequest",

@@ -58,8 +58,8 @@ def _yeojohnson_widths(pooled: np.ndarray) -> list[int]:
 
 
 def _extremes_widths(pooled: np.ndarray) -> list[int]:
-    # Every bracket's thresholds of a round in one product, until each holds one float.
-    layout = extremes.Layout(pooled.shape[1], shared_context("test").slots)
+    # Every bracket's thresholds of a round in one masked sum, until each holds one float.
+    layout = extremes.Layout(pooled.shape[1], shared_context("test").preset.ring_dim)
     rounds = extremes.Brackets.start(layout.brackets).rounds_left(layout.count)
     return [layout.brackets * layout.count] * rounds
 

@@ -7,20 +7,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import trio
 
+from fednorm.engine.ckks import Flooding, ProductFlooding, get_preset
 from fednorm.engine.errors import InputError, ProtocolError, SessionRefused
 from fednorm.engine.tracing import FrameEvent
 from fednorm.multihost.config import ServerConfig
 from fednorm.multihost.server import Server
 from fednorm.protocols import get_protocol
 from fednorm.protocols.base import FitOptions, Protocol
+from fednorm.protocols.collective import PartyCrypto
+from fednorm.protocols.collective.sums import product_decryptions
 from fednorm.protocols.decryptions import (
     budget_spent,
     decryption_count,
@@ -34,7 +35,8 @@ from fednorm.session import SessionPlan
 from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")
-DECRYPTION_REQUESTS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request")
+DECRYPTION_REQUESTS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request",
+                       "ckks.decrypt_masked_request")
 DEFAULTS = ("zscore", "minmax", "robust", "yeojohnson")
 
 
@@ -94,7 +96,7 @@ def test_the_methods_of_one_session_share_the_keys_decryptions() -> None:
     """Two methods on one key setup: their counts add up, and the error says so."""
     both = _declared("zscore") + _declared("minmax")
     with pytest.raises(InputError, match=rf"up to {both} .*zscore-mhe 3 sums, minmax-mhe "
-                       r"\d+ products\).*separate sessions"):
+                       r"\d+ masked sums\).*separate sessions"):
         simulate_session(_parts(), ["zscore", "minmax"], "mhe",
                  replace(TEST, flooding_decryptions=both - 1))
 
@@ -105,16 +107,15 @@ def test_wide_data_needs_more_rounds_and_chunks() -> None:
     counts = [_declared("minmax", TEST, width) for width in (1, 30, 600)]
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert _allowance("yeojohnson", FitOptions(preset="paper"), 30) \
-        == Allowance(sums=10, products=8)  # BCW: its MinMax, the summary, 9 λ rounds
+        == Allowance(sums=10, masked=8)  # BCW: its MinMax, the summary, 9 λ rounds
     assert _declared("zscore", TEST, 600) == 3
 
 
 def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
     """1/τ per sum, 1/τ_p per product: 8 products flooded for 21 (100 parties' bits at the
     paper preset) and 18 sums spend 8/21 + 18/1024 of the default budget; keys declared
-    for 29 are refused (8/21 + 18/29 > 1), for 30 they serve.  Through the real
-    declarations: z-score, robust and Yeo-Johnson of BCW in one session of 100 parties
-    need more than 21 decryptions, so their products spend more than their sums."""
+    for 29 are refused (8/21 + 18/29 > 1), for 30 they serve.  The default protocols
+    multiply nothing, so a default session of 100 parties needs only its own count."""
     count = Allowance(sums=18, products=8)
     assert budget_spent(count, 1024, 21) == Fraction(8, 21) + Fraction(18, 1024)
     assert budget_spent(count, 20, 21) == Fraction(26, 20)  # τ ≤ τ_p: every share alike
@@ -124,36 +125,33 @@ def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
     assert least_decryptions(Allowance(products=22), 21) is None
     plan = SessionPlan(("zscore", "robust", "yeojohnson"), "mhe").protocols
     paper = FitOptions(preset="paper")
-    require_decryptions_within(plan, paper, 30, 100)
-    least = least_decryptions(sum(session_decryptions(plan, paper, 30).values(), Allowance()),
-                              21)
-    assert least is not None and least > 21
-    with pytest.raises(InputError, match=rf"flooded for at most 21 decryptions.*declare at "
-                       rf"least τ = {least} "):
-        require_decryptions_within(plan, replace(paper, flooding_decryptions=least - 1), 30,
-                                   100)
-    require_decryptions_within(plan, replace(paper, flooding_decryptions=least), 30, 100)
+    total = sum(session_decryptions(plan, paper, 30).values(), Allowance())
+    assert total.products == 0 and least_decryptions(total, 21) == decryption_count(total)
+    require_decryptions_within(plan, replace(paper, flooding_decryptions=decryption_count(
+        total)), 30, 100)
 
 
 def test_products_flooded_for_fewer_decryptions_read_exactly_and_are_refused_past_it(
 ) -> None:
-    """Ten parties at the test preset with s = 42: their product flooded for τ = 1024 would
-    drown the bits, flooded for the 21 decryptions that keep them readable it does not:
-    MinMax ends on numpy's extremes (it was refused before key setup when every share
-    was flooded for τ).  With s = 44 the products are flooded for 5, fewer than MinMax's
-    6 rounds: refused before any frame, and, with the count not declared, every party
-    refuses the 6th product mid-run though keys declared for 1024 served only 5."""
+    """Ten parties at the test preset: the paper z-score's presence product flooded for
+    τ = 1024 at s = 42 would drown the bits, flooded for the 21 decryptions that keep them
+    readable it does not: the z-score is numpy's.  At s = 46 a product is flooded for a
+    single decryption and so spends the keys' whole budget: a party refuses the next
+    flooded share."""
     parts = [np.arange(4.0).reshape(2, 2) * (p + 1) - p for p in range(10)]
-    fitted = simulate(parts, "minmax", "mhe", replace(TEST, flooding_bits=42)).normalizer
-    np.testing.assert_array_equal(fitted.min, np.vstack(parts).min(axis=0))
-    np.testing.assert_array_equal(fitted.max, np.vstack(parts).max(axis=0))
-    loud, frames = replace(TEST, flooding_bits=44), []
-    with pytest.raises(InputError, match=r"6 products.*no τ fits"):
-        simulate(parts, "minmax", "mhe", loud, tracer=SimpleNamespace(frame=frames.append))
-    assert frames == []
+    paper = replace(TEST, algorithm="paper")
+    fitted = simulate(parts, "zscore", "mhe", replace(paper, flooding_bits=42)).normalizer
+    np.testing.assert_allclose(fitted.mean, np.vstack(parts).mean(axis=0), rtol=1e-6)
+    preset = get_preset("test")
+    tau_p = product_decryptions(preset, 10, 46, 1024)
+    held = SimpleNamespace(flooding_spent=Fraction(0), flooding_decryptions=1024,
+                           product_decryptions=tau_p)
+    party = SimpleNamespace(held=held)
+    PartyCrypto.count_flooded_share(party, ProductFlooding(preset.ring_dim, 10, 10, 46, tau_p))
     with pytest.raises(ProtocolError, match=r"than the τ = 1024 these keys were declared "
-                       r"for \(a share of a product of bits counts as 205 of them\)"):
-        trio.run(partial(run_federation, _undeclared("minmax"), parts, loud))
+                       r"for \(a share of a product of bits counts as 1.02e\+03 of them\)"):
+        PartyCrypto.count_flooded_share(party, Flooding(preset.ring_dim, 10, 10, 46))
+    assert tau_p == 1
 
 
 def _undeclared(method: str) -> Protocol:
@@ -177,7 +175,7 @@ def test_a_multihost_server_that_knows_the_columns_refuses_at_start(tmp_path: Pa
     config = ServerConfig("127.0.0.1", 0, parties=3, methods=("yeojohnson",),
                           certs=tmp_path, privacy="mhe", features=("a", "b", "c"),
                           options=replace(TEST, flooding_decryptions=10))
-    with pytest.raises(InputError, match="up to 17 flooded decryptions on 3 features"):
+    with pytest.raises(InputError, match="up to 16 flooded decryptions on 3 features"):
         Server(config)
 
 

@@ -36,7 +36,7 @@ from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import setup_server
 from fednorm.protocols.collective.sums import product_decryptions
-from fednorm.protocols.ppf import extremes
+from fednorm.protocols.ppf import zscore as ppf_zscore
 from fednorm.sim.federation import run_federation, simulate
 
 
@@ -178,28 +178,31 @@ class _ProductRead(Exception):
 
 def test_a_product_share_carries_the_noise_of_the_decryptions_its_bits_allow() -> None:
     """Ten parties' bits at s = 42 (test preset, τ = 1024): through the real party roles,
-    a server plays the default MinMax's first product decryption and reads every slot
-    of the fused shares.  What lies off the bits (value − nearest bit) is the P parties'
-    flooding alone: σ within 5 % of √P times the per-slot σ of a product flooded for
+    a server plays the paper z-score's presence product (its only product decryption)
+    and reads every slot of the fused shares.  What lies off the bits (value − nearest
+    bit) is the P parties' flooding alone: σ within 5 % of √P times the per-slot σ of a product flooded for
     τ_p = 21 (√(12·21)·2^21·t), the σ that τ_p was chosen to keep readable; not the 7×
     larger noise of τ = 1024, nor none.  Before products were flooded for τ_p the run
     was refused before key setup; while the server decoded products through OpenFHE
     (which adds a Gaussian as large as the noise it estimates), σ was √2 times this."""
     parts = [np.arange(4.0).reshape(2, 2) * (p + 1) - p for p in range(10)]
-    options, read = FitOptions(preset="test", flooding_bits=42), {}
+    options = FitOptions(preset="test", algorithm="paper", flooding_bits=42)
+    read: dict[str, object] = {}
 
     async def server(rc, options):
-        crypto = await setup_server(rc, options.preset, **extremes.setup_arguments(options))
-        with rc.subprotocol("extremes"):
-            bits = await rc.gather(extremes.EncryptedBits)
-            pooled = await crypto.multiply_all({p: r.chunks[0] for p, r in bits.items()})
-            read["values"] = await crypto.decrypt_product(pooled, crypto.ckks.slots)
-            read["scales"] = (pooled.combined(crypto.ckks).GetScalingFactor(),
-                              pooled.uploads[0].ciphertext.GetScalingFactor())
+        crypto = await setup_server(rc, options.preset,
+                                    **ppf_zscore.setup_arguments(options))
+        sums = await rc.gather(ppf_zscore.EncryptedSums)
+        await crypto.add_all({p: m.total for p, m in sums.items()})  # the inputs relayed
+        await crypto.add_all({p: m.count for p, m in sums.items()})
+        pooled = await crypto.multiply_all({p: m.empty for p, m in sums.items()})
+        read["values"] = await crypto.decrypt_product(pooled, crypto.ckks.slots)
+        read["scales"] = (pooled.combined(crypto.ckks).GetScalingFactor(),
+                          pooled.uploads[0].ciphertext.GetScalingFactor())
         raise _ProductRead
 
     with pytest.raises(_ProductRead):
-        trio.run(partial(run_federation, deviating("minmax", server=server), parts, options,
+        trio.run(partial(run_federation, deviating("zscore", server=server), parts, options,
                          timeout=120))
     preset = CkksContext("test").preset
     tau_p = product_decryptions(preset, 10, 42, 1024)

@@ -180,11 +180,12 @@ def test_a_product_share_carries_the_noise_of_the_decryptions_its_bits_allow() -
     """Ten parties' bits at s = 42 (test preset, τ = 1024): through the real party roles,
     a server plays the paper z-score's presence product (its only product decryption)
     and reads every slot of the fused shares.  What lies off the bits (value − nearest
-    bit) is the P parties' flooding alone: σ within 5 % of √P times the per-slot σ of a product flooded for
-    τ_p = 21 (√(12·21)·2^21·t), the σ that τ_p was chosen to keep readable; not the 7×
-    larger noise of τ = 1024, nor none.  Before products were flooded for τ_p the run
-    was refused before key setup; while the server decoded products through OpenFHE
-    (which adds a Gaussian as large as the noise it estimates), σ was √2 times this."""
+    bit) is the P parties' flooding alone: σ within 5 % of √P times the per-slot σ of a
+    product flooded for τ_p = 21 (√(12·21)·2^21·t), the σ that τ_p was chosen to keep
+    readable; not the 7× larger noise of τ = 1024, nor none.  Before products were
+    flooded for τ_p the run was refused before key setup; while the server decoded
+    products through OpenFHE (which adds a Gaussian as large as the noise it estimates),
+    σ was √2 times this."""
     parts = [np.arange(4.0).reshape(2, 2) * (p + 1) - p for p in range(10)]
     options = FitOptions(preset="test", algorithm="paper", flooding_bits=42)
     read: dict[str, object] = {}

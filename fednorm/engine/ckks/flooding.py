@@ -16,7 +16,7 @@ has per-coefficient variance σ_e²(1 + 4NP/3), a sum of k of them k times that,
 is 8 standard deviations of it.
 
 For a *product of fresh encryptions of bits* (slot values in [0, 1], :class:`ProductFlooding`;
-fednorm's threshold searches decrypt one) the bound follows the noise through the
+the paper z-score's presence bits) the bound follows the noise through the
 product tree.  A product of ciphertexts Δ_a·m_a + e_a and Δ_b·m_b + e_b has noise
 Δ_a·m_a·e_b + Δ_b·m_b·e_a + e_a·e_b plus the key switching of relinearization.  A
 coefficient of m_a·e_b has variance Var(e_b)·‖m_a‖², and ‖m_a‖² (the coefficient vector's)

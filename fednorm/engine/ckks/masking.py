@@ -53,10 +53,10 @@ def encrypt_masked(ctx: CkksContext, public_key: openfhe.PublicKey,
     data = bytearray(openfhe.Serialize(ct, openfhe.BINARY))
     moduli = ctx.moduli[:MASK_TOWERS]
     c0 = ring.locate_first_element(data, n, MASK_TOWERS, moduli)
-    masked = np.zeros(n, dtype=bool)
-    masked[:zero_here.size] = ~zero_here
+    masked = np.flatnonzero(~zero_here)
     for i, q in enumerate(moduli):
-        mask = np.where(masked, uniform_residues(n, q), np.uint64(0))
+        mask = np.zeros(n, dtype=np.uint64)
+        mask[masked] = uniform_residues(masked.size, q)
         spread = ring.ntt(q, n).forward(mask)
         c0.write(data, i, ring.add_mod(c0.read(data, i), spread, q))
     return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
@@ -67,8 +67,8 @@ def uniform_residues(count: int, modulus: int) -> np.ndarray:
     operating system's CSPRNG (no modulo bias: the mask must be exactly uniform)."""
     bits = modulus.bit_length()
     out = np.empty(0, dtype=np.uint64)
-    while out.size < count:
-        words = np.frombuffer(os.urandom(16 * count), dtype=np.uint64)
+    while out.size < count:  # each word is kept with probability > 1/2
+        words = np.frombuffer(os.urandom(16 * (count - out.size) + 64), dtype=np.uint64)
         candidates = words >> np.uint64(64 - bits)
         out = np.concatenate([out, candidates[candidates < np.uint64(modulus)]])
     return out[:count]

@@ -1,7 +1,8 @@
 """Signed uploads that every party can recompute: signed by their makers, pooled in public.
 
-A flooded decryption reveals a sum of one value per party (counts, Σx, ...) or a product
-of one bit vector per party (:mod:`fednorm.protocols.ppf.extremes`).  Its request used to
+A flooded decryption reveals a sum of one value per party (counts, Σx, ...), the AND of
+one bit vector per party (a sum of masked zeros, :mod:`fednorm.protocols.ppf.extremes`)
+or a product of them (the paper z-score's presence bits).  Its request used to
 carry the ciphertext to decrypt, which a party could only check for shape: a server could
 ask for a party's *own* upload in place of the sum and read it.  So an upload is signed
 by the party that made it (:class:`SignedUpload`: its index among this party's uploads of

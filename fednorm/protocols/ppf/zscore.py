@@ -18,7 +18,7 @@ Both passes reveal the same quantity (the first coarsely), so only μ and σ² a
 revealed; the pooled count stays encrypted.  Which features hold any value at all (the
 others are NaN, as in plain mode) comes from the product of the parties' fresh "no value
 here" bits, 1 exactly where n_g = 0: a flooded decryption under the proven product
-bound, as the default MinMax's bits (:func:`pooled_presence`).
+bound (:func:`pooled_presence`).
 
 **Sizes.**  Parties encrypt numerators at :func:`numerator_level` (the server multiplies
 them twice, then decrypts): 5 of the 12 towers at the paper preset, 2.6 MB instead of

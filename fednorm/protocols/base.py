@@ -179,7 +179,8 @@ def no_keys(options: FitOptions) -> dict[str, object]:
 
 Unflooded = Callable[[FitOptions], bool]
 FloodedDecryptions = Callable[[FitOptions, int], "Allowance"]
-"""(options, features) -> the most flooded sums and products a run makes, as allowed."""
+"""(options, features) -> the most flooded sums, masked sums and products a run makes,
+as allowed."""
 
 
 def every_decryption_flooded(options: FitOptions) -> bool:

@@ -26,18 +26,23 @@ from fednorm.engine.tracing import FrameEvent, PhaseEvent, Tracer
 __all__ = ["LineTracer", "StateTracer", "TraceState", "human_bytes", "phase_of"]
 
 
+DECRYPTIONS = frozenset({"decrypt", "decrypt_sum", "decrypt_product", "decrypt_masked"})
+"""The sub-protocols of collective decryption, of every kind."""
+
+
 def phase_of(protocol: str, kind: str) -> str:
     """A reader's name for the step a frame (or a sub-protocol scope) belongs to."""
     steps = protocol.split("/")[1:]
     if "setup" in steps:
         return "key setup"
-    if "decrypt" in steps or "decrypt_sum" in steps:
+    if DECRYPTIONS.intersection(steps):
         return "decryption"
     if "bootstrap" in steps:
         return "ciphertext refresh"
     if "kth" in steps or kind.startswith("rank."):
         return "rank search"
-    if "minmax" in steps or kind.startswith("ppf_minmax."):
+    if "minmax" in steps or "extremes" in steps or kind.startswith(("ppf_minmax.",
+                                                                    "ppf_extremes.")):
         return "extremes search"
     if kind.endswith(".result"):
         return "result"

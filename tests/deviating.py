@@ -53,3 +53,46 @@ async def zscore_server_with(rc, options, cls):
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(ppf_zscore.PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
+
+
+def forging_server(start, forge, request, subprotocol: str, scope: str | None = None):
+    """A server that runs ``start`` (its honest beginning: returns the crypto and each
+    party's upload of one kind), then asks every party, in ``request`` over
+    ``subprotocol`` (inside the sub-protocol ``scope``, if any), to decrypt the uploads
+    ``forge(crypto, uploads)`` builds; returns
+    (the server role, the parties whose shares it received)."""
+    from contextlib import nullcontext
+
+    from fednorm.engine.ckks.multiparty import DecryptionShare
+    from fednorm.protocols.collective.rounds import request_shares
+
+    received: list[int] = []
+
+    async def server(rc, options):
+        crypto, uploads = await start(rc, options)
+        index, forged = forge(crypto, uploads)
+        with rc.subprotocol(scope) if scope else nullcontext():
+            shares = await request_shares(rc, subprotocol, request(index=index),
+                                          DecryptionShare, (index, forged))
+        received.extend(rc.parties[:len(shares)])
+
+    return server, received
+
+
+def signed_by_a_stranger(crypto, party: int, ciphertext, kind):
+    """``ciphertext`` as ``party``'s upload #0 of ``kind``, signed with a key the server
+    made itself (what a server forging a party's upload can do)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from fednorm.engine import signing
+    from fednorm.protocols.collective.sums import sign_upload
+
+    own_key = signing.Keyring(signing.Signer(party, ed25519.Ed25519PrivateKey.generate()),
+                              signing.TrustedKeys({}))
+    return sign_upload(own_key, crypto.rc.session, 0, ciphertext, kind)[0]
+
+
+def is_forgery_refusal(refusal: BaseException) -> bool:
+    """A party's refusal of a relayed upload it cannot verify as its maker's."""
+    text = str(refusal)
+    return ("a forged upload" in text and "signature" in text) or "as this party's upload" in text

@@ -55,6 +55,25 @@ def test_the_ntt_is_openfhes(fed: CkksFederation) -> None:
         ring.check_convention(bytes(shifted), fed.ctx.moduli, n)
 
 
+@pytest.mark.parametrize("preset", ["test", "paper"])
+def test_the_forward_ntt_is_undone_by_the_inverse_on_every_modulus(preset: str) -> None:
+    """Every tower modulus of the preset, the moduli below 2^51 on the float64 quotient
+    path, the first on Shoup's (the inverse takes Shoup's on all): random residues and
+    the extremes 0, 1, q − 2, q − 1 come back exactly, and the forward transform lands
+    below q."""
+    ctx = CkksContext(preset)
+    n = ctx.preset.ring_dim
+    paths = {q < 1 << ring.FLOAT_QUOTIENT_BITS for q in ctx.moduli}
+    assert paths == {True, False}  # both multiplications are exercised
+    for q in ctx.moduli:
+        values = np.random.default_rng(q % 2**32).integers(0, q, n, dtype=np.uint64)
+        values[:6] = [0, 1, q - 2, q - 1, q - 1, 0]
+        transform = ring.ntt(q, n)
+        spread = transform.forward(values)
+        assert spread.max() < q
+        assert np.array_equal(transform.inverse(spread), values), q
+
+
 @pytest.mark.slow
 def test_the_ntt_is_openfhes_at_the_paper_preset() -> None:
     ctx = CkksContext("paper")

@@ -15,15 +15,13 @@ from functools import partial
 import numpy as np
 import pytest
 import trio
-from cryptography.hazmat.primitives.asymmetric import ed25519
-from deviating import deviating
+from deviating import deviating, forging_server, is_forgery_refusal, signed_by_a_stranger
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import federations
 
-from fednorm.engine import ckks, signing
+from fednorm.engine import ckks
 from fednorm.engine.ckks import MaskedSumDecryption, MaskFlooding, in_process_run
-from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (
@@ -32,8 +30,7 @@ from fednorm.protocols.collective import (
     SumDecryptRequest,
     setup_server,
 )
-from fednorm.protocols.collective.rounds import request_shares
-from fednorm.protocols.collective.sums import MaskedUpload, sign_upload, total_of
+from fednorm.protocols.collective.sums import MaskedUpload, total_of
 from fednorm.protocols.ppf import extremes
 from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate
@@ -203,21 +200,18 @@ def _attack(server) -> BaseException:
     return refusal.value
 
 
+async def _first_bits(rc, options):
+    """The honest start: key setup, then every party's first masked upload."""
+    crypto = await _setup(rc, options)
+    with rc.subprotocol("extremes"):
+        replies = await rc.gather(extremes.EncryptedBits)
+    return crypto, {p: r.chunks[0] for p, r in replies.items()}
+
+
 def _forging(forge, request=MaskedDecryptRequest, subprotocol="decrypt_masked"):
     """A server that, once the first bits arrive, asks for the decryption ``forge`` builds
     from them; it records the parties whose shares it receives."""
-    received: list[int] = []
-
-    async def server(rc, options):
-        crypto = await _setup(rc, options)
-        with rc.subprotocol("extremes"):
-            replies = await rc.gather(extremes.EncryptedBits)
-            index, uploads = forge(crypto, {p: r.chunks[0] for p, r in replies.items()})
-            shares = await request_shares(rc, subprotocol, request(index=index),
-                                          DecryptionShare, (index, uploads))
-        received.extend(rc.parties[:len(shares)])
-
-    return server, received
+    return forging_server(_first_bits, forge, request, subprotocol, scope="extremes")
 
 
 def test_a_partys_own_upload_in_place_of_the_sum_is_refused() -> None:
@@ -232,15 +226,10 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     alone) and signs with a key of its own."""
     def forge(crypto, bits):
         zeros = ckks.encrypt_masked(crypto.ckks, crypto.joint.public_key, np.ones(4, bool))
-        own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
-                                  signing.TrustedKeys({}))
-        forged, _ = sign_upload(own_key, crypto.rc.session, 0, zeros, MaskedUpload)
-        return 0, [bits[1], forged, bits[3]]
+        return 0, [bits[1], signed_by_a_stranger(crypto, 2, zeros, MaskedUpload), bits[3]]
 
     server, received = _forging(forge)
-    refusal = str(_attack(server))
-    assert ("a forged upload" in refusal and "signature" in refusal) \
-        or "as this party's upload" in refusal
+    assert is_forgery_refusal(_attack(server))
     assert received == []
 
 

@@ -15,24 +15,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import trio
-from cryptography.hazmat.primitives.asymmetric import ed25519
-from deviating import deviating
+from deviating import deviating, forging_server, is_forgery_refusal, signed_by_a_stranger
 
 from fednorm.bench.decryption_noise import joint_phase
-from fednorm.engine import ckks, signing
+from fednorm.engine import ckks
 from fednorm.engine.ckks import ProductDecryption, ProductFlooding
-from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import ProductDecryptRequest, SumDecryptRequest
-from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import (
     ProductUpload,
     product_decryptions,
     product_level,
     product_of,
     readable_product_decryptions,
-    sign_upload,
 )
 from fednorm.protocols.ppf import checks
 from fednorm.protocols.ppf import zscore as ppf_zscore
@@ -170,16 +166,7 @@ def _attack(server) -> BaseException:
 def _forging(forge, request=ProductDecryptRequest, subprotocol="decrypt_product"):
     """A server that asks, in place of the presence product, for the decryption of what
     ``forge`` builds from the uploads; it records the parties whose shares it receives."""
-    received: list[int] = []
-
-    async def server(rc, options):
-        crypto, empty = await _presence_start(rc, options)
-        index, uploads = forge(crypto, empty)
-        shares = await request_shares(rc, subprotocol, request(index=index),
-                                      DecryptionShare, (index, uploads))
-        received.extend(rc.parties[:len(shares)])
-
-    return server, received
+    return forging_server(_presence_start, forge, request, subprotocol)
 
 
 def test_a_partys_own_upload_in_place_of_the_product_is_refused() -> None:
@@ -194,15 +181,10 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     def forge(crypto, empty):
         ones = crypto.ckks.encrypt(crypto.joint.public_key, np.ones(4),
                                    product_level(crypto.ckks.preset, 3))
-        own_key = signing.Keyring(signing.Signer(2, ed25519.Ed25519PrivateKey.generate()),
-                                  signing.TrustedKeys({}))
-        forged, _ = sign_upload(own_key, crypto.rc.session, 0, ones, ProductUpload)
-        return 0, [empty[1], forged, empty[3]]
+        return 0, [empty[1], signed_by_a_stranger(crypto, 2, ones, ProductUpload), empty[3]]
 
     server, received = _forging(forge)
-    refusal = str(_attack(server))
-    assert ("a forged upload" in refusal and "signature" in refusal) \
-        or "as this party's upload" in refusal
+    assert is_forgery_refusal(_attack(server))
     assert received == []
 
 

@@ -30,7 +30,7 @@ def fused_slots(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext], scale: f
                 ) -> np.ndarray:
     """The real parts of every slot of Σ shares (one-element ciphertexts of one shape)."""
     moduli = ctx.moduli[:ctx.towers(shares[0])]
-    return slot_values(centered_integers(moduli, fused_residues(ctx, shares)), scale)
+    return slot_values(centered_integers(moduli, fused_residues(ctx, shares, moduli)), scale)
 
 
 def fused_coefficients(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext]
@@ -38,13 +38,13 @@ def fused_coefficients(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext]
     """The exact centered coefficients (Python integers) of Σ shares: what a masked sum
     decrypts to (:mod:`.masking`)."""
     moduli = ctx.moduli[:ctx.towers(shares[0])]
-    return exact_coefficients(moduli, fused_residues(ctx, shares))
+    return exact_coefficients(moduli, fused_residues(ctx, shares, moduli))
 
 
-def fused_residues(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext]
-                   ) -> list[np.ndarray]:
-    """The coefficient-domain residues, tower by tower, of Σ shares."""
-    moduli = ctx.moduli[:ctx.towers(shares[0])]
+def fused_residues(ctx: CkksContext, shares: Sequence[openfhe.Ciphertext],
+                   moduli: Sequence[int]) -> list[np.ndarray]:
+    """The coefficient-domain residues, tower by tower (``moduli``: the shares'), of
+    Σ shares."""
     n = ctx.preset.ring_dim
     totals: list[np.ndarray] = []
     for share in shares:

@@ -78,4 +78,4 @@ def zero_bits(coefficients: np.ndarray, moduli: tuple[int, ...]) -> np.ndarray:
     """1.0 where a centered coefficient (Python integers, :func:`~.decoding.
     exact_coefficients`) lies within Q·2^-:data:`ZERO_MARGIN_BITS`, else 0.0."""
     bound = math.prod(moduli) >> ZERO_MARGIN_BITS
-    return np.array([abs(int(c)) <= bound for c in coefficients], dtype=np.float64)
+    return (np.abs(coefficients) <= bound).astype(np.float64)

@@ -249,9 +249,7 @@ def locate_first_element(data: bytes | bytearray, ring_dim: int, count: int,
     evenly spaced run of towers that ends before the last element's
     (:func:`locate_towers`), which must be exactly ``count``."""
     last = locate_towers(data, ring_dim, count, moduli)
-    head = bytes(data[:last.offsets[0] - 8])
-    first = locate_towers(head, ring_dim, count, moduli)
-    return first
+    return locate_towers(bytes(data[:last.offsets[0] - 8]), ring_dim, count, moduli)
 
 
 def _evenly_spaced_tail(found: list[int], width: int) -> list[int]:

@@ -327,11 +327,13 @@ class PartyCrypto(_OnHeldKeys):
         sent.append(own)
         return upload
 
-    def flooding(self) -> ckks.Flooding:
-        """The noise this party adds to a share of a sum of the P parties' uploads."""
-        return ckks.Flooding(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
-                             self.held.flooding_bits, self.held.flooding_decryptions,
-                             enabled=self.held.flooding_enabled)
+    def flooding(self, kind: type[ckks.Flooding] = ckks.Flooding) -> ckks.Flooding:
+        """The noise this party adds to a share of a sum of the P parties' uploads (``kind``
+        names the sum's shape: :class:`~fednorm.engine.ckks.MaskFlooding` for masked
+        uploads)."""
+        return kind(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
+                    self.held.flooding_bits, self.held.flooding_decryptions,
+                    enabled=self.held.flooding_enabled)
 
     def flooding_of(self, kind: type[SignedUpload], combined: openfhe.Ciphertext,
                     factor: openfhe.Ciphertext) -> ckks.Flooding:
@@ -341,10 +343,7 @@ class PartyCrypto(_OnHeldKeys):
         if kind is SumUpload:
             return self.flooding()
         if kind is MaskedUpload:
-            return ckks.MaskFlooding(self.ckks.preset.ring_dim, self.n_parties,
-                                     self.n_parties, self.held.flooding_bits,
-                                     self.held.flooding_decryptions,
-                                     enabled=self.held.flooding_enabled)
+            return self.flooding(ckks.MaskFlooding)
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,

@@ -151,9 +151,15 @@ class _DecodedHere(Decryption):
         return fused_slots(self.ctx, [share.share for share in shares],
                            ct.GetScalingFactor())
 
+    @property
+    def positions(self) -> int:
+        """Values one decryption holds: the slots."""
+        return self.ctx.slots
+
     def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
-        if not 0 <= n <= self.ctx.slots:
-            raise InputError(f"n={n} outside [0, {self.ctx.slots}]")
+        """The first ``n`` values: what the decryption reveals."""
+        if not 0 <= n <= self.positions:
+            raise InputError(f"n={n} outside [0, {self.positions}]")
         return np.asarray(plaintext)[:n]
 
 
@@ -222,7 +228,7 @@ class ProductDecryption(_DecodedHere, SumDecryption):
     ``tests/test_flooding.py``)."""
 
 
-class MaskedSumDecryption(SumDecryption):
+class MaskedSumDecryption(_DecodedHere, SumDecryption):
     """Flooded collective decryption of a sum of the parties' masked uploads
     (:mod:`..masking`): shares flooded as a sum's (:class:`~..flooding.MaskFlooding`);
     the server fuses them to the exact coefficients and reads each as a bit, 1 where
@@ -234,11 +240,10 @@ class MaskedSumDecryption(SumDecryption):
         coefficients = fused_coefficients(self.ctx, [share.share for share in shares])
         return zero_bits(coefficients, self.ctx.moduli[:self.ctx.towers(ct)])
 
-    def finalize(self, plaintext: openfhe.Plaintext | np.ndarray, n: int) -> np.ndarray:
-        """The first ``n`` bits: what the decryption reveals."""
-        if not 0 <= n <= self.ctx.preset.ring_dim:
-            raise InputError(f"n={n} outside [0, {self.ctx.preset.ring_dim}]")
-        return np.asarray(plaintext)[:n]
+    @property
+    def positions(self) -> int:
+        """Bits one decryption holds: one per coefficient of the ring."""
+        return self.ctx.preset.ring_dim
 
 
 def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:

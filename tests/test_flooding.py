@@ -74,6 +74,23 @@ def test_the_forward_ntt_is_undone_by_the_inverse_on_every_modulus(preset: str) 
         assert np.array_equal(transform.inverse(spread), values), q
 
 
+@pytest.mark.parametrize("preset", ["test", "paper"])
+def test_the_ntt_tables_follow_their_definitions(preset: str) -> None:
+    """The vectorized tables against Python integers on every modulus: ψ the smallest
+    odd power of a primitive 2N-th root, its powers, and Shoup's ⌊w·2^64/q⌋ (edges too)."""
+    ctx = CkksContext(preset)
+    n = ctx.preset.ring_dim
+    for q in ctx.moduli:
+        transform = ring.ntt(q, n)
+        psi = int(transform.psi_powers[ring._bit_reversed(n)][1])
+        assert pow(psi, n, q) == q - 1
+        assert psi == min(pow(psi, k, q) for k in range(1, 2 * n, 2))
+        rng = np.random.default_rng(q % 2**32)
+        probe = np.append(rng.integers(0, q, 500, dtype=np.uint64), [0, 1, q - 2, q - 1])
+        assert [int(v) for v in ring._powers(psi, 40, q)] == [pow(psi, k, q) for k in range(40)]
+        assert [int(v) for v in ring._shoup(probe, q)] == [(int(w) << 64) // q for w in probe]
+
+
 @pytest.mark.slow
 def test_the_ntt_is_openfhes_at_the_paper_preset() -> None:
     ctx = CkksContext("paper")

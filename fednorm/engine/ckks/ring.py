@@ -20,7 +20,7 @@ import secrets
 import struct
 import threading
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 
 import numpy as np
 import openfhe
@@ -66,7 +66,14 @@ def _mulmod_float(a: np.ndarray, w: np.ndarray, w_over_q: np.ndarray, q: int) ->
 
 
 def _shoup(w: np.ndarray, q: int) -> np.ndarray:
-    return np.array([(int(v) << 64) // q for v in w], dtype=np.uint64)
+    """⌊w·2^64/q⌋ for residues ``w`` below q, vectorized: w·⌊2^64/q⌋ + ⌊w·(2^64 mod q)/q⌋,
+    the second quotient by Shoup's estimate and one correction (w·⌊2^64/q⌋ stays below
+    the result, so below 2^64)."""
+    w = np.asarray(w, dtype=np.uint64)
+    whole, rest = divmod(1 << 64, q)
+    estimate = _mulhi(w, np.uint64((rest << 64) // q))
+    remainder = w * np.uint64(rest) - estimate * np.uint64(q)  # wraps to a value < 2q
+    return w * np.uint64(whole) + estimate + (remainder >= np.uint64(q)).astype(np.uint64)
 
 
 def _bit_reversed(n: int) -> np.ndarray:
@@ -91,11 +98,9 @@ def _smallest_primitive_root(q: int, order: int) -> int:
             break
     if generator is None:
         raise ProtocolError(f"no primitive {order}-th root of unity found mod {q}")
-    step, power, best = generator * generator % q, generator, generator
-    for _ in range(order // 2 - 1):  # every odd power of a primitive root is one
-        power = power * step % q
-        best = min(best, power)
-    return best
+    # every odd power of a primitive root is one: g·(g²)^k, k < order/2
+    odd_powers = _times(_powers(generator * generator % q, order // 2, q), generator, q)
+    return int(odd_powers.min())
 
 
 @dataclass(frozen=True)
@@ -165,11 +170,18 @@ class Ntt:
 
 
 def _powers(base: int, count: int, q: int) -> np.ndarray:
-    out, value = np.empty(count, dtype=np.uint64), 1
-    for k in range(count):
-        out[k] = value
-        value = value * base % q
-    return out
+    """base^k mod q for k < ``count``, by doubling: the second half of the first 2m is
+    the first m times base^m."""
+    out = np.ones(1, dtype=np.uint64)
+    while out.size < count:
+        out = np.concatenate([out, _times(out, pow(base, out.size, q), q)])
+    return out[:count]
+
+
+def _times(values: np.ndarray, factor: int, q: int) -> np.ndarray:
+    """``values``·``factor`` mod q (residues below q, one constant factor)."""
+    w = np.array([factor % q], dtype=np.uint64)
+    return _mulmod(values, w, _shoup(w, q), q)
 
 
 def add_mod(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
@@ -182,10 +194,18 @@ def _sub(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
     return add_mod(a, np.uint64(q) - b, q)
 
 
-@cache
+_transforms: dict[tuple[int, int], Ntt] = {}
+_transforms_lock = threading.Lock()
+
+
 def ntt(modulus: int, ring_dim: int) -> Ntt:
-    """The transform for one tower (cached: the tables cost ~N modular products)."""
-    return Ntt.make(modulus, ring_dim)
+    """The transform for one tower, made once per process: parties in threads that ask
+    at once wait for the first one's tables instead of each making its own."""
+    with _transforms_lock:
+        key = (modulus, ring_dim)
+        if key not in _transforms:
+            _transforms[key] = Ntt.make(modulus, ring_dim)
+        return _transforms[key]
 
 
 def residues(values: np.ndarray, modulus: int) -> np.ndarray:

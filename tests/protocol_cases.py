@@ -71,7 +71,7 @@ CASES = [
     Case("robust", "plain", FitOptions(preset="test", epsilon=1e-2), normal_parts()),
     Case("yeojohnson", "plain", TEST, normal_parts()),
     # The default: n_g beside Σx, then Σ(x − μ̃)², then both again at per-feature scales.
-    Case("zscore", "mhe", TEST, normal_parts(12, 3), widths=lambda pooled: [6, 3, 6]),
+    Case("zscore", "mhe", TEST, normal_parts(12, 3), widths=lambda pooled: [9, 6]),
     # n_g, then a search from the whole float order: exact, so 64 bits over rounds.
     Case("robust", "mhe", TEST, normal_parts()),
     Case("minmax", "mhe", TEST, normal_parts(6, 3), widths=_extremes_widths),

@@ -36,7 +36,7 @@ from fednorm.sim.federation import run_federation, simulate, simulate_session
 
 TEST = FitOptions(preset="test")
 DECRYPTION_REQUESTS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request",
-                       "ckks.decrypt_masked_request")
+                       "ckks.decrypt_coefficients_request")
 DEFAULTS = ("zscore", "minmax", "robust", "yeojohnson")
 
 
@@ -95,8 +95,8 @@ def test_a_session_that_needs_more_than_tau_stops_before_any_frame(method: str) 
 def test_the_methods_of_one_session_share_the_keys_decryptions() -> None:
     """Two methods on one key setup: their counts add up, and the error says so."""
     both = _declared("zscore") + _declared("minmax")
-    with pytest.raises(InputError, match=rf"up to {both} .*zscore-mhe 3 sums, minmax-mhe "
-                       r"\d+ masked sums\).*separate sessions"):
+    with pytest.raises(InputError, match=rf"up to {both} .*zscore-mhe 2 coefficient sums, "
+                       r"minmax-mhe \d+ coefficient sums\).*separate sessions"):
         simulate_session(_parts(), ["zscore", "minmax"], "mhe",
                  replace(TEST, flooding_decryptions=both - 1))
 
@@ -107,8 +107,8 @@ def test_wide_data_needs_more_rounds_and_chunks() -> None:
     counts = [_declared("minmax", TEST, width) for width in (1, 30, 600)]
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert _allowance("yeojohnson", FitOptions(preset="paper"), 30) \
-        == Allowance(sums=10, masked=8)  # BCW: its MinMax, the summary, 9 λ rounds
-    assert _declared("zscore", TEST, 600) == 3
+        == Allowance(sums=10, coefficients=8)  # BCW: its MinMax, the summary, 9 λ rounds
+    assert _declared("zscore", TEST, 600) == 2
 
 
 def test_a_product_spends_the_share_of_the_budget_it_is_flooded_for() -> None:
@@ -164,11 +164,11 @@ def _undeclared(method: str) -> Protocol:
 async def test_a_protocol_that_declares_no_count_is_stopped_by_the_parties_past_tau(
 ) -> None:
     """The parties count every flooded share (the paper's algorithms declare no count):
-    keys declared for 2 refuse z-score's third sum, mid-run."""
-    with pytest.raises(ProtocolError, match="more flooded decryptions than the τ = 2 these "
+    keys declared for 1 refuse z-score's second sum, mid-run."""
+    with pytest.raises(ProtocolError, match="more flooded decryptions than the τ = 1 these "
                        r"keys were declared for$"):
         await run_federation(_undeclared("zscore"), _parts(),
-                             replace(TEST, flooding_decryptions=2))
+                             replace(TEST, flooding_decryptions=1))
 
 
 def test_a_multihost_server_that_knows_the_columns_refuses_at_start(tmp_path: Path) -> None:
@@ -185,7 +185,7 @@ def test_a_party_refuses_a_session_its_keys_cannot_serve_on_its_own_columns() ->
     plan = SessionPlan(("zscore", "robust"), "mhe")
     options = replace(TEST, flooding_decryptions=10)
     with pytest.raises(SessionRefused, match=r"^party 2 refused the session: this session "
-                       r"makes up to 14 flooded decryptions on 3 features"):
+                       r"makes up to 13 flooded decryptions on 3 features"):
         refuse_decryptions_beyond(2, plan.protocols, options, 3, 3)
-    refuse_decryptions_beyond(2, plan.protocols, replace(options, flooding_decryptions=14), 3,
+    refuse_decryptions_beyond(2, plan.protocols, replace(options, flooding_decryptions=13), 3,
                               3)

@@ -42,7 +42,7 @@ REQUEST_SHARE = {"ckks.boot_request": "ckks.boot_share",
                  "ckks.decrypt_request": "ckks.decrypt_share"}
 ANSWERED_ALIKE = {"ckks.decrypt_request": ("ckks.decrypt_sum_request",
                                            "ckks.decrypt_product_request",
-                                           "ckks.decrypt_masked_request")}
+                                           "ckks.decrypt_coefficients_request")}
 """Requests answered by the same kind of share (a flooded sum or product decryption's)."""
 
 

@@ -235,7 +235,7 @@ def test_over_tcp_a_default_party_refuses_to_decrypt_its_own_upload(
 
     async def server(rc, options):
         await setup_server(rc, options.preset, **moments.setup_arguments(options))
-        own = (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
+        own = (await rc.gather(pooled.EncryptedCoefficients))[1].values.ciphertext
         received.extend(await request_shares(rc, "decrypt", DecryptRequest(ciphertext=own),
                                              DecryptionShare))
         raise ProtocolError("the attacking server stops here")

@@ -27,21 +27,21 @@ from fednorm.protocols.ppf.yeojohnson_search import sign_plan
 from fednorm.sim.federation import run_federation, simulate_session
 
 DECRYPT_KINDS = ("ckks.decrypt_request", "ckks.decrypt_sum_request",
-                 "ckks.decrypt_product_request", "ckks.decrypt_masked_request")
+                 "ckks.decrypt_product_request", "ckks.decrypt_coefficients_request")
 FLOODED_KINDS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request",
-                 "ckks.decrypt_masked_request")
+                 "ckks.decrypt_coefficients_request")
 """Decryptions whose every share is flooded."""
 
 
 class DecryptionWidths(Tracer):
     """How many values each of the server's collective decryptions revealed, in order:
     its worker calls of ``Decryption.finalize`` (which ``SumDecryption`` inherits),
-    ``FloodedDecryption.finalize`` and ``MaskedSumDecryption.finalize``, and what they
+    ``FloodedDecryption.finalize`` and ``CoefficientSumDecryption.finalize``, and what they
     returned."""
 
     FINALIZE = frozenset({ckks.Decryption.finalize.__qualname__,
                           ckks.FloodedDecryption.finalize.__qualname__,
-                          ckks.MaskedSumDecryption.finalize.__qualname__})
+                          ckks.CoefficientSumDecryption.finalize.__qualname__})
 
     def __init__(self) -> None:
         self.widths: list[int] = []
@@ -128,7 +128,7 @@ def test_only_the_declared_ledger_crosses_the_wire(case: Case) -> None:
     stale = set(PLAINTEXT[case.method, case.privacy, case.algorithm]) - kinds - {
         "ckks.boot_request", "ckks.boot_share", "ckks.decrypt_request",
         "ckks.decrypt_sum_request",
-        "ckks.decrypt_product_request", "ckks.decrypt_masked_request",
+        "ckks.decrypt_product_request", "ckks.decrypt_coefficients_request",
         "ckks.relayed_inputs", "ckks.relin_round2"}
     assert not stale, f"declared but never sent (the ledger is out of date): {stale}"
     parties = len(case.parts)

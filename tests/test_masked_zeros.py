@@ -22,7 +22,7 @@ from scipy import stats
 from fednorm.engine.ckks.decoding import fused_coefficients
 from fednorm.engine.ckks.multiparty import DecryptionShare
 from fednorm.protocols.base import FitOptions
-from fednorm.protocols.collective import MaskedDecryptRequest, setup_server
+from fednorm.protocols.collective import CoefficientDecryptRequest, setup_server
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf import extremes
@@ -42,8 +42,8 @@ def _reading_server(read: dict[str, object]):
         crypto = await setup_server(rc, options.preset, **extremes.setup_arguments(options))
         with rc.subprotocol("extremes"):
             replies = await rc.gather(extremes.EncryptedBits)
-            pooled = await crypto.pool_masked({p: r.chunks[0] for p, r in replies.items()})
-            shares = await request_shares(rc, "decrypt_masked", MaskedDecryptRequest(
+            pooled = await crypto.pool_coefficients({p: r.chunks[0] for p, r in replies.items()})
+            shares = await request_shares(rc, "decrypt_coefficients", CoefficientDecryptRequest(
                 index=pooled.index), DecryptionShare, (pooled.index, pooled.uploads))
             read["coefficients"] = fused_coefficients(crypto.ckks, [s.share for s in shares])
             read["moduli"] = crypto.ckks.moduli[:crypto.ckks.towers(shares[0].share)]

@@ -21,16 +21,16 @@ from hypothesis import strategies as st
 from strategies import federations
 
 from fednorm.engine import ckks
-from fednorm.engine.ckks import MaskedSumDecryption, MaskFlooding, in_process_run
+from fednorm.engine.ckks import CoefficientFlooding, CoefficientSumDecryption, in_process_run
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (
-    MaskedDecryptRequest,
+    CoefficientDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
     setup_server,
 )
-from fednorm.protocols.collective.sums import MaskedUpload, total_of
+from fednorm.protocols.collective.sums import CoefficientUpload, total_of
 from fednorm.protocols.ppf import extremes
 from fednorm.protocols.ppf.keys import key_needs
 from fednorm.sim.federation import run_federation, simulate
@@ -157,11 +157,12 @@ class Masked:
         zeros, read as bits (s = 30, τ = 1024)."""
         cts = [ckks.encrypt_masked(self.ctx, self.joint.public_key, row == 1) for row in bits]
         total = total_of(self.ctx, cts)
-        decryption = MaskedSumDecryption(self.ctx, MaskFlooding(
+        decryption = CoefficientSumDecryption(self.ctx, CoefficientFlooding(
             self.ctx.preset.ring_dim, MASK_PARTIES, MASK_PARTIES))
         shares = [decryption.generate_share(p, total) for p in self.parties]
-        return decryption.finalize(decryption.aggregate_shares(self.joint, total, shares),
-                                   bits.shape[1])
+        coefficients = decryption.finalize(
+            decryption.aggregate_shares(self.joint, total, shares), bits.shape[1])
+        return ckks.zero_bits(coefficients, self.ctx.moduli[:ckks.COEFFICIENT_TOWERS])
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +209,7 @@ async def _first_bits(rc, options):
     return crypto, {p: r.chunks[0] for p, r in replies.items()}
 
 
-def _forging(forge, request=MaskedDecryptRequest, subprotocol="decrypt_masked"):
+def _forging(forge, request=CoefficientDecryptRequest, subprotocol="decrypt_coefficients"):
     """A server that, once the first bits arrive, asks for the decryption ``forge`` builds
     from them; it records the parties whose shares it receives."""
     return forging_server(_first_bits, forge, request, subprotocol, scope="extremes")
@@ -217,7 +218,7 @@ def _forging(forge, request=MaskedDecryptRequest, subprotocol="decrypt_masked"):
 def test_a_partys_own_upload_in_place_of_the_sum_is_refused() -> None:
     """Decrypted alone, party 1's masked upload would show its own bits."""
     server, received = _forging(lambda crypto, bits: (0, [bits[1]] * 3))
-    assert "masked decryption request" in str(_attack(server))
+    assert "coefficient decryption request" in str(_attack(server))
     assert received == []
 
 
@@ -226,7 +227,7 @@ def test_an_upload_forged_in_another_partys_name_is_refused() -> None:
     alone) and signs with a key of its own."""
     def forge(crypto, bits):
         zeros = ckks.encrypt_masked(crypto.ckks, crypto.joint.public_key, np.ones(4, bool))
-        return 0, [bits[1], signed_by_a_stranger(crypto, 2, zeros, MaskedUpload), bits[3]]
+        return 0, [bits[1], signed_by_a_stranger(crypto, 2, zeros, CoefficientUpload), bits[3]]
 
     server, received = _forging(forge)
     assert is_forgery_refusal(_attack(server))
@@ -245,7 +246,7 @@ def test_masked_uploads_are_not_decrypted_as_a_sum_or_a_product() -> None:
 
 def _first_round(crypto, replies):
     """The honest first round's pooled uploads."""
-    return crypto.pool_masked({p: r.chunks[0] for p, r in replies.items()})
+    return crypto.pool_coefficients({p: r.chunks[0] for p, r in replies.items()})
 
 
 def test_a_second_decryption_in_a_round_is_refused() -> None:
@@ -256,7 +257,7 @@ def test_a_second_decryption_in_a_round_is_refused() -> None:
             await crypto.decrypt_masked(pooled, 8)
             await crypto.decrypt_masked(pooled, 8)
 
-    assert "more masked decryptions" in str(_attack(server))
+    assert "more coefficient decryptions" in str(_attack(server))
 
 
 def test_a_decrypted_round_is_not_decrypted_again_later() -> None:

@@ -20,7 +20,7 @@ from fednorm.protocols import FitOptions, get_protocol
 from fednorm.sim.federation import run_federation
 
 REQUESTS = ("ckks.decrypt_sum_request", "ckks.decrypt_product_request",
-            "ckks.decrypt_masked_request")
+            "ckks.decrypt_coefficients_request")
 
 
 @dataclass
@@ -41,8 +41,8 @@ class RelayFrames(Tracer):
 
 
 @pytest.mark.parametrize(("method", "options", "relayed"), [
-    ("zscore", FitOptions(preset="test"), "ckks.decrypt_sum_request"),
-    ("minmax", FitOptions(preset="test"), "ckks.decrypt_masked_request"),
+    ("zscore", FitOptions(preset="test"), "ckks.decrypt_coefficients_request"),
+    ("minmax", FitOptions(preset="test"), "ckks.decrypt_coefficients_request"),
     ("zscore", FitOptions(preset="test", algorithm="paper"), "ckks.relayed_upload"),
 ])
 async def test_a_relay_frame_holds_one_upload_and_a_request_none(

@@ -13,6 +13,8 @@ party refuses to decrypt them.  Played over memory channels and over TCP + TLS.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import trio
@@ -22,13 +24,13 @@ from fednorm.engine.errors import ProtocolError
 from fednorm.protocols import FitOptions
 from fednorm.protocols.collective import setup_server
 from fednorm.protocols.plain.robust import QUARTILES
-from fednorm.protocols.ppf import moments, pooled, quotient
+from fednorm.protocols.ppf import moments, pooled
 from fednorm.protocols.ppf.kth import EncryptedCountAggregator, reveal_counts_and_opening
 from fednorm.protocols.rank import RankProbe
 from fednorm.sim.federation import run_federation
 from fednorm.transport.memory import StarLinks
 
-LEVER = 2.0**20
+LEVER_BITS = 20
 OPTIONS = FitOptions(preset="test")
 
 
@@ -43,24 +45,24 @@ def _run(server, links: StarLinks, method: str = "zscore") -> None:
 
 
 def test_scales_sent_to_one_party_alone_are_refused(links: StarLinks) -> None:
-    """The default z-score's server, honest up to the last pass's scales, then 2^20 for
-    party 1 and the honest scales for the others: the last pass would give it party 1's
-    own Σx; every party refuses to decrypt it, and the server reads nothing."""
+    """The default z-score's server, honest up to the last pass's scales, then the honest
+    power of two for party 1's Σx and one 2^20 smaller for the others': with the first
+    pass's pooled Σx the last would give it party 1's own Σx; every party refuses to
+    decrypt it, and the server reads nothing."""
     read: dict[str, np.ndarray] = {}
 
     async def server(rc, options):
         crypto = await setup_server(rc, options.preset, **moments.setup_arguments(options))
-        count, scaled_total = np.split(await pooled.pooled_sum(crypto), 2)
-        total = scaled_total / moments.FIRST_PASS_SCALE
-        await rc.broadcast(moments.CoarseMean(mean=total / count))
-        await pooled.pooled_sum(crypto, len(count))
-        honest = quotient.power_of_two_scales(total / count)
-        for party in rc.parties:
-            lever = LEVER if party == 1 else 1.0
-            await rc.send(party, moments.PreciseScales(mean=honest * lever,
-                                                       squares=np.ones(len(count))))
-        scaled, _ = np.split(await pooled.pooled_sum(crypto, 2 * len(count)), 2)
-        read["sum of party 1"] = (scaled / honest - total) / (LEVER - 1.0)
+        first = await pooled.exact_sum(
+            crypto, lambda width: moments.first_exponents(crypto.ckks, options, width // 3))
+        honest = moments.precise_exponents(crypto.ckks, first, np.zeros(len(first)))
+        total = np.split(first, 3)[1]
+        for party in rc.parties:  # the others' Σx 2^20 smaller: party 1's stands out
+            lever = 0 if party == 1 else LEVER_BITS
+            await rc.send(party, replace(honest, mean=honest.mean - lever))
+        powers = np.concatenate([honest.mean, honest.squares])
+        scaled, _ = np.split(await pooled.exact_sum(crypto, lambda _: powers), 2)
+        read["sum of party 1"] = (scaled - total * 2.0**-LEVER_BITS) / (1 - 2.0**-LEVER_BITS)
         raise ProtocolError("the attacking server stops here")
 
     with pytest.raises(ProtocolError) as refusal:

@@ -27,35 +27,38 @@ from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import SumDecryptRequest, setup_server
 from fednorm.protocols.collective.rounds import request_shares
 from fednorm.protocols.collective.sums import SumUpload, sign_upload
-from fednorm.protocols.ppf import moments, pooled
+from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf import zscore as ppf_zscore
 from fednorm.sim.federation import run_federation, simulate
 from fednorm.transport.memory import StarLinks
 
 DEFAULT = FitOptions(preset="test")
+REVEALED_COUNTS = FitOptions(preset="test", algorithm="paper", reveal_counts=True)
+"""The paper's z-score with revealed counts: its counts and Σx travel as sum uploads (the
+default z-score's as coefficient uploads, attacked in tests/test_ppf_extremes.py)."""
 PARTS = [np.arange(8.0).reshape(4, 2) * (k + 1) for k in range(3)]
 
 Forge = Callable[[object, dict[int, SumUpload]], tuple[int, list[SumUpload]]]
 
 
 def _attack(forge: Forge, links: StarLinks) -> tuple[BaseException, list[int]]:
-    """Run PPF z-score with a server that, after the first sums arrive, asks for the
-    decryption ``forge`` builds from the parties' uploads (their counts and sums); returns the
+    """Run PPF z-score (:data:`REVEALED_COUNTS`) with a server that, after the first sums
+    arrive, asks for the decryption ``forge`` builds from the parties' count uploads; returns the
     refusal and the parties whose shares the server received (over ``links``)."""
     received: list[int] = []
 
     async def server(rc, options):
-        crypto = await setup_server(rc, options.preset, **moments.setup_arguments(options))
-        sums = await rc.gather(pooled.EncryptedSum)
-        index, uploads = forge(crypto, {p: m.values for p, m in sums.items()})
+        crypto = await setup_server(rc, options.preset, relinearize=False)
+        sums = await rc.gather(ppf_zscore.EncryptedSums)
+        index, uploads = forge(crypto, {p: m.count for p, m in sums.items()})
         replies = await request_shares(rc, "decrypt_sum", SumDecryptRequest(index=index),
                                        DecryptionShare, (index, uploads))
         received.extend(p for p, _ in zip(rc.parties, replies, strict=True))
         raise ProtocolError("the attacking server stops here")
 
     with pytest.raises(ProtocolError) as refusal:
-        trio.run(partial(run_federation, deviating("zscore", server=server), PARTS, DEFAULT,
-                         timeout=60, links=links))
+        trio.run(partial(run_federation, deviating("zscore", server=server), PARTS,
+                         REVEALED_COUNTS, timeout=60, links=links))
     return refusal.value, received
 
 
@@ -155,7 +158,7 @@ async def _first_upload(rc, method: str):
     from fednorm.protocols.ppf import extremes, kth
 
     if method == "zscore":
-        return (await rc.gather(pooled.EncryptedSum))[1].values.ciphertext
+        return (await rc.gather(pooled.EncryptedCoefficients))[1].values.ciphertext
     if method == "robust":
         return (await rc.gather(kth.CountsAndOpening))[1].values.ciphertext
     # MinMax and Yeo-Johnson start with the extremes' bits
@@ -164,16 +167,17 @@ async def _first_upload(rc, method: str):
 
 class ServerReads(Tracer):
     """Every value the server's collective decryptions gave it (its worker calls of
-    ``Decryption.finalize``, which ``SumDecryption`` inherits), in order."""
+    ``finalize``, a slot decryption's or a coefficient sum's), in order, as floats."""
 
-    FINALIZE = ckks.Decryption.finalize.__qualname__
+    FINALIZE = frozenset({ckks.Decryption.finalize.__qualname__,
+                          ckks.CoefficientSumDecryption.finalize.__qualname__})
 
     def __init__(self) -> None:
         self.values: list[np.ndarray] = []
 
     def crypto_call(self, event: CryptoEvent) -> None:
-        if event.role == "server" and event.call == self.FINALIZE:
-            self.values.append(np.asarray(event.result))
+        if event.role == "server" and event.call in self.FINALIZE:
+            self.values.append(np.array([float(v) for v in event.result]))
 
 
 def test_what_the_server_decrypts_depends_on_the_pooled_data_alone() -> None:
@@ -189,8 +193,10 @@ def test_what_the_server_decrypts_depends_on_the_pooled_data_alone() -> None:
         simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=server)
         reads.append(server.values)
     assert len(reads[0]) == len(reads[1]) > 0
+    # The default z-score's sums are integers in coefficients: each off by its flooding.
+    flooding = 2 * pooled.exact_sum_error(ckks.CkksContext("test"), 3, FitOptions())
     for first, second in zip(*reads, strict=True):
-        np.testing.assert_allclose(first, second, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(first, second, rtol=1e-9, atol=flooding)
 
 
 class Combinations(Tracer):

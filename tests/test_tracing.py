@@ -220,7 +220,7 @@ def test_the_ppf_yeojohnson_search_shows_its_round_against_the_plan_on_every_rol
     ("zscore-mhe/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
     ("robust-mhe/kth/decrypt_sum", "ckks.decrypt_sum_request", "decryption"),
     ("zscore-mhe/decrypt_product", "ckks.decrypt_product_request", "decryption"),
-    ("minmax-mhe/extremes/decrypt_masked", "ckks.decrypt_masked_request", "decryption"),
+    ("minmax-mhe/extremes/decrypt_coefficients", "ckks.decrypt_coefficients_request", "decryption"),
     ("minmax-mhe/extremes", "ppf_extremes.bits", "extremes search"),
     ("zscore-mhe/bootstrap", "ckks.boot_request", "ciphertext refresh"),
 ])

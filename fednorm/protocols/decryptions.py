@@ -49,14 +49,14 @@ def session_decryptions(protocols: Sequence[Protocol], options: FitOptions, widt
 
 def decryption_count(total: Allowance) -> int:
     """Flooded decryptions of every kind ``total`` declares, each counted once."""
-    return total.sums + total.masked + total.products + total.decryptions
+    return total.sums + total.coefficients + total.products + total.decryptions
 
 
 def budget_spent(total: Allowance, decryptions: int, readable: int) -> Fraction:
     """The share of the keys' flooding budget ``total`` spends: 1/τ per sum (and per masked
     sum and decryption of a computed ciphertext), 1/τ_p per product, τ_p = min(τ, ``readable``),
     at least 1 where there are products."""
-    spent = Fraction(total.sums + total.masked + total.decryptions, decryptions)
+    spent = Fraction(total.sums + total.coefficients + total.decryptions, decryptions)
     if total.products:
         spent += Fraction(total.products, min(decryptions, readable))
     return spent
@@ -70,7 +70,7 @@ def least_decryptions(total: Allowance, readable: int) -> int | None:
         return count
     if total.products >= readable:
         return None
-    rest = Fraction(total.sums + total.masked + total.decryptions) \
+    rest = Fraction(total.sums + total.coefficients + total.decryptions) \
         / (1 - Fraction(total.products, readable))
     return max(readable + 1, math.ceil(rest))
 
@@ -109,7 +109,7 @@ def require_decryptions_within(protocols: Sequence[Protocol], options: FitOption
 def _kinds(count: Allowance) -> str:
     """"3 sums", "8 products + 18 sums", "8 masked sums + 18 sums"."""
     kinds = [f"{n} {name}" for n, name in ((count.products, "products"),
-                                           (count.masked, "masked sums"),
+                                           (count.coefficients, "coefficient sums"),
                                            (count.sums + count.decryptions, "sums")) if n]
     return " + ".join(kinds) or "none"
 

@@ -43,7 +43,7 @@ COLLECTIVE: Fields = {
     "ckks.relayed_upload": frozenset({"index"}),
     "ckks.decrypt_sum_request": frozenset({"index"}),
     "ckks.decrypt_product_request": frozenset({"index"}),
-    "ckks.decrypt_masked_request": frozenset({"index"}),
+    "ckks.decrypt_coefficients_request": frozenset({"index"}),
 }
 
 ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEAKAGE.md)
@@ -52,7 +52,8 @@ ABORT_KIND = "abort"  # a failing role's reason, sent to its peers (see docs/LEA
 @dataclass(frozen=True)
 class Allowance:
     """What a party helps compute in one phase, at most: decryptions, flooded decryptions
-    of sum uploads, of product uploads and of masked uploads (bits), collective
+    of sum uploads, of product uploads and of coefficient uploads (masked bits, exact
+    sums), collective
     bootstraps (each on the next common element), and ``retries``: once the decryptions
     are spent, decryptions of the request just before times the public 2^-40, for values
     too large to decode
@@ -67,23 +68,23 @@ class Allowance:
     bootstraps: int = 0
     retries: int = 0
     products: int = 0
-    masked: int = 0
+    coefficients: int = 0
 
     def times(self, n: int) -> Allowance:
         """The allowance of ``n`` such phases in a row (one per ciphertext chunk, ...)."""
         return Allowance(self.decryptions * n, self.sums * n, self.bootstraps * n,
-                         self.retries * n, self.products * n, self.masked * n)
+                         self.retries * n, self.products * n, self.coefficients * n)
 
     def __add__(self, other: Allowance) -> Allowance:
         return Allowance(self.decryptions + other.decryptions, self.sums + other.sums,
                          self.bootstraps + other.bootstraps, self.retries + other.retries,
-                         self.products + other.products, self.masked + other.masked)
+                         self.products + other.products, self.coefficients + other.coefficients)
 
     def as_sums(self) -> Allowance:
         """The same number of decryptions, of sum uploads (flooded) instead (a sum upload
         always decodes: no retries)."""
         return Allowance(0, self.sums + self.decryptions, self.bootstraps,
-                         products=self.products, masked=self.masked)
+                         products=self.products, coefficients=self.coefficients)
 
     def with_bootstraps(self, bootstraps: int) -> Allowance:
         return replace(self, bootstraps=bootstraps)

@@ -26,7 +26,7 @@ from fednorm.engine.tracing import FrameEvent, PhaseEvent, Tracer
 __all__ = ["LineTracer", "StateTracer", "TraceState", "human_bytes", "phase_of"]
 
 
-DECRYPTIONS = frozenset({"decrypt", "decrypt_sum", "decrypt_product", "decrypt_masked"})
+DECRYPTIONS = frozenset({"decrypt", "decrypt_sum", "decrypt_product", "decrypt_coefficients"})
 """The sub-protocols of collective decryption, of every kind."""
 
 

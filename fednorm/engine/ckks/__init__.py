@@ -26,6 +26,7 @@ from fednorm.engine.ckks.compare import (
     tree_maximum,
 )
 from fednorm.engine.ckks.context import (
+    COEFFICIENT_TOWERS,
     MAX_SUM_VALUE,
     CkksContext,
     sum_rotation_indices,
@@ -33,9 +34,9 @@ from fednorm.engine.ckks.context import (
 from fednorm.engine.ckks.cores import ensure_levels
 from fednorm.engine.ckks.crs import bootstrap_seed, common_element
 from fednorm.engine.ckks.flooding import (
+    CoefficientFlooding,
     DecryptionNoise,
     Flooding,
-    MaskFlooding,
     MeasuredFlooding,
     ProductFlooding,
     check_decryptions,
@@ -64,11 +65,17 @@ from fednorm.engine.ckks.local import (
     local_refresh,
     setup_locally,
 )
-from fednorm.engine.ckks.masking import encrypt_masked
+from fednorm.engine.ckks.masking import (
+    coefficient_capacity,
+    encrypt_coefficients,
+    encrypt_masked,
+    zero_bits,
+)
 from fednorm.engine.ckks.multiparty import (
     BootRound,
     Bootstrap,
     BootstrapShare,
+    CoefficientSumDecryption,
     DecodeOverflow,
     Decryption,
     DecryptionShare,
@@ -79,7 +86,6 @@ from fednorm.engine.ckks.multiparty import (
     KeySetup,
     KeyShares,
     LeadKeys,
-    MaskedSumDecryption,
     ProductDecryption,
     PublicKeyAggregate,
     PublicKeyGen,
@@ -97,6 +103,7 @@ from fednorm.engine.ckks.serial import KINDS, object_digest, objects_digest
 from fednorm.engine.inprocess import in_process_run
 
 __all__ = [
+    "COEFFICIENT_TOWERS",
     "COUNT_RANGE",
     "DECRYPT_SHARE_TOWERS",
     "KINDS",
@@ -109,6 +116,8 @@ __all__ = [
     "BootstrapShare",
     "CkksContext",
     "CkksPreset",
+    "CoefficientFlooding",
+    "CoefficientSumDecryption",
     "ComparePlan",
     "DecodeOverflow",
     "Decryption",
@@ -129,8 +138,6 @@ __all__ = [
     "LevelBudgetError",
     "Levels",
     "LocalRefresh",
-    "MaskFlooding",
-    "MaskedSumDecryption",
     "MeasuredFlooding",
     "PartyKeys",
     "ProductDecryption",
@@ -150,10 +157,12 @@ __all__ = [
     "bootstrap_seed",
     "check_decryptions",
     "check_security_bits",
+    "coefficient_capacity",
     "common_element",
     "comparison_error",
     "consumed_levels",
     "decrypt_locally",
+    "encrypt_coefficients",
     "encrypt_masked",
     "ensure_levels",
     "fold_maximum",
@@ -176,4 +185,5 @@ __all__ = [
     "setup_locally",
     "sum_rotation_indices",
     "tree_maximum",
+    "zero_bits",
 ]

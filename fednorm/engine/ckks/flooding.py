@@ -65,7 +65,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import ring
-from fednorm.engine.ckks.context import MASK_TOWERS, PRODUCT_TOWERS, SUM_TOWERS, CkksContext
+from fednorm.engine.ckks.context import COEFFICIENT_TOWERS, PRODUCT_TOWERS, SUM_TOWERS, CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
@@ -143,15 +143,15 @@ class Flooding:
 
 
 @dataclass(frozen=True)
-class MaskFlooding(Flooding):
+class CoefficientFlooding(Flooding):
     """The noise a party adds to a decryption share of a sum of the parties' masked
     uploads (:mod:`.masking`): a sum of fresh encryptions like any sum upload, so the same
-    proven bound; only its shape differs (scale Δ, :data:`~.context.MASK_TOWERS`
+    proven bound; only its shape differs (scale Δ, :data:`~.context.COEFFICIENT_TOWERS`
     towers)."""
 
     @property
     def decrypted_shape(self) -> tuple[str, int, int]:
-        return "a masked sum", 1, MASK_TOWERS
+        return "a coefficient sum", 1, COEFFICIENT_TOWERS
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import openfhe
 
 from fednorm.engine.ckks import ring
-from fednorm.engine.ckks.context import MASK_TOWERS, CkksContext
+from fednorm.engine.ckks.context import COEFFICIENT_TOWERS, CkksContext
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError
+
+CAPACITY_MARGIN_BITS = 2
+"""Integers of a pooled coefficient upload stay below Q/2^(2+this): room for the noise."""
 
 ZERO_MARGIN_BITS = 64
 """A decrypted coefficient is read as zero within Q·2^-64 of it (Q ≈ 2^160 at the
@@ -41,23 +45,65 @@ presets' three towers of 60, 50 and 50 bits: within 2^96)."""
 
 def encrypt_masked(ctx: CkksContext, public_key: openfhe.PublicKey,
                    zero_here: np.ndarray) -> openfhe.Ciphertext:
-    """A fresh encryption under ``public_key``, at :data:`~.context.MASK_TOWERS` towers,
-    of the polynomial whose coefficient j is 0 where ``zero_here[j]`` (and past its end)
-    and uniform in Z_Q elsewhere."""
+    """A fresh encryption under ``public_key``, at :data:`~.context.COEFFICIENT_TOWERS`
+    towers, of the polynomial whose coefficient j is 0 where ``zero_here[j]`` (and past its
+    end) and uniform in Z_Q elsewhere."""
     zero_here = np.asarray(zero_here, dtype=bool)
-    n = ctx.preset.ring_dim
-    if zero_here.ndim != 1 or zero_here.size > n:
-        raise InputError(f"a masked upload holds at most {n} positions, got "
-                         f"{zero_here.shape}")
-    ct = ctx.encrypt(public_key, np.zeros(0), ctx.mask_level)
-    data = bytearray(openfhe.Serialize(ct, openfhe.BINARY))
-    moduli = ctx.moduli[:MASK_TOWERS]
-    c0 = ring.locate_first_element(data, n, MASK_TOWERS, moduli)
+    _require_positions(ctx, zero_here.shape)
     masked = np.flatnonzero(~zero_here)
+
+    def mask(q: int) -> np.ndarray:
+        residues = np.zeros(ctx.preset.ring_dim, dtype=np.uint64)
+        residues[masked] = uniform_residues(masked.size, q)
+        return residues
+    return _with_coefficients(ctx, public_key, mask)
+
+
+def encrypt_coefficients(ctx: CkksContext, public_key: openfhe.PublicKey,
+                         integers: Sequence[int]) -> openfhe.Ciphertext:
+    """A fresh encryption under ``public_key``, at :data:`~.context.COEFFICIENT_TOWERS`
+    towers, of the polynomial whose coefficients are ``integers`` (signed, then zeros):
+    the sum of such uploads decrypts to the sum of the integers, coefficient by
+    coefficient, exactly up to the ciphertexts' noise and the flooding.  Each |integer|
+    must stay below :func:`coefficient_capacity` for the P parties' sum not to wrap."""
+    values = [int(v) for v in integers]
+    _require_positions(ctx, (len(values),))
+    limit = coefficient_capacity(ctx)
+    if any(abs(v) >= limit for v in values):
+        raise InputError(f"a coefficient upload holds integers below 2^{limit.bit_length() - 1}")
+
+    def residues(q: int) -> np.ndarray:
+        out = np.zeros(ctx.preset.ring_dim, dtype=np.uint64)
+        out[:len(values)] = np.array([v % q for v in values], dtype=np.uint64)
+        return out
+    return _with_coefficients(ctx, public_key, residues)
+
+
+def coefficient_capacity(ctx: CkksContext) -> int:
+    """2^k, k the bits below Q/2 (Q: the coefficient towers' moduli) less
+    :data:`CAPACITY_MARGIN_BITS`: a pooled coefficient below it decrypts without wrapping
+    around Q, flooding included (2^44 at P = 10, 2^47 at P = 100, s = 30)."""
+    q = math.prod(ctx.moduli[:COEFFICIENT_TOWERS])
+    return 1 << (q.bit_length() - 2 - CAPACITY_MARGIN_BITS)
+
+
+def _require_positions(ctx: CkksContext, shape: tuple[int, ...]) -> None:
+    n = ctx.preset.ring_dim
+    if len(shape) != 1 or shape[0] > n:
+        raise InputError(f"a coefficient upload holds at most {n} positions, got {shape}")
+
+
+def _with_coefficients(ctx: CkksContext, public_key: openfhe.PublicKey,
+                       residues: Callable[[int], np.ndarray]) -> openfhe.Ciphertext:
+    """A fresh encryption of zero at the coefficient towers, ``residues(q)`` (coefficient
+    domain, mod each tower's q) added to its ``c0`` through the NTT."""
+    n = ctx.preset.ring_dim
+    ct = ctx.encrypt(public_key, np.zeros(0), ctx.coefficient_level)
+    data = bytearray(openfhe.Serialize(ct, openfhe.BINARY))
+    moduli = ctx.moduli[:COEFFICIENT_TOWERS]
+    c0 = ring.locate_first_element(data, n, COEFFICIENT_TOWERS, moduli)
     for i, q in enumerate(moduli):
-        mask = np.zeros(n, dtype=np.uint64)
-        mask[masked] = uniform_residues(masked.size, q)
-        spread = ring.ntt(q, n).forward(mask)
+        spread = ring.ntt(q, n).forward(residues(q))
         c0.write(data, i, ring.add_mod(c0.read(data, i), spread, q))
     return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
 

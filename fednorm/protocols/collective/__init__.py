@@ -22,8 +22,8 @@ from fednorm.protocols.collective.keys import (
 )
 from fednorm.protocols.collective.messages import (
     BootRequest,
+    CoefficientDecryptRequest,
     DecryptRequest,
-    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
@@ -38,8 +38,8 @@ from fednorm.protocols.collective.service import serve_until
 __all__ = [
     "LEAD",
     "BootRequest",
+    "CoefficientDecryptRequest",
     "DecryptRequest",
-    "MaskedDecryptRequest",
     "PartyCrypto",
     "PartyKeyState",
     "ProductDecryptRequest",

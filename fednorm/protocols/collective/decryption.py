@@ -6,7 +6,7 @@ step declares, or, where flooding would leave no useful precision, a plain
 :class:`~fednorm.engine.ckks.Decryption`) and a flooded decryption of a sum, a product or a
 masked sum of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption`,
 :class:`~fednorm.engine.ckks.ProductDecryption` and
-:class:`~fednorm.engine.ckks.MaskedSumDecryption`, sub-protocols ``decrypt_sum``,
+:class:`~fednorm.engine.ckks.CoefficientSumDecryption`, sub-protocols ``decrypt_sum``,
 ``decrypt_product`` and ``decrypt_masked``).
 
 A plain (not flooded) decryption whose values were too large to decode may be retried
@@ -29,14 +29,14 @@ import trio
 from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.protocols.collective.messages import (
+    CoefficientDecryptRequest,
     DecryptRequest,
-    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
 from fednorm.protocols.collective.rounds import relayed, request_shares, send_share
 from fednorm.protocols.collective.sums import (
-    MaskedUpload,
+    CoefficientUpload,
     PooledUploads,
     ProductUpload,
     SignedUpload,
@@ -47,14 +47,15 @@ if TYPE_CHECKING:
     from fednorm.protocols.collective.roles import PartyCrypto, ServerCrypto
 
 DECRYPT, DECRYPT_SUM, DECRYPT_PRODUCT = "decrypt", "decrypt_sum", "decrypt_product"
-DECRYPT_MASKED = "decrypt_masked"
+DECRYPT_COEFFICIENTS = "decrypt_coefficients"
 RETRY_SHIFT = 40  # a retry decrypts the request's ciphertext times 2^-RETRY_SHIFT
-CombinedRequest = SumDecryptRequest | ProductDecryptRequest | MaskedDecryptRequest
+CombinedRequest = SumDecryptRequest | ProductDecryptRequest | CoefficientDecryptRequest
 _COMBINED: dict[type[SignedUpload],
                 tuple[str, type[CombinedRequest], type[ckks.SumDecryption]]] = {
     SumUpload: (DECRYPT_SUM, SumDecryptRequest, ckks.SumDecryption),
     ProductUpload: (DECRYPT_PRODUCT, ProductDecryptRequest, ckks.ProductDecryption),
-    MaskedUpload: (DECRYPT_MASKED, MaskedDecryptRequest, ckks.MaskedSumDecryption),
+    CoefficientUpload: (DECRYPT_COEFFICIENTS, CoefficientDecryptRequest,
+                        ckks.CoefficientSumDecryption),
 }  # each kind of upload: the sub-protocol, request and decryption of its combination
 
 
@@ -165,11 +166,11 @@ async def answer_product_decryption(crypto: PartyCrypto, request: ProductDecrypt
     await _answer_combined(crypto, request, ProductUpload)
 
 
-async def answer_masked_decryption(crypto: PartyCrypto, request: MaskedDecryptRequest
+async def answer_coefficient_decryption(crypto: PartyCrypto, request: CoefficientDecryptRequest
                                    ) -> None:
     """Party: a flooded share of the sum of the relayed masked uploads
     (:func:`_answer_combined`)."""
-    await _answer_combined(crypto, request, MaskedUpload)
+    await _answer_combined(crypto, request, CoefficientUpload)
 
 
 async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
@@ -197,7 +198,7 @@ async def _answer_combined(crypto: PartyCrypto, request: CombinedRequest,
 
 _REQUESTS = {DECRYPT: "decryption request", DECRYPT_SUM: "sum decryption request",
              DECRYPT_PRODUCT: "product decryption request",
-             DECRYPT_MASKED: "masked decryption request"}
+             DECRYPT_COEFFICIENTS: "coefficient decryption request"}
 
 
 async def _answer(crypto: PartyCrypto, decryption: ckks.Decryption, name: str,

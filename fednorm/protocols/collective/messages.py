@@ -75,8 +75,8 @@ class ProductDecryptRequest(Message):
     index: int
 
 
-@message("ckks.decrypt_masked_request")
-class MaskedDecryptRequest(Message):
+@message("ckks.decrypt_coefficients_request")
+class CoefficientDecryptRequest(Message):
     """Decrypt the sum of every party's masked upload #``index`` and read it as bits,
     whose P uploads follow as for a sum (:class:`SumDecryptRequest`): every party checks
     their signatures, recomputes the sum and floods its share (docs/LEAKAGE.md)."""

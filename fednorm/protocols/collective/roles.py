@@ -29,8 +29,8 @@ from fednorm.protocols.collective.rounds import relay, relayed
 from fednorm.protocols.collective.signatures import keyring_of
 from fednorm.protocols.collective.sums import (
     AnUpload,
+    CoefficientUpload,
     InputUpload,
-    MaskedUpload,
     PooledUploads,
     ProductUpload,
     SignedUpload,
@@ -117,12 +117,18 @@ class ServerCrypto(_OnHeldKeys):
         """
         return await decryption.decrypt_pooled(self, pooled, n)
 
-    async def decrypt_masked(self, pooled: PooledUploads, n: int) -> np.ndarray:
-        """Flooded collective decryption of a sum of the parties' masked uploads
-        (:meth:`PartyCrypto.encrypt_masked`, pooled by :meth:`pool_masked`), read as the
-        first ``n`` bits: 1 where every party's bit is 1 (:mod:`~fednorm.engine.ckks.
-        masking`); every party recomputes the sum (:mod:`.sums`)."""
+    async def decrypt_coefficients(self, pooled: PooledUploads, n: int) -> np.ndarray:
+        """Flooded collective decryption of a sum of the parties' coefficient uploads
+        (pooled by :meth:`pool_coefficients`): its first ``n`` coefficients, exact
+        integers up to the flooding; every party recomputes the sum (:mod:`.sums`)."""
         return await decryption.decrypt_pooled(self, pooled, n)
+
+    async def decrypt_masked(self, pooled: PooledUploads, n: int) -> np.ndarray:
+        """:meth:`decrypt_coefficients` of masked bits (:meth:`PartyCrypto.
+        encrypt_masked`), read as the first ``n`` bits: 1 where every party's bit is 1
+        (:func:`~fednorm.engine.ckks.masking.zero_bits`)."""
+        coefficients = await self.decrypt_coefficients(pooled, n)
+        return ckks.zero_bits(coefficients, self.ckks.moduli[:ckks.COEFFICIENT_TOWERS])
 
     async def bootstrap(self, ct: openfhe.Ciphertext, forward: bool = False
                         ) -> openfhe.Ciphertext:
@@ -151,10 +157,10 @@ class ServerCrypto(_OnHeldKeys):
         fixed tree every party repeats (:func:`.sums.product_of`)."""
         return await self.rc.run_sync(self._pool, uploads, ProductUpload)
 
-    async def pool_masked(self, uploads: Mapping[int, object]) -> PooledUploads:
+    async def pool_coefficients(self, uploads: Mapping[int, object]) -> PooledUploads:
         """Every party's signed masked upload of one index (by party id), checked, for
         :meth:`decrypt_masked`: the server only adds them up."""
-        return await self.rc.run_sync(self._pool, uploads, MaskedUpload)
+        return await self.rc.run_sync(self._pool, uploads, CoefficientUpload)
 
     def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload],
               every_party: bool = True) -> PooledUploads:
@@ -276,14 +282,23 @@ class PartyCrypto(_OnHeldKeys):
         ct = await self.rc.run_sync(self.ckks.encrypt, self.public_key, bits, level, 2)
         return await self._signed(ProductUpload, ct)
 
-    async def encrypt_masked(self, bits: np.ndarray) -> MaskedUpload:
+    async def encrypt_masked(self, bits: np.ndarray) -> CoefficientUpload:
         """Encrypt bits as masked zeros (:func:`~fednorm.engine.ckks.masking.
         encrypt_masked`: 0 where a bit is 1, uniform in Z_Q where it is 0), which the
         server only adds up with the other parties' and decrypts with :meth:`ServerCrypto.
         decrypt_masked`; signed by this party as its next masked upload of the session."""
         ct = await self.rc.run_sync(ckks.encrypt_masked, self.ckks, self.public_key,
                                     np.asarray(bits) == 1.0)
-        return await self._signed(MaskedUpload, ct)
+        return await self._signed(CoefficientUpload, ct)
+
+    async def encrypt_coefficients(self, integers: list[int]) -> CoefficientUpload:
+        """Encrypt integers into the ring's coefficients (:func:`~fednorm.engine.ckks.
+        masking.encrypt_coefficients`), which the server only adds up with the other
+        parties' and decrypts with :meth:`ServerCrypto.decrypt_coefficients`; signed by
+        this party as its next coefficient upload of the session."""
+        ct = await self.rc.run_sync(ckks.encrypt_coefficients, self.ckks, self.public_key,
+                                    integers)
+        return await self._signed(CoefficientUpload, ct)
 
     async def encrypt_input(self, values: np.ndarray, level: int = 0) -> InputUpload:
         """Encrypt an input of the server's encrypted computation (:meth:`encrypt`), signed
@@ -329,7 +344,7 @@ class PartyCrypto(_OnHeldKeys):
 
     def flooding(self, kind: type[ckks.Flooding] = ckks.Flooding) -> ckks.Flooding:
         """The noise this party adds to a share of a sum of the P parties' uploads (``kind``
-        names the sum's shape: :class:`~fednorm.engine.ckks.MaskFlooding` for masked
+        names the sum's shape: :class:`~fednorm.engine.ckks.CoefficientFlooding` for masked
         uploads)."""
         return kind(self.ckks.preset.ring_dim, self.n_parties, self.n_parties,
                     self.held.flooding_bits, self.held.flooding_decryptions,
@@ -342,8 +357,8 @@ class PartyCrypto(_OnHeldKeys):
         product's at its scale."""
         if kind is SumUpload:
             return self.flooding()
-        if kind is MaskedUpload:
-            return self.flooding(ckks.MaskFlooding)
+        if kind is CoefficientUpload:
+            return self.flooding(ckks.CoefficientFlooding)
         growth = combined.GetScalingFactor() / factor.GetScalingFactor()
         return ckks.ProductFlooding(self.ckks.preset.ring_dim, self.n_parties,
                                     self.n_parties, self.held.flooding_bits,

@@ -20,19 +20,19 @@ from fednorm.engine.runtime import SERVER, RoleContext
 from fednorm.protocols.collective.bootstrap import BOOTSTRAP, answer_bootstrap
 from fednorm.protocols.collective.decryption import (
     DECRYPT,
-    DECRYPT_MASKED,
+    DECRYPT_COEFFICIENTS,
     DECRYPT_PRODUCT,
     DECRYPT_SUM,
+    answer_coefficient_decryption,
     answer_decryption,
-    answer_masked_decryption,
     answer_product_decryption,
     answer_sum_decryption,
     require_retry_of,
 )
 from fednorm.protocols.collective.messages import (
     BootRequest,
+    CoefficientDecryptRequest,
     DecryptRequest,
-    MaskedDecryptRequest,
     ProductDecryptRequest,
     SumDecryptRequest,
 )
@@ -70,21 +70,22 @@ _SERVICES: dict[type[Message], _Service] = {
                                 answer_sum_decryption),
     ProductDecryptRequest: _Service(DECRYPT_PRODUCT, "product decryptions",
                                     "product decryption request", answer_product_decryption),
-    MaskedDecryptRequest: _Service(DECRYPT_MASKED, "masked decryptions",
-                                   "masked decryption request", answer_masked_decryption),
+    CoefficientDecryptRequest: _Service(DECRYPT_COEFFICIENTS, "coefficient decryptions",
+                                   "coefficient decryption request", answer_coefficient_decryption),
 }
 
 
 async def serve_until(
     crypto: PartyCrypto, expected: type[M] | tuple[type[Message], ...], *, decryptions: int,
-    bootstraps: int = 0, sums: int = 0, products: int = 0, masked: int = 0,
+    bootstraps: int = 0, sums: int = 0, products: int = 0, coefficients: int = 0,
     retries: int = 0, checked: RequestCheck | None = None,
 ) -> M:
     """Answer the server's bootstrap and decryption requests until ``expected`` arrives
     (a message type, or a tuple of them).
 
-    At most ``decryptions`` decryption requests, ``sums``, ``products`` and ``masked``
-    flooded decryptions of sum, product and masked uploads and ``bootstraps`` bootstrap requests are
+    At most ``decryptions`` decryption requests, ``sums``, ``products`` and
+    ``coefficients`` flooded decryptions of sum, product and coefficient uploads and
+    ``bootstraps`` bootstrap requests are
     honoured in this phase: the ledger fixes what each protocol step may reveal and
     compute, and a server asking for more is refused.  Once the decryptions are spent,
     ``retries`` more are honoured, each only as the retry of the decryption request just
@@ -97,7 +98,7 @@ async def serve_until(
     rc = crypto.rc
     kinds = expected if isinstance(expected, tuple) else (expected,)
     left = {BootRequest: bootstraps, SumDecryptRequest: sums,
-            ProductDecryptRequest: products, MaskedDecryptRequest: masked,
+            ProductDecryptRequest: products, CoefficientDecryptRequest: coefficients,
             DecryptRequest: decryptions}
     previous = None  # the last plain decryption request answered: what a retry repeats
     while True:

@@ -15,8 +15,8 @@ decrypted once.
 The statement a party signs names the kind of its upload (:attr:`SignedUpload.KIND`), and
 each kind has its own combination (:meth:`SignedUpload.combined`): a sum upload
 (:class:`SumUpload`) is only ever added, a product upload (:class:`ProductUpload`) only
-ever multiplied with the other parties', a masked upload (:class:`MaskedUpload`) only
-added and read as bits, so none can be decrypted as another, nor alone.
+ever multiplied with the other parties', a coefficient upload (:class:`CoefficientUpload`)
+only added and read coefficient by coefficient, so none can be decrypted as another, nor alone.
 """
 
 from __future__ import annotations
@@ -107,19 +107,22 @@ class InputUpload(_AddedUp):
 
 
 @dataclass(frozen=True, eq=False)
-class MaskedUpload(_AddedUp):
-    """Bits as masked zeros (:mod:`fednorm.engine.ckks.masking`): 0 where the bit is 1,
-    uniform in Z_Q where it is 0; the server only adds them up, and their sum decrypts to
-    0 exactly where every party's bit is 1 — an AND from a sum, no product."""
+class CoefficientUpload(_AddedUp):
+    """Integers written into the ring's coefficients (:mod:`fednorm.engine.ckks.masking`),
+    which the server only adds up and whose sum decrypts exactly, coefficient by
+    coefficient, up to the flooding: bits as masked zeros (0 where the bit is 1, uniform
+    in Z_Q where it is 0: the sum is 0 exactly where every party's bit is 1, an AND from
+    a sum, no product) or sums at public powers of two (no slot decoding, so no value's
+    precision depends on another's)."""
 
-    KIND = "ckks.masked_upload"
-    NOUN = "masked"
+    KIND = "ckks.coefficient_upload"
+    NOUN = "coefficient"
     EXT = 27
 
 
 AnUpload = TypeVar("AnUpload", bound=SignedUpload)
 UPLOAD_KINDS: tuple[type[SignedUpload], ...] = (SumUpload, ProductUpload, InputUpload,
-                                                MaskedUpload)
+                                                CoefficientUpload)
 
 
 @dataclass(frozen=True)

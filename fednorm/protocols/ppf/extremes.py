@@ -61,7 +61,7 @@ from fednorm.protocols.collective import (
     setup_party,
     setup_server,
 )
-from fednorm.protocols.collective.sums import MaskedUpload
+from fednorm.protocols.collective.sums import CoefficientUpload
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import MinMaxNormalizer
 from fednorm.protocols.ppf.minmax import MinMaxExtremes
@@ -80,7 +80,7 @@ _POSITIVE_INFINITY = int(float_order.keys(np.array([np.inf]))[0])
 class EncryptedBits(Message):
     """A party's bits of one round, one signed masked upload per chunk of positions."""
 
-    chunks: list[MaskedUpload]
+    chunks: list[CoefficientUpload]
     width: int
 
 
@@ -101,7 +101,7 @@ PLAINTEXT = {
 """What the search sends in the clear: widths, each round's thresholds (a function of the
 result, revealed anyway) and the result."""
 
-ROUND = Allowance(masked=1)
+ROUND = Allowance(coefficients=1)
 """Each round, per chunk of positions: one flooded decryption of the sum of the parties'
 masked bits; no bootstraps."""
 
@@ -247,7 +247,7 @@ async def _pooled_bits(crypto: ServerCrypto, layout: Layout,
                                 f"ciphertexts, expected {layout.chunks}")
     parts = []
     for chunk in range(layout.chunks):
-        pooled = await crypto.pool_masked({p: r.chunks[chunk] for p, r in replies.items()})
+        pooled = await crypto.pool_coefficients({p: r.chunks[chunk] for p, r in replies.items()})
         parts.append(await crypto.decrypt_masked(pooled, layout.chunk_size(chunk)))
     return _as_bits(np.concatenate(parts).reshape(layout.brackets, layout.count))
 

@@ -1,43 +1,43 @@
-"""PPF z-score, default: the pooled mean and variance from three flooded sums.
+"""PPF z-score, default: the pooled mean and variance from two flooded exact sums.
 
-Every decryption is a flooded sum of the parties' signed uploads (:mod:`.pooled`), and
-each pooled sum is a function of the pooled data alone:
+Every decryption is a flooded sum of the parties' signed coefficient uploads
+(:func:`.pooled.exact_sum`): each party's values at public powers of two, as integers
+in the ring's coefficients, so each pooled value decrypts exactly up to the flooding,
+whatever the others hold.  Each pooled sum is a function of the pooled data alone:
 
-1. each party uploads its counts n_p beside its sums Σx times the public 2^-20: the server
-   learns n_g exactly and a coarse mean μ̃;
-2. with μ̃ broadcast, each party uploads Σ(x − μ̃)², which gives the variance coarsely
-   (Σ(x − μ̃)² = Σ(x − μ)² + n_g·(μ − μ̃)²);
-3. with per-feature powers of two broadcast (:func:`~.quotient.power_of_two_scales` of μ̃
-   and of the coarse variance), each party uploads Σx and Σ(x − μ̃)², each times its
-   feature's power of two: μ and σ² precise in every slot.
+1. each party uploads its counts n_p, Σx and Σx², at powers of two fixed by the public
+   bounds (|x| ≤ 2^40, n ≤ max_count): the server learns n_g exactly, a mean μ̃ to
+   ~2^-54 of Σx and Σx² to ~2^-14 (P = 10, default max_count);
+2. with μ̃ and per-feature powers of two broadcast (from bounds on every party's |Σx|
+   and Σ(x − μ̃)² that follow from n_g and Σx², :func:`precise_exponents`), each party
+   uploads Σx and Σ(x − μ̃)²: each near the coefficients' capacity (2^156), so μ and σ²
+   keep ~100 bits beyond the parties' own float64 sums, however small a feature is
+   beside the others; σ² = Σ(x − μ̃)²/n_g − (μ − μ̃)².
 
-Why the passes: the server decodes a decrypted sum in float64, so each slot comes out to
-about 2^-52 of the *largest* slot of its ciphertext; a feature of order 1e-4 beside one of
-order 1e12 would be noise.  The coarse passes give every feature's magnitude, and in the
-last every slot is brought near n_g·2^16 (down to the floors of
-:func:`~.quotient.power_of_two_scales`).  The first pass scales Σx down so that n_g,
-in the same ciphertext, stays exact (a slot's error stays far below 1/2).  σ² comes from
-Σ(x − μ̃)² less n_g·(μ − μ̃)², where μ̃ is off by ~2^-52 of the largest mean: the
-correction is negligible, by this estimate (not tested), unless σ is below ~1e-15 of
-the largest |μ|.
+Why exact sums: CKKS slots are decoded together, so each comes out to about 2^-52 of
+the *largest* value of its ciphertext, and a feature of order 1e-6 beside one of order
+1e6 loses its variance's precision (measured, paper preset: 7e-7 relative, where the
+slot version of this protocol took a third pass and still did not reach it).  A
+coefficient is read alone.
 
-Three decryptions where Algorithm 1 with revealed counts (``--algorithm paper
---reveal-counts``, :mod:`.zscore`) makes five — n_g, then a coarse and a precise pass for
-each of μ and σ²: n_g rides with the coarse mean, and the precise mean with the precise
-variance.  What is revealed is the same: n_g, μ and σ², each coarse value a noisier copy
-of its precise one.
+Two decryptions where Algorithm 1 with revealed counts (``--algorithm paper
+--reveal-counts``, :mod:`.zscore`) makes five; what is revealed is the same: n_g, μ and
+σ² (Σx² = n_g·(σ² + μ²)), each first value a noisier copy of a later one.
 """
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import numpy as np
 
+from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.base import FitOptions, feature_counts
 from fednorm.protocols.collective import (
-    PartyCrypto,
     flooding_arguments,
     setup_party,
     setup_server,
@@ -47,47 +47,35 @@ from fednorm.protocols.normalizers import ZScoreNormalizer
 from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf.phases import serve_phase
-from fednorm.protocols.ppf.quotient import (
-    power_of_two_scales,
-    received_scales,
-    require_sum_values,
-    scaled,
-)
-from fednorm.protocols.ppf.zscore import SQUARES_FLOOR, PpfZScoreResult, check_ppf_values
-
-FIRST_PASS_SCALE = 2.0**-20
-"""Σx travels at this public scale beside the counts in the first pass: the P sums of up
-to 2^50 each then stay below P·2^30, so the counts' slots err by far less than 1/2."""
+from fednorm.protocols.ppf.zscore import MAX_ABS_VALUE, PpfZScoreResult, check_ppf_values
 
 LEDGER = declare("zscore", "mhe", {
-    **COLLECTIVE, **pooled.PLAINTEXT,
-    "ppf_zscore.coarse_mean": ("mean",),
-    "ppf_zscore.precise_scales": ("mean", "squares"),
+    **COLLECTIVE, **pooled.EXACT_PLAINTEXT,
+    "ppf_zscore.precise_scales": ("center", "mean", "squares"),
     "ppf_zscore.result": ("mean", "var"),
 })
-"""Allowances: one :data:`~.pooled.POOLED_SUM` before each message of the server (the
-coarse mean, the scales, the result): three flooded sums in all."""
+"""Allowances: one :data:`~.pooled.EXACT_SUM` before each message of the server (the
+scales, the result): two flooded sums in all."""
 
-SUMS = pooled.POOLED_SUM.times(3)
-"""Flooded decryptions of a run, whatever the data: the three pooled sums."""
+SUMS = pooled.EXACT_SUM.times(2)
+"""Flooded decryptions of a run, whatever the data: the two pooled sums."""
+
+MAX_EXPONENT = 2048
+"""A party refuses powers of two beyond ±this: no float64 needs more."""
 
 
 def flooded_decryptions(options: FitOptions, width: int) -> Allowance:
-    """:data:`SUMS`, on any number of features (each sum is one ciphertext)."""
+    """:data:`SUMS`, on any number of features up to a third of the ring (each sum is
+    one coefficient upload)."""
     return SUMS
-
-
-@message("ppf_zscore.coarse_mean")
-class CoarseMean(Message):
-    """μ̃, from the first sum: the center of every party's Σ(x − μ̃)²."""
-
-    mean: np.ndarray
 
 
 @message("ppf_zscore.precise_scales")
 class PreciseScales(Message):
-    """Per-feature powers of two for the last pass: for Σx, and for Σ(x − μ̃)²."""
+    """μ̃ (the center of every party's Σ(x − μ̃)²), and the per-feature exponents of the
+    powers of two for the last pass: for Σx, and for Σ(x − μ̃)²."""
 
+    center: np.ndarray
     mean: np.ndarray
     squares: np.ndarray
 
@@ -97,30 +85,78 @@ def setup_arguments(options: FitOptions) -> dict[str, object]:
     return {"relinearize": False}
 
 
+def first_exponents(context: ckks.CkksContext, options: FitOptions, width: int
+                    ) -> np.ndarray:
+    """The first pass's powers of two, public: counts, Σx and Σx² each at the largest
+    power that keeps max_count values (of |x| ≤ 2^40) below the capacity, far above the
+    flooding (~2^42), so the counts come out exact."""
+    room = ckks.coefficient_capacity(context).bit_length() - 2
+    count_bits = math.ceil(math.log2(options.max_count)) if options.max_count > 1 else 0
+    top = int(math.log2(MAX_ABS_VALUE))
+    return np.repeat(np.array([room - count_bits, room - count_bits - top,
+                               room - count_bits - 2 * top]), width)
+
+
+def precise_exponents(context: ckks.CkksContext, first: np.ndarray, error: np.ndarray
+                      ) -> PreciseScales:
+    """μ̃ and the last pass's powers of two from the first pass's pooled (n, Σx, Σx²) and
+    what flooding may have added to each (``error``, value units).
+
+    U ≥ Σx² bounds every party's Σx² too; Cauchy–Schwarz bounds every party's |Σx| (and
+    the pooled one) by V = √(n·U), and Σ(x − μ̃)² = Σx² − 2μ̃Σx + n·μ̃² ≤ U + 2|μ̃|V + nμ̃²
+    for the pool and so for each party.  Each sum then goes at the power of two that
+    brings its bound just under the capacity."""
+    count, total, squares = np.split(first, 3)
+    _, total_error, squares_error = np.split(error, 3)
+    count = np.rint(count)
+    center = total / np.maximum(count, 1.0)
+    bound = np.maximum(squares, 0.0) + 2 * squares_error
+    linear = np.sqrt(count * bound) + total_error
+    deviations = bound + 2 * np.abs(center) * linear + count * center**2
+    return PreciseScales(center=center, mean=_exponents(context, linear, count),
+                         squares=_exponents(context, deviations, count))
+
+
+def _exponents(context: ckks.CkksContext, bound: np.ndarray, count: np.ndarray
+               ) -> np.ndarray:
+    """Per feature, the power of two that brings ``bound`` just under the capacity (0
+    for an empty feature)."""
+    room = ckks.coefficient_capacity(context).bit_length() - 2
+    top = np.ceil(np.log2(np.where(bound > 0, bound, 1.0)))
+    return np.where(count > 0, room - top, 0).astype(int)
+
+
 # -- server -------------------------------------------------------------------------------
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
-    first = await pooled.pooled_sum(crypto)
-    if first.size % 2:
-        raise ProtocolError("a party's first z-score upload is not counts and sums side by side")
-    count, total = np.split(first, 2)
-    count = np.rint(count)
-    per_value = 1.0 / np.maximum(count, 1.0)
-    coarse_mean = total / FIRST_PASS_SCALE * per_value
-    await rc.broadcast(CoarseMean(mean=coarse_mean))
-    coarse_var = await pooled.pooled_sum(crypto, count.size) * per_value
-    scales = PreciseScales(mean=power_of_two_scales(coarse_mean),
-                           squares=power_of_two_scales(coarse_var, SQUARES_FLOOR))
+    error = pooled.exact_sum_error(crypto.ckks, len(rc.parties), options)
+    first_powers: list[np.ndarray] = []
+    first = await pooled.exact_sum(crypto, partial(_first_pass, crypto.ckks, options,
+                                                   first_powers))
+    scales = precise_exponents(crypto.ckks, first, np.ldexp(error, -first_powers[0]))
     await rc.broadcast(scales)
-    scaled_total, scaled_squares = np.split(await pooled.pooled_sum(crypto, 2 * count.size), 2)
-    mean = scaled_total / scales.mean * per_value
+    count = np.rint(np.split(first, 3)[0])
+    last = await pooled.exact_sum(crypto, lambda _: np.concatenate([scales.mean,
+                                                                   scales.squares]))
+    total, squares = np.split(last, 2)
+    per_value = 1.0 / np.maximum(count, 1.0)
+    mean = total * per_value
     # Σ(x − μ̃)² = Σ(x − μ)² + n_g·(μ − μ̃)²
-    var = np.maximum(scaled_squares / scales.squares * per_value - (mean - coarse_mean) ** 2,
-                     0.0)
+    var = np.maximum(squares * per_value - (mean - scales.center) ** 2, 0.0)
     present = count > 0
     mean, var = np.where(present, mean, np.nan), np.where(present, var, np.nan)
     await rc.broadcast(PpfZScoreResult(mean=mean, var=var))
     return ZScoreNormalizer(mean, var)
+
+
+def _first_pass(context: ckks.CkksContext, options: FitOptions, kept: list[np.ndarray],
+                width: int) -> np.ndarray:
+    """:func:`first_exponents` for an upload of ``width`` values (counts, Σx and Σx² of
+    a third as many features), kept for the error bounds."""
+    if width % 3:
+        raise ProtocolError("a party's first z-score upload is not counts, Σx and Σx²")
+    kept.append(first_exponents(context, options, width // 3))
+    return kept[-1]
 
 
 # -- party --------------------------------------------------------------------------------
@@ -130,29 +166,28 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
                                **flooding_arguments(options))
     width = X.shape[1]
     total = np.nansum(X, axis=0)
-    await _send(crypto, np.concatenate([feature_counts(X).astype(np.float64),
-                                        total * FIRST_PASS_SCALE]))
-    coarse = await serve_phase(crypto, CoarseMean, pooled.POOLED_SUM)
-    squares, _ = deviation_sums(X, _vector(coarse.mean, width, "coarse mean"))
-    await _send(crypto, squares)
-    scales = await serve_phase(crypto, PreciseScales, pooled.POOLED_SUM)
-    await _send(crypto, np.concatenate([scaled(total, received_scales(scales.mean, width)),
-                                        scaled(squares, received_scales(scales.squares,
-                                                                        width))]))
-    result = await serve_phase(crypto, PpfZScoreResult, pooled.POOLED_SUM)
+    first = np.concatenate([feature_counts(X), total, np.nansum(X**2, axis=0)])
+    await pooled.send_exact_sum(crypto, first, first_exponents(crypto.ckks, options, width))
+    scales = _received(await serve_phase(crypto, PreciseScales, pooled.EXACT_SUM), width)
+    squares, _ = deviation_sums(X, scales.center)
+    await pooled.send_exact_sum(crypto, np.concatenate([total, squares]),
+                                np.concatenate([scales.mean, scales.squares]))
+    result = await serve_phase(crypto, PpfZScoreResult, pooled.EXACT_SUM)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),
                             as_float_vector(result.var, width, "variance"))
 
 
-async def _send(crypto: PartyCrypto, values: np.ndarray) -> None:
-    """``values`` as this party's next sum upload, refused (InputError) beyond what a sum
-    upload holds, before anything is encrypted."""
-    require_sum_values(values, "rescale the data")
-    await pooled.send_sum(crypto, values)
-
-
-def _vector(values: np.ndarray, width: int, what: str) -> np.ndarray:
-    vector = as_float_vector(values, width, f"{what} from the server")
-    if not np.isfinite(vector).all():
-        raise ProtocolError(f"the {what} from the server is not finite")
-    return vector
+def _received(scales: PreciseScales, width: int) -> PreciseScales:
+    """The server's center and exponents; ProtocolError unless ``width`` finite values
+    and integer exponents within ±:data:`MAX_EXPONENT`."""
+    center = as_float_vector(scales.center, width, "center from the server")
+    exponents = [as_float_vector(e, width, "exponents from the server")
+                 for e in (scales.mean, scales.squares)]
+    if not np.isfinite(center).all():
+        raise ProtocolError("the center from the server is not finite")
+    for e in exponents:
+        if not (np.isfinite(e).all() and np.all(e == np.rint(e))
+                and np.abs(e).max(initial=0) <= MAX_EXPONENT):
+            raise ProtocolError("the server sent invalid exponents")
+    return PreciseScales(center=center, mean=exponents[0].astype(int),
+                         squares=exponents[1].astype(int))

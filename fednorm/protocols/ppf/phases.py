@@ -27,7 +27,7 @@ async def serve_phase(crypto: PartyCrypto, expected: type[M] | tuple[type[Messag
     party's own run of the step, if given) until ``expected`` arrives."""
     return await serve_until(crypto, expected, decryptions=allowance.decryptions,
                              sums=allowance.sums, products=allowance.products,
-                             masked=allowance.masked,
+                             coefficients=allowance.coefficients,
                              bootstraps=allowance.bootstraps,
                              retries=allowance.retries, checked=checked)
 

@@ -8,17 +8,18 @@ parties' vectors and nothing else; a party checks that it decrypts exactly that.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from fednorm.engine import ckks
-from fednorm.engine.errors import ProtocolError
+from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER
 from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
-from fednorm.protocols.collective.sums import SumUpload
+from fednorm.protocols.collective.sums import CoefficientUpload, SumUpload
 from fednorm.protocols.ledger import Allowance
 
 PACKED_BITS = 40
@@ -29,8 +30,14 @@ its value, so below 2^40 by about 1e-3, far from the 0.5 that would round it wro
 POOLED_SUM = Allowance(sums=1)
 """One flooded decryption of one pooled sum."""
 
+EXACT_SUM = Allowance(coefficients=1)
+"""One flooded decryption of one pooled sum of coefficient uploads (:func:`exact_sum`)."""
+
 PLAINTEXT = {"ppf.sum_upload": ("width",)}
 """The ledger's entry: each upload says how many values it carries."""
+
+EXACT_PLAINTEXT = {"ppf.coefficient_sum": ("width",)}
+"""The ledger's entry for exact sums (:func:`exact_sum`): the same."""
 
 
 @message("ppf.sum_upload")
@@ -38,6 +45,15 @@ class EncryptedSum(Message):
     """A party's vector, encrypted under the joint key and signed, for one pooled sum."""
 
     values: SumUpload
+    width: int
+
+
+@message("ppf.coefficient_sum")
+class EncryptedCoefficients(Message):
+    """A party's vector at public powers of two, as integers in the ring's coefficients,
+    encrypted under the joint key and signed, for one exact sum (:func:`exact_sum`)."""
+
+    values: CoefficientUpload
     width: int
 
 
@@ -59,6 +75,47 @@ async def send_sum(crypto: PartyCrypto, values: np.ndarray) -> None:
     """Party: this party's ``values`` to the server, as its next signed sum upload."""
     upload = await crypto.encrypt_for_sum(np.asarray(values, dtype=np.float64))
     await crypto.rc.send(SERVER, EncryptedSum(values=upload, width=len(values)))
+
+
+async def exact_sum(crypto: ServerCrypto, exponents: Callable[[int], np.ndarray]
+                    ) -> np.ndarray:
+    """Server: the sum of the parties' vectors sent by :func:`send_exact_sum` at the
+    public powers of two 2^``exponents(width)`` (one per value; ``width`` the first
+    party's, which every party must match), decrypted collectively (flooded) as integers
+    and scaled back.  Each value is off by the flooding alone (:func:`exact_sum_error`),
+    whatever the other values hold: no slot decoding couples them."""
+    replies = await crypto.rc.gather(EncryptedCoefficients)
+    powers = np.asarray(exponents(replies[crypto.rc.parties[0]].width), dtype=int)
+    for party, reply in replies.items():
+        if reply.width != len(powers):
+            raise ProtocolError(f"party {party} sent {reply.width} values, expected "
+                                f"{len(powers)}")
+    uploads = await crypto.pool_coefficients({p: r.values for p, r in replies.items()})
+    integers = await crypto.decrypt_coefficients(uploads, len(powers))
+    return np.array([math.ldexp(float(v), -int(e)) for v, e in zip(integers, powers,
+                                                                   strict=True)])
+
+
+async def send_exact_sum(crypto: PartyCrypto, values: np.ndarray, exponents: np.ndarray
+                         ) -> None:
+    """Party: ``values`` times 2^``exponents`` (public, one per value), rounded to
+    integers, to the server as this party's next coefficient upload.  InputError, before
+    anything is encrypted, if one would pass what a coefficient holds."""
+    scaled = np.ldexp(np.asarray(values, dtype=np.float64), np.asarray(exponents, dtype=int))
+    capacity = float(ckks.coefficient_capacity(crypto.ckks))
+    if not np.all(np.isfinite(scaled) & (np.abs(scaled) < capacity)):
+        raise InputError("a value times the server's power of two would pass what a "
+                         f"coefficient upload holds (2^{int(math.log2(capacity))}): refused")
+    upload = await crypto.encrypt_coefficients([int(v) for v in np.rint(scaled)])
+    await crypto.rc.send(SERVER, EncryptedCoefficients(values=upload, width=len(values)))
+
+
+def exact_sum_error(context: ckks.CkksContext, parties: int, options: FitOptions) -> float:
+    """A bound on what flooding adds to each integer of an exact sum: 8σ of the P
+    parties' noise per coefficient."""
+    flooding = ckks.CoefficientFlooding(context.preset.ring_dim, parties, parties,
+                                        options.flooding_bits, options.flooding_decryptions)
+    return ckks.flooding.TAIL * math.sqrt(parties) * flooding.sigma
 
 
 def noise_bound(context: ckks.CkksContext, parties: int, options: FitOptions) -> float:

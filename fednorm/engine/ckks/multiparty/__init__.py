@@ -12,7 +12,7 @@ decryption             :class:`Decryption`     prepare, generate_share, aggregat
 flooded sum decryption :class:`SumDecryption`  the same
 flooded product        :class:`ProductDecryption` the same
 decryption
-flooded masked sum     :class:`MaskedSumDecryption` the same (bits: :mod:`..masking`)
+flooded masked sum     :class:`CoefficientSumDecryption` the same (bits: :mod:`..masking`)
 flooded decryption of  :class:`FloodedDecryption` the same
 a computed ciphertext
 bootstrapping          :class:`Bootstrap`      prepare, generate_share, aggregate_shares,
@@ -44,11 +44,11 @@ before OpenFHE combines them (:mod:`.checks`), so a wrong or foreign share is a
 
 from fednorm.engine.ckks.multiparty.bootstrap import BootRound, Bootstrap, BootstrapShare
 from fednorm.engine.ckks.multiparty.decryption import (
+    CoefficientSumDecryption,
     DecodeOverflow,
     Decryption,
     DecryptionShare,
     FloodedDecryption,
-    MaskedSumDecryption,
     ProductDecryption,
     SumDecryption,
 )
@@ -81,6 +81,7 @@ __all__ = [
     "BootRound",
     "Bootstrap",
     "BootstrapShare",
+    "CoefficientSumDecryption",
     "DecodeOverflow",
     "Decryption",
     "DecryptionShare",
@@ -91,7 +92,6 @@ __all__ = [
     "KeySetup",
     "KeyShares",
     "LeadKeys",
-    "MaskedSumDecryption",
     "ProductDecryption",
     "PublicKeyAggregate",
     "PublicKeyGen",

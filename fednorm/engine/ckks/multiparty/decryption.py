@@ -32,7 +32,7 @@ import numpy as np
 import openfhe
 
 from fednorm.engine.ckks.context import CkksContext
-from fednorm.engine.ckks.decoding import fused_coefficients, fused_slots
+from fednorm.engine.ckks.decoding import exact_coefficients, fused_residues, fused_slots
 from fednorm.engine.ckks.flooding import (
     FLOODED_TOWERS,
     DecryptionNoise,
@@ -45,7 +45,6 @@ from fednorm.engine.ckks.keys import (
     PartyKeys,
     decrypt_share_towers,
 )
-from fednorm.engine.ckks.masking import zero_bits
 from fednorm.engine.ckks.multiparty.checks import (
     require_like,
     require_shares,
@@ -228,22 +227,33 @@ class ProductDecryption(_DecodedHere, SumDecryption):
     ``tests/test_flooding.py``)."""
 
 
-class MaskedSumDecryption(_DecodedHere, SumDecryption):
-    """Flooded collective decryption of a sum of the parties' masked uploads
-    (:mod:`..masking`): shares flooded as a sum's (:class:`~..flooding.MaskFlooding`);
-    the server fuses them to the exact coefficients and reads each as a bit, 1 where
-    every party's bit was 1 (:func:`~..masking.zero_bits`)."""
+class CoefficientSumDecryption(_DecodedHere, SumDecryption):
+    """Flooded collective decryption of a sum of the parties' coefficient uploads
+    (:mod:`..masking`): shares flooded as a sum's (:class:`~..flooding.
+    CoefficientFlooding`); the server fuses them and reads the first coefficients as
+    exact integers (no slot decoding, so each is off by the flooding alone, whatever
+    the others hold); masked bits read them with :func:`~..masking.zero_bits`."""
 
     def aggregate_shares(self, joint: JointKeys, ct: openfhe.Ciphertext,  # type: ignore[override]
-                         shares: Sequence[DecryptionShare]) -> np.ndarray:
+                         shares: Sequence[DecryptionShare]) -> list[np.ndarray]:
+        """The fused shares' coefficient residues, tower by tower."""
         self._check_shares(joint, ct, shares)
-        coefficients = fused_coefficients(self.ctx, [share.share for share in shares])
-        return zero_bits(coefficients, self.ctx.moduli[:self.ctx.towers(ct)])
+        return fused_residues(self.ctx, [share.share for share in shares],
+                              self.ctx.moduli[:self.ctx.towers(ct)])
 
     @property
     def positions(self) -> int:
-        """Bits one decryption holds: one per coefficient of the ring."""
+        """Integers one decryption holds: one per coefficient of the ring."""
         return self.ctx.preset.ring_dim
+
+    def finalize(self, plaintext: openfhe.Plaintext | list[np.ndarray], n: int  # type: ignore[override]
+                 ) -> np.ndarray:
+        """The first ``n`` coefficients, centered (Python integers, an object array)."""
+        if not 0 <= n <= self.positions:
+            raise InputError(f"n={n} outside [0, {self.positions}]")
+        residues = list(plaintext)  # type: ignore[arg-type]
+        return exact_coefficients(self.ctx.moduli[:len(residues)],
+                                  [tower[:n] for tower in residues])
 
 
 def _one_element(ct: openfhe.Ciphertext) -> openfhe.Ciphertext:

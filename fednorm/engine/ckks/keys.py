@@ -20,8 +20,9 @@ from typing import NoReturn
 
 import openfhe
 
+from fednorm.engine.ckks import ring
 from fednorm.engine.ckks.context import KEY_MAP_LOCK, CkksContext
-from fednorm.engine.ckks.flooding import Flooding, flood_share
+from fednorm.engine.ckks.flooding import Flooding, flood_share, flooded_share
 from fednorm.engine.ckks.serial import deserialize
 from fednorm.engine.errors import InputError, ProtocolError
 
@@ -87,7 +88,7 @@ class HeldKeys:
 class PartyKeys:
     """One party's secret key share (never leaves this object) and its share makers."""
 
-    __slots__ = ("_ctx", "_joint_tag", "_lead", "_pk", "_sk")
+    __slots__ = ("_ctx", "_joint_tag", "_lead", "_pk", "_secret", "_sk")
 
     def __init__(self, ctx: CkksContext, pair: openfhe.KeyPair, lead_tag: str, lead: bool):
         self._ctx = ctx
@@ -95,6 +96,7 @@ class PartyKeys:
         self._pk = pair.publicKey
         self._lead = lead
         self._joint_tag = joint_tag_for(lead_tag)
+        self._secret: ring.Multiplier | None = None
 
     @classmethod
     def generate(cls, ctx: CkksContext,
@@ -209,7 +211,9 @@ class PartyKeys:
         Only a ciphertext shaped like such a sum (two elements, scale Δ², the sum towers)
         is accepted: the bound holds for nothing else.  A product of bit uploads is
         decrypted here too, with ``flooding`` sized for it
-        (:class:`~.flooding.ProductFlooding`, which names a product's shape).
+        (:class:`~.flooding.ProductFlooding`, which names a product's shape).  The share is
+        made here (:func:`~.flooding.flooded_share`); with flooding off (only to measure
+        its cost) it is OpenFHE's, as unflooded shares are.
         """
         self._check_joint_ciphertext(ct, "sum to decrypt", elements=2)
         ctx = self._ctx
@@ -217,8 +221,19 @@ class PartyKeys:
         if ct.GetNoiseScaleDeg() != degree or ctx.towers(ct) != towers:
             raise ProtocolError(f"sum to decrypt has scale degree {ct.GetNoiseScaleDeg()} and "
                                 f"{ctx.towers(ct)} towers, not {name}'s {degree} and {towers}")
+        if flooding.enabled:
+            return flooded_share(ctx, ct, self._secret_towers(towers), self._lead, flooding)
         make = ctx.raw.MultipartyDecryptLead if self._lead else ctx.raw.MultipartyDecryptMain
         return flood_share(ctx, make([ct], self._sk)[0], flooding)
+
+    def _secret_towers(self, towers: int) -> ring.Multiplier:
+        """This party's secret key share, its first ``towers`` towers (evaluation domain),
+        kept in this object for the shares it makes."""
+        if self._secret is None or len(self._secret.moduli) < towers:
+            ctx = self._ctx
+            self._secret = ring.Multiplier.of(openfhe.Serialize(self._sk, openfhe.BINARY),
+                                              ctx.preset.ring_dim, towers, ctx.moduli)
+        return self._secret
 
     # -- collective bootstrapping --------------------------------------------------------
     def boot_share(self, c1: openfhe.Ciphertext,

@@ -76,7 +76,7 @@ def encrypt_coefficients(ctx: CkksContext, public_key: openfhe.PublicKey,
         out = np.zeros(ctx.preset.ring_dim, dtype=np.uint64)
         out[:len(values)] = np.array([v % q for v in values], dtype=np.uint64)
         return out
-    return _with_coefficients(ctx, public_key, residues)
+    return _with_coefficients(ctx, public_key, residues, support=len(values))
 
 
 def coefficient_capacity(ctx: CkksContext) -> int:
@@ -94,16 +94,18 @@ def _require_positions(ctx: CkksContext, shape: tuple[int, ...]) -> None:
 
 
 def _with_coefficients(ctx: CkksContext, public_key: openfhe.PublicKey,
-                       residues: Callable[[int], np.ndarray]) -> openfhe.Ciphertext:
+                       residues: Callable[[int], np.ndarray], support: int | None = None
+                       ) -> openfhe.Ciphertext:
     """A fresh encryption of zero at the coefficient towers, ``residues(q)`` (coefficient
-    domain, mod each tower's q) added to its ``c0`` through the NTT."""
+    domain, mod each tower's q; nonzero in the first ``support`` only, if given) added to
+    its ``c0`` through the NTT."""
     n = ctx.preset.ring_dim
     ct = ctx.encrypt(public_key, np.zeros(0), ctx.coefficient_level)
     data = bytearray(openfhe.Serialize(ct, openfhe.BINARY))
     moduli = ctx.moduli[:COEFFICIENT_TOWERS]
     c0 = ring.locate_first_element(data, n, COEFFICIENT_TOWERS, moduli)
     for i, q in enumerate(moduli):
-        spread = ring.ntt(q, n).forward(residues(q))
+        spread = ring.ntt(q, n).forward(residues(q), support)
         c0.write(data, i, ring.add_mod(c0.read(data, i), spread, q))
     return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
 

@@ -125,12 +125,19 @@ class Ntt:
         return cls(modulus, ring_dim, powers, _shoup(powers, modulus), inverse,
                    _shoup(inverse, modulus), pow(ring_dim, -1, modulus))
 
-    def forward(self, coefficients: np.ndarray) -> np.ndarray:
-        """Evaluation-domain residues (OpenFHE's order) of residues ``coefficients``."""
+    def forward(self, coefficients: np.ndarray, support: int | None = None) -> np.ndarray:
+        """Evaluation-domain residues (OpenFHE's order) of residues ``coefficients``;
+        ``support``: only the first that many may be nonzero (a short vector written into
+        a ring element), so each stage whose lower halves are all zero is a copy."""
         a, q, n = coefficients.astype(np.uint64).copy(), self.modulus, self.ring_dim
         half, groups = n // 2, 1
+        support = n if support is None else support
         while groups < n:  # Cooley–Tukey: groups of 2·half, twiddle ψ^rev(groups + g)
             view = a.reshape(groups, 2, half)
+            if support <= half:  # (u + w·0, u − w·0): each half becomes the upper one
+                view[:, 1, :] = view[:, 0, :]
+                groups, half = groups * 2, half // 2
+                continue
             upper, lower = view[:, 0, :].copy(), view[:, 1, :]
             twiddles = slice(groups, 2 * groups)
             twisted = self._times_twiddles(lower, twiddles)
@@ -217,6 +224,31 @@ def centered(values: np.ndarray, modulus: int) -> np.ndarray:
     """Residues mod ``modulus`` (below 2^62) as int64 in (-q/2, q/2]."""
     signed = values.astype(np.uint64).view(np.int64)
     return np.where(signed > modulus // 2, signed - np.int64(modulus), signed)
+
+
+@dataclass(frozen=True)
+class Multiplier:
+    """A ring element in the evaluation domain, tower by tower, with the Shoup constants
+    that multiply other elements by it pointwise (the NTT turns the ring's product into
+    that): a secret key share times a ciphertext's ``c1``, for a decryption share."""
+
+    moduli: tuple[int, ...]
+    residues: tuple[np.ndarray, ...]
+    shoup: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, data: bytes, ring_dim: int, towers: int, moduli: tuple[int, ...]
+           ) -> Multiplier:
+        """The first ``towers`` towers of the serialized polynomial ``data`` (its
+        ``len(moduli)`` towers at the end of the bytes)."""
+        layout = locate_towers(data, ring_dim, len(moduli), moduli)
+        residues = tuple(layout.read(data, i) for i in range(towers))
+        return cls(tuple(moduli[:towers]), residues,
+                   tuple(_shoup(r, q) for r, q in zip(residues, moduli, strict=False)))
+
+    def times(self, tower: int, values: np.ndarray) -> np.ndarray:
+        """``values`` (residues of tower ``tower``) times this element's, pointwise."""
+        return _mulmod(values, self.residues[tower], self.shoup[tower], self.moduli[tower])
 
 
 # -- serialized towers ---------------------------------------------------------------------

@@ -113,14 +113,16 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
     evaluation key's digest is the one taken of its payload as it was parsed
     (:func:`remember_received`), with no serialization at all — whatever ``parsed``
-    says, since such a key serializes alike either way.  Any other parsed object, and
-    any evaluation key, is digested once and the digest kept with it: in a simulation
-    the parties share one parse of a broadcast (:meth:`~.context.CkksContext.from_bytes`)
-    and one sum of the key shares (:class:`~.multiparty.checks.RunningSum`), which no one
-    changes (keys are retagged on copies), so the ten parties of a run digest each once.
+    says, since such a key serializes alike either way.  Any other parsed object, any
+    evaluation key and any public key (made here: its digest re-parses it) is digested
+    once and the digest kept with it: in a simulation the parties share one parse of a
+    broadcast (:meth:`~.context.CkksContext.from_bytes`) and one sum of the key shares
+    (:class:`~.multiparty.checks.RunningSum`), which no one changes (keys are retagged on
+    copies), so the ten parties of a run digest each once.
     """
     kind = kind_of(obj)  # refuses secret keys
-    if parsed or kind.name in SERIALIZED_AS_PARSED:
+    kept = parsed or kind.name in SERIALIZED_AS_PARSED or isinstance(obj, openfhe.PublicKey)
+    if kept:
         with _RECEIVED_LOCK:
             received = _RECEIVED_DIGESTS.get(obj)
         if received is not None:
@@ -130,7 +132,7 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
         data = openfhe.Serialize(deserialize(openfhe.DeserializePublicKeyString, data),
                                  openfhe.BINARY)
     digest = hashlib.sha256(data).digest()
-    if parsed or kind.name in SERIALIZED_AS_PARSED:
+    if kept:
         with _RECEIVED_LOCK:
             _RECEIVED_DIGESTS[obj] = digest
     return digest

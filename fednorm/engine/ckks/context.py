@@ -34,7 +34,7 @@ Operand = openfhe.Ciphertext | np.ndarray | float | int
 
 SUM_TOWERS = 4  # towers of a sum upload: holds Δ²·|x| for |x| up to ~2^55
 PRODUCT_TOWERS = 2  # towers of a product of bit uploads when decrypted (scale Δ)
-COEFFICIENT_TOWERS = 3  # towers of a masked upload (:mod:`.masking`): Q ≈ 2^160 at the presets
+COEFFICIENT_TOWERS = 3  # towers of a coefficient upload (:mod:`.masking`): Q ≈ 2^160
 MAX_SUM_VALUE = 2**50  # per value of a sum upload (P parties' sum stays below 2^55)
 _SMALLEST_ENCODABLE = 2.0**-38  # measured: OpenFHE 1.6.1 cannot encode max |x| below this
 KEY_MAP_LOCK = threading.Lock()  # OpenFHE's eval-key maps are process-wide std::maps
@@ -166,7 +166,8 @@ class CkksContext:
 
     @property
     def coefficient_level(self) -> int:
-        """The level of masked uploads (:mod:`.masking`): :data:`COEFFICIENT_TOWERS` towers left."""
+        """The level of coefficient uploads (:mod:`.masking`): :data:`COEFFICIENT_TOWERS`
+        towers left."""
         return self.preset.towers - COEFFICIENT_TOWERS
 
     def encrypt_sum(self, public_key: openfhe.PublicKey, values: np.ndarray) -> Ciphertext:

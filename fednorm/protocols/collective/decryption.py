@@ -7,7 +7,7 @@ step declares, or, where flooding would leave no useful precision, a plain
 masked sum of signed uploads (:class:`~fednorm.engine.ckks.SumDecryption`,
 :class:`~fednorm.engine.ckks.ProductDecryption` and
 :class:`~fednorm.engine.ckks.CoefficientSumDecryption`, sub-protocols ``decrypt_sum``,
-``decrypt_product`` and ``decrypt_masked``).
+``decrypt_product`` and ``decrypt_coefficients``).
 
 A plain (not flooded) decryption whose values were too large to decode may be retried
 once where a phase declares it (:attr:`~fednorm.protocols.ledger.Allowance.retries`),
@@ -168,7 +168,7 @@ async def answer_product_decryption(crypto: PartyCrypto, request: ProductDecrypt
 
 async def answer_coefficient_decryption(crypto: PartyCrypto, request: CoefficientDecryptRequest
                                    ) -> None:
-    """Party: a flooded share of the sum of the relayed masked uploads
+    """Party: a flooded share of the sum of the relayed coefficient uploads
     (:func:`_answer_combined`)."""
     await _answer_combined(crypto, request, CoefficientUpload)
 

@@ -77,8 +77,8 @@ class ProductDecryptRequest(Message):
 
 @message("ckks.decrypt_coefficients_request")
 class CoefficientDecryptRequest(Message):
-    """Decrypt the sum of every party's masked upload #``index`` and read it as bits,
-    whose P uploads follow as for a sum (:class:`SumDecryptRequest`): every party checks
+    """Decrypt the sum of every party's coefficient upload #``index`` (masked bits, exact
+    sums), whose P uploads follow as for a sum (:class:`SumDecryptRequest`): every party checks
     their signatures, recomputes the sum and floods its share (docs/LEAKAGE.md)."""
 
     index: int

@@ -3,7 +3,7 @@
 The server holds the context and the joint public material, never a secret; a party
 holds its :class:`~fednorm.engine.ckks.PartyKeys` (secret, never sent) and the joint
 public key.  :meth:`ServerCrypto.decrypt`, :meth:`~ServerCrypto.decrypt_sum`,
-:meth:`~ServerCrypto.decrypt_product`, :meth:`~ServerCrypto.decrypt_masked` and
+:meth:`~ServerCrypto.decrypt_product`, :meth:`~ServerCrypto.decrypt_coefficients` and
 :meth:`~ServerCrypto.bootstrap` each run one
 network round of a collective operation (:mod:`.decryption`, :mod:`.bootstrap`); a
 party makes at most one share of any ciphertext (:meth:`PartyCrypto.claim_share`).
@@ -158,8 +158,8 @@ class ServerCrypto(_OnHeldKeys):
         return await self.rc.run_sync(self._pool, uploads, ProductUpload)
 
     async def pool_coefficients(self, uploads: Mapping[int, object]) -> PooledUploads:
-        """Every party's signed masked upload of one index (by party id), checked, for
-        :meth:`decrypt_masked`: the server only adds them up."""
+        """Every party's signed coefficient upload of one index (by party id), checked, for
+        :meth:`decrypt_coefficients`: the server only adds them up."""
         return await self.rc.run_sync(self._pool, uploads, CoefficientUpload)
 
     def _pool(self, uploads: Mapping[int, object], kind: type[SignedUpload],
@@ -286,7 +286,7 @@ class PartyCrypto(_OnHeldKeys):
         """Encrypt bits as masked zeros (:func:`~fednorm.engine.ckks.masking.
         encrypt_masked`: 0 where a bit is 1, uniform in Z_Q where it is 0), which the
         server only adds up with the other parties' and decrypts with :meth:`ServerCrypto.
-        decrypt_masked`; signed by this party as its next masked upload of the session."""
+        decrypt_masked`; signed by this party as its next coefficient upload of the session."""
         ct = await self.rc.run_sync(ckks.encrypt_masked, self.ckks, self.public_key,
                                     np.asarray(bits) == 1.0)
         return await self._signed(CoefficientUpload, ct)

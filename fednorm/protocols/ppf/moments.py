@@ -130,10 +130,9 @@ def _exponents(context: ckks.CkksContext, bound: np.ndarray, count: np.ndarray
 async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     crypto = await setup_server(rc, options.preset, **setup_arguments(options))
     error = pooled.exact_sum_error(crypto.ckks, len(rc.parties), options)
-    first_powers: list[np.ndarray] = []
-    first = await pooled.exact_sum(crypto, partial(_first_pass, crypto.ckks, options,
-                                                   first_powers))
-    scales = precise_exponents(crypto.ckks, first, np.ldexp(error, -first_powers[0]))
+    first = await pooled.exact_sum(crypto, partial(_first_pass, crypto.ckks, options))
+    powers = first_exponents(crypto.ckks, options, len(first) // 3)
+    scales = precise_exponents(crypto.ckks, first, np.ldexp(error, -powers))
     await rc.broadcast(scales)
     count = np.rint(np.split(first, 3)[0])
     last = await pooled.exact_sum(crypto, lambda _: np.concatenate([scales.mean,
@@ -149,14 +148,12 @@ async def server(rc: RoleContext, options: FitOptions) -> ZScoreNormalizer:
     return ZScoreNormalizer(mean, var)
 
 
-def _first_pass(context: ckks.CkksContext, options: FitOptions, kept: list[np.ndarray],
-                width: int) -> np.ndarray:
+def _first_pass(context: ckks.CkksContext, options: FitOptions, width: int) -> np.ndarray:
     """:func:`first_exponents` for an upload of ``width`` values (counts, Σx and Σx² of
-    a third as many features), kept for the error bounds."""
+    a third as many features)."""
     if width % 3:
         raise ProtocolError("a party's first z-score upload is not counts, Σx and Σx²")
-    kept.append(first_exponents(context, options, width // 3))
-    return kept[-1]
+    return first_exponents(context, options, width // 3)
 
 
 # -- party --------------------------------------------------------------------------------

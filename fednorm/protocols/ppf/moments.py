@@ -1,9 +1,10 @@
 """PPF z-score, default: the pooled mean and variance from two flooded exact sums.
 
 Every decryption is a flooded sum of the parties' signed coefficient uploads
-(:func:`.pooled.exact_sum`): each party's values at public powers of two, as integers
-in the ring's coefficients, so each pooled value decrypts exactly up to the flooding,
-whatever the others hold.  Each pooled sum is a function of the pooled data alone:
+(:func:`.pooled.exact_sum`): per feature, the exact sum of the party's rows' values
+times a public power of two, each rounded to an integer, written into the ring's
+coefficients, so each pooled value decrypts exactly up to the flooding, whatever the
+others hold, and is a function of the pooled rows alone, however they are split:
 
 1. each party uploads its counts n_p, Σx and Σx², at powers of two fixed by the public
    bounds (|x| ≤ 2^40, n ≤ max_count): the server learns n_g exactly, a mean μ̃ to
@@ -36,7 +37,7 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, as_float_vector, message
 from fednorm.engine.runtime import RoleContext
-from fednorm.protocols.base import FitOptions, feature_counts
+from fednorm.protocols.base import FitOptions
 from fednorm.protocols.collective import (
     flooding_arguments,
     setup_party,
@@ -44,7 +45,6 @@ from fednorm.protocols.collective import (
 )
 from fednorm.protocols.ledger import COLLECTIVE, Allowance, declare
 from fednorm.protocols.normalizers import ZScoreNormalizer
-from fednorm.protocols.plain.zscore import deviation_sums
 from fednorm.protocols.ppf import pooled
 from fednorm.protocols.ppf.phases import serve_phase
 from fednorm.protocols.ppf.zscore import MAX_ABS_VALUE, PpfZScoreResult, check_ppf_values
@@ -162,12 +162,11 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
     width = X.shape[1]
-    total = np.nansum(X, axis=0)
-    first = np.concatenate([feature_counts(X), total, np.nansum(X**2, axis=0)])
-    await pooled.send_exact_sum(crypto, first, first_exponents(crypto.ckks, options, width))
+    present = (~np.isnan(X)).astype(np.float64)
+    await pooled.send_exact_sum(crypto, np.hstack([present, X, X**2]),
+                                first_exponents(crypto.ckks, options, width))
     scales = _received(await serve_phase(crypto, PreciseScales, pooled.EXACT_SUM), width)
-    squares, _ = deviation_sums(X, scales.center)
-    await pooled.send_exact_sum(crypto, np.concatenate([total, squares]),
+    await pooled.send_exact_sum(crypto, np.hstack([X, (X - scales.center) ** 2]),
                                 np.concatenate([scales.mean, scales.squares]))
     result = await serve_phase(crypto, PpfZScoreResult, pooled.EXACT_SUM)
     return ZScoreNormalizer(as_float_vector(result.mean, width, "mean"),

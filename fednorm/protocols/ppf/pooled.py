@@ -96,18 +96,39 @@ async def exact_sum(crypto: ServerCrypto, exponents: Callable[[int], np.ndarray]
                                                                    strict=True)])
 
 
-async def send_exact_sum(crypto: PartyCrypto, values: np.ndarray, exponents: np.ndarray
+async def send_exact_sum(crypto: PartyCrypto, rows: np.ndarray, exponents: np.ndarray
                          ) -> None:
-    """Party: ``values`` times 2^``exponents`` (public, one per value), rounded to
-    integers, to the server as this party's next coefficient upload.  InputError, before
-    anything is encrypted, if one would pass what a coefficient holds."""
-    scaled = np.ldexp(np.asarray(values, dtype=np.float64), np.asarray(exponents, dtype=int))
-    capacity = float(ckks.coefficient_capacity(crypto.ckks))
+    """Party: the column sums of ``rows`` (one row per record, NaN for an absent value)
+    at the public powers of two 2^``exponents`` (one per column), as this party's next
+    coefficient upload: each value times its power of two, rounded to an integer, and
+    the integers summed exactly (:func:`exact_column_sums`)."""
+    integers = exact_column_sums(crypto.ckks, rows, exponents)
+    upload = await crypto.encrypt_coefficients(integers)
+    await crypto.rc.send(SERVER, EncryptedCoefficients(values=upload, width=len(integers)))
+
+
+def exact_column_sums(context: ckks.CkksContext, rows: np.ndarray, exponents: np.ndarray
+                      ) -> list[int]:
+    """Per column, Σ over the rows of round(value · 2^exponent), in exact integers: the
+    pooled sum of every party's is then the same sum over the pooled rows, however they
+    are split (no party's float64 rounding of its own sum reaches the server).
+    InputError, before anything is encrypted, if a value or a sum would pass what a
+    coefficient holds."""
+    values = np.nan_to_num(np.asarray(rows, dtype=np.float64), nan=0.0)
+    with np.errstate(over="ignore"):
+        scaled = np.rint(np.ldexp(values, np.asarray(exponents, dtype=int)))
+    capacity = ckks.coefficient_capacity(context)
     if not np.all(np.isfinite(scaled) & (np.abs(scaled) < capacity)):
-        raise InputError("a value times the server's power of two would pass what a "
-                         f"coefficient upload holds (2^{int(math.log2(capacity))}): refused")
-    upload = await crypto.encrypt_coefficients([int(v) for v in np.rint(scaled)])
-    await crypto.rc.send(SERVER, EncryptedCoefficients(values=upload, width=len(values)))
+        raise _beyond_capacity(capacity)
+    sums = [sum(map(int, column)) for column in scaled.T]
+    if any(abs(total) >= capacity for total in sums):
+        raise _beyond_capacity(capacity)
+    return sums
+
+
+def _beyond_capacity(capacity: int) -> InputError:
+    return InputError("a value times the server's power of two would pass what a "
+                      f"coefficient upload holds (2^{capacity.bit_length() - 1}): refused")
 
 
 def exact_sum_error(context: ckks.CkksContext, parties: int, options: FitOptions) -> float:

@@ -57,7 +57,7 @@ def test_a_default_protocol_refuses_the_bootstrap_attack(method: str, links: Sta
     from fednorm.protocols.ppf import extremes, kth, pooled
     from fednorm.protocols.ppf.keys import key_needs
 
-    first = {"zscore": pooled.EncryptedSum, "robust": kth.CountsAndOpening,
+    first = {"zscore": pooled.EncryptedCoefficients, "robust": kth.CountsAndOpening,
              "minmax": extremes.EncryptedBits, "yeojohnson": extremes.EncryptedBits}[method]
     read: dict[int, np.ndarray] = {}
 

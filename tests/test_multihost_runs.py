@@ -303,10 +303,10 @@ SCHEMA_CASES = {
                              "party 3 refused its input: its data cannot be used"),
     # Keys declared for fewer flooded decryptions than the session makes: refused before
     # any key (each party checks on its own columns, the server once it knows them).
-    "too few decryptions": (["--privacy", "mhe", "--flooding-decryptions", "2"], "fits",
-                            False, "this session makes up to 3 flooded decryptions on 3 "
-                            "features (zscore-mhe 3 sums), more than keys declared for "
-                            "τ = 2 serve: declare at least τ = 3"),
+    "too few decryptions": (["--privacy", "mhe", "--flooding-decryptions", "1"], "fits",
+                            False, "this session makes up to 2 flooded decryptions on 3 "
+                            "features (zscore-mhe 2 coefficient sums), more than keys "
+                            "declared for τ = 1 serve: declare at least τ = 2"),
     # Party 3 was not started with --allow-paper-algorithms: it withdraws before any key.
     "paper algorithms not allowed": (["--privacy", "mhe", "--algorithm", "paper"],
                                      "distrustful", False,

@@ -230,7 +230,7 @@ def test_the_party_calls_watch_sees_a_valid_run_encrypt() -> None:
     parties = PartyCalls()
     simulate([np.ones((3, 1)), np.full((3, 1), 2.0)], "zscore", "mhe",
              FitOptions(preset="test"), party_tracer=parties)
-    assert {"KeySetup.generate_keys", "CkksContext.encrypt_sum"} <= set(parties.calls)
+    assert {"KeySetup.generate_keys", "encrypt_coefficients"} <= set(parties.calls)
 
 
 def test_ppf_yeojohnson_needs_the_agreed_bound() -> None:

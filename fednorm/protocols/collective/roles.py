@@ -22,7 +22,7 @@ import openfhe
 
 from fednorm.engine import ckks
 from fednorm.engine.codec import register_ext_type
-from fednorm.engine.errors import InputError, ProtocolError
+from fednorm.engine.errors import ProtocolError
 from fednorm.engine.runtime import RoleContext
 from fednorm.protocols.collective import bootstrap, decryption, sums
 from fednorm.protocols.collective.rounds import relay, relayed
@@ -243,20 +243,6 @@ class PartyCrypto(_OnHeldKeys):
             raise ProtocolError(f"{request} refused: this party already made a share of "
                                 f"that ciphertext (for a {self.held.shared[digest]})")
         return digest
-
-    def require_pooled_count_within(self, counts: np.ndarray, max_count: int) -> None:
-        """InputError unless P × this party's largest count fits ``max_count``.
-
-        An encrypted inverse is only right on [1, max_count]; no single party sees the
-        pooled count, but if every party holds at most max_count / P values the pooled
-        count cannot leave the range (beyond it the inverse diverges silently).
-        """
-        largest = float(np.max(counts, initial=0.0))
-        if largest * self.n_parties > max_count:
-            raise InputError(
-                f"this party holds {largest:.0f} values of a feature; with {self.n_parties} "
-                f"parties the pooled count could exceed max_count={max_count} (each party "
-                f"may hold at most {max_count // self.n_parties}): raise max_count")
 
     async def encrypt(self, values: np.ndarray, level: int = 0) -> openfhe.Ciphertext:
         """Encrypt under the joint key; ``level`` > 0 for a ciphertext the server only

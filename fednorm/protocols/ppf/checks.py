@@ -123,3 +123,18 @@ class BlockLayout:
         for b, values in parts.items():
             out[b * self.block:b * self.block + values.size] = values
         return out
+
+
+def require_pooled_count_within(counts: np.ndarray, parties: int, max_count: int) -> None:
+    """InputError unless ``parties`` × this party's largest count fits ``max_count``.
+
+    An encrypted inverse is only right on [1, max_count]; no single party sees the
+    pooled count, but if every party holds at most max_count / P values the pooled
+    count cannot leave the range (beyond it the inverse diverges silently).
+    """
+    largest = float(np.max(counts, initial=0.0))
+    if largest * parties > max_count:
+        raise InputError(
+            f"this party holds {largest:.0f} values of a feature; with {parties} "
+            f"parties the pooled count could exceed max_count={max_count} (each party "
+            f"may hold at most {max_count // parties}): raise max_count")

@@ -281,7 +281,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> YeoJohns
     X = check_ppf_yeojohnson_input(X, options)
     crypto = await setup_party(rc, options.preset, **setup_arguments(options),
                                **flooding_arguments(options))
-    crypto.require_pooled_count_within(feature_counts(X), options.max_count)
+    checks.require_pooled_count_within(feature_counts(X), crypto.n_parties, options.max_count)
     flags, lambdas, pooled = await _search_party(crypto, X, options)
     passes = Passes(replay=None if pooled is None else QuotientReplay(
         crypto.ckks, X.shape[1], options.max_count,

@@ -66,6 +66,7 @@ from fednorm.protocols.ppf import quotient
 from fednorm.protocols.ppf.checks import (
     product_bits,
     require_counts_within,
+    require_pooled_count_within,
     require_product_for,
 )
 from fednorm.protocols.ppf.driver import run_core
@@ -239,7 +240,7 @@ async def party(rc: RoleContext, X: np.ndarray, options: FitOptions) -> ZScoreNo
     passes = Passes(revealed=counts_revealed(options))
     if not passes.revealed:
         require_product_for(crypto.ckks.preset, crypto.n_parties, crypto.held.flooding_bits)
-        crypto.require_pooled_count_within(counts, options.max_count)
+        require_pooled_count_within(counts, crypto.n_parties, options.max_count)
     sums = EncryptedSums(
         total=await passes.upload(crypto, total),
         # An encrypted-inverse count needs every level; a revealed one is only decrypted.

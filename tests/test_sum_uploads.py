@@ -184,19 +184,24 @@ def test_what_the_server_decrypts_depends_on_the_pooled_data_alone() -> None:
     split two ways among the parties must give the server the same decrypted values, up
     to the flooding noise; an encoding whose decryption also shows how the parties' own
     values added up (per-party digits whose carries show in the digit sums, or each
-    party's float64 rounding of its own sum) fails here."""
+    party's float64 rounding of its own sum) fails here.  The first sum's powers of two
+    are public constants, so its integers are compared; the second's follow the first
+    sum's noisy values (the center, the powers of two), so its outcome is."""
     X = np.random.default_rng(5).normal(3, 2, size=(9, 2)) * [1.0, 1e3]
-    reads = []
+    reads, fits = [], []
     for parts in ([X[:3], X[3:6], X[6:]], [X[:7], X[7:8], X[8:]]):
         server = ServerReads()
-        simulate(parts, "zscore", "mhe", FitOptions(preset="test"), tracer=server)
+        fits.append(simulate(parts, "zscore", "mhe", FitOptions(preset="test"),
+                             tracer=server).normalizer)
         reads.append(server.values)
-    assert len(reads[0]) == len(reads[1]) > 0
-    # The default z-score's sums are exact integer sums of the rows' integers, off by the
-    # flooding alone: no party's float64 rounding of its own sum shows (2^40 times larger).
+    assert len(reads[0]) == len(reads[1]) == 2
+    # Exact integer sums of the rows' integers, off by the flooding alone: no party's
+    # float64 rounding of its own sum shows (it would, 2^40 times larger).
     flooding = 2 * pooled.exact_sum_error(ckks.CkksContext("test"), 3, FitOptions())
-    for first, second in zip(*reads, strict=True):
-        assert max(abs(a - b) for a, b in zip(first, second, strict=True)) < flooding
+    first, second = reads[0][0], reads[1][0]
+    assert max(abs(a - b) for a, b in zip(first, second, strict=True)) < flooding
+    np.testing.assert_allclose(fits[0].mean, fits[1].mean, rtol=1e-15)
+    np.testing.assert_allclose(fits[0].var, fits[1].var, rtol=1e-14)
 
 
 class Combinations(Tracer):

@@ -50,7 +50,6 @@ def test_the_sum_of_coefficient_uploads_is_exact_up_to_the_flooding(federation) 
     exact = [sum(column) for column in zip(*rows, strict=True)]
     errors = [abs(int(d) - e) for d, e in zip(decrypted, exact, strict=True)]
     assert max(errors) < bound
-    assert bound < 2.0**48  # far below the integers' 2^157: each keeps ~110 bits
 
 
 def test_a_coefficient_upload_refuses_integers_beyond_its_capacity(federation) -> None:

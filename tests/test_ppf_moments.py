@@ -52,7 +52,7 @@ def test_the_default_zscore_equals_the_pooled_oracle(parts: list[np.ndarray]) ->
 @pytest.mark.parametrize("preset", ["test", pytest.param("paper", marks=pytest.mark.slow)])
 def test_a_small_feature_beside_a_large_one_keeps_its_precision(preset: str) -> None:
     """Features of order 1e-6, 1e3 ± 1e-4 and 1e9 side by side: each mean and variance to
-    1e-12 of its own.  Decrypted as slots, the small feature's variance came out 7e-7
+    1e-12 of its own.  Decrypted as slots, the small feature's variance came out ~1e-6
     off beside one of order 1e6 (the slots of a ciphertext decode together, each to
     ~2^-52 of the largest)."""
     rng = np.random.default_rng(1)

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -247,11 +248,19 @@ def flood_share(ctx: CkksContext, share: openfhe.Ciphertext,
     data = bytearray(openfhe.Serialize(share, openfhe.BINARY))
     moduli = ctx.moduli[:ctx.towers(share)]
     towers = ring.locate_towers(data, ctx.preset.ring_dim, len(moduli), moduli)
-    noise = secure_integer_gaussians(ctx.preset.ring_dim, flooding.sigma)
-    for i, modulus in enumerate(moduli):
-        spread = ring.ntt(modulus, ctx.preset.ring_dim).forward(ring.residues(noise, modulus))
-        towers.write(data, i, ring.add_mod(towers.read(data, i), spread, modulus))
+    for i, spread in enumerate(_noise_towers(ctx, moduli, flooding.sigma)):
+        towers.write(data, i, ring.add_mod(towers.read(data, i), spread, moduli[i]))
     return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
+
+
+def _noise_towers(ctx: CkksContext, moduli: tuple[int, ...], sigma: float
+                  ) -> Iterator[np.ndarray]:
+    """N fresh integer Gaussians of std ``sigma`` (one per coefficient), carried into each
+    tower of ``moduli`` in the evaluation domain."""
+    n = ctx.preset.ring_dim
+    noise = secure_integer_gaussians(n, sigma)
+    for modulus in moduli:
+        yield ring.ntt(modulus, n).forward(ring.residues(noise, modulus))
 
 
 def flooded_share(ctx: CkksContext, ct: openfhe.Ciphertext, secret: ring.Multiplier,
@@ -260,8 +269,8 @@ def flooded_share(ctx: CkksContext, ct: openfhe.Ciphertext, secret: ring.Multipl
     for the lead) plus an integer Gaussian of std ``flooding.sigma`` in each coefficient,
     in every tower of ``ct``.  What OpenFHE's ``MultipartyDecryptMain`` / ``Lead`` and
     :func:`flood_share` make together, less OpenFHE's fixed Gaussian (σ = 2^20, far
-    below the flooding): its sampler took 17 of a share's ~45 ms at N = 2^15, a ring
-    product per tower takes ~0.5.  ``secret``: the party's secret key share, evaluation
+    below the flooding), whose sampling is most of OpenFHE's share; here a ring product
+    per tower takes its place.  ``secret``: the party's secret key share, evaluation
     domain, at least ``ct``'s towers."""
     if not flooding.enabled:
         raise InputError("a share made here is always flooded (flooding off: OpenFHE's)")
@@ -273,13 +282,11 @@ def flooded_share(ctx: CkksContext, ct: openfhe.Ciphertext, secret: ring.Multipl
     one_element.RemoveElement(1)  # the share's shape: ct's metadata, one element (c0)
     data = bytearray(openfhe.Serialize(one_element, openfhe.BINARY))
     c0 = ring.locate_towers(data, n, len(moduli), moduli)
-    noise = secure_integer_gaussians(n, flooding.sigma)
-    for i, modulus in enumerate(moduli):
+    for i, spread in enumerate(_noise_towers(ctx, moduli, flooding.sigma)):
         share = secret.times(i, c1.read(whole, i))
         if lead:
-            share = ring.add_mod(share, c0.read(data, i), modulus)
-        spread = ring.ntt(modulus, n).forward(ring.residues(noise, modulus))
-        c0.write(data, i, ring.add_mod(share, spread, modulus))
+            share = ring.add_mod(share, c0.read(data, i), moduli[i])
+        c0.write(data, i, ring.add_mod(share, spread, moduli[i]))
     return deserialize(openfhe.DeserializeCiphertextString, bytes(data))
 
 

@@ -82,7 +82,7 @@ def encrypt_coefficients(ctx: CkksContext, public_key: openfhe.PublicKey,
 def coefficient_capacity(ctx: CkksContext) -> int:
     """2^k, k the bits below Q/2 (Q: the coefficient towers' moduli) less
     :data:`CAPACITY_MARGIN_BITS`: a pooled coefficient below it decrypts without wrapping
-    around Q, flooding included (2^44 at P = 10, 2^47 at P = 100, s = 30)."""
+    around Q, flooding included (its 8σ bound: ~2^42 at P = 10, ~2^47 at P = 100, s = 30)."""
     q = math.prod(ctx.moduli[:COEFFICIENT_TOWERS])
     return 1 << (q.bit_length() - 2 - CAPACITY_MARGIN_BITS)
 

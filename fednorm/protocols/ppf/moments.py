@@ -7,18 +7,19 @@ coefficients, so each pooled value decrypts exactly up to the flooding, whatever
 others hold, and is a function of the pooled rows alone, however they are split:
 
 1. each party uploads its counts n_p, Σx and Σx², at powers of two fixed by the public
-   bounds (|x| ≤ 2^40, n ≤ max_count): the server learns n_g exactly, a mean μ̃ to
-   ~2^-54 of Σx and Σx² to ~2^-14 (P = 10, default max_count);
+   bounds (|x| ≤ 2^40, n ≤ max_count): the server learns n_g exactly, Σx within ~2^-53
+   and Σx² within ~2^-13 absolute (the flooding's 8σ bound, P = 10, default max_count),
+   so a center μ̃ = Σx / n_g;
 2. with μ̃ and per-feature powers of two broadcast (from bounds on every party's |Σx|
    and Σ(x − μ̃)² that follow from n_g and Σx², :func:`precise_exponents`), each party
-   uploads Σx and Σ(x − μ̃)²: each near the coefficients' capacity (2^156), so μ and σ²
-   keep ~100 bits beyond the parties' own float64 sums, however small a feature is
-   beside the others; σ² = Σ(x − μ̃)²/n_g − (μ − μ̃)².
+   uploads Σx and Σ(x − μ̃)²: each bound at half the coefficients' capacity (2^156),
+   so each sum is read to ~2^-114 of its bound (far below float64's rounding), however
+   small a feature is beside the others; σ² = Σ(x − μ̃)²/n_g − (μ − μ̃)².
 
 Why exact sums: CKKS slots are decoded together, so each comes out to about 2^-52 of
 the *largest* value of its ciphertext, and a feature of order 1e-6 beside one of order
-1e6 loses its variance's precision (measured, paper preset: 7e-7 relative, where the
-slot version of this protocol took a third pass and still did not reach it).  A
+1e6 loses its variance's precision (the slot version of this protocol, with a third
+pass: ~1e-6 relative at the test preset, ``bench/runs/2026-12-07-exact-sums.md``).  A
 coefficient is read alone.
 
 Two decryptions where Algorithm 1 with revealed counts (``--algorithm paper

@@ -17,7 +17,7 @@ from fednorm.engine import ckks
 from fednorm.engine.errors import InputError, ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER
-from fednorm.protocols.base import FitOptions
+from fednorm.protocols.base import FitOptions, agreed_width
 from fednorm.protocols.collective import PartyCrypto, ServerCrypto
 from fednorm.protocols.collective.sums import CoefficientUpload, SumUpload
 from fednorm.protocols.ledger import Allowance
@@ -85,11 +85,10 @@ async def exact_sum(crypto: ServerCrypto, exponents: Callable[[int], np.ndarray]
     and scaled back.  Each value is off by the flooding alone (:func:`exact_sum_error`),
     whatever the other values hold: no slot decoding couples them."""
     replies = await crypto.rc.gather(EncryptedCoefficients)
-    powers = np.asarray(exponents(replies[crypto.rc.parties[0]].width), dtype=int)
-    for party, reply in replies.items():
-        if reply.width != len(powers):
-            raise ProtocolError(f"party {party} sent {reply.width} values, expected "
-                                f"{len(powers)}")
+    width = agreed_width(replies)
+    powers = np.asarray(exponents(width), dtype=int)
+    if len(powers) != width:
+        raise ProtocolError(f"the parties sent {width} values, expected {len(powers)}")
     uploads = await crypto.pool_coefficients({p: r.values for p, r in replies.items()})
     integers = await crypto.decrypt_coefficients(uploads, len(powers))
     return np.array([math.ldexp(float(v), -int(e)) for v, e in zip(integers, powers,

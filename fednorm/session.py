@@ -24,7 +24,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.ckks.keys import HeldKeys
-from fednorm.engine.errors import FednormError, InputError, InputRefused, PartyDropped
+from fednorm.engine.errors import FednormError, InputError, InputRefused, root_cause
 from fednorm.engine.runtime import SERVER, Link, RoleContext, role_name
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import Tracer
@@ -247,22 +247,6 @@ def check_session_inputs(party: int, X: np.ndarray, protocols: Sequence[Protocol
                 check(X, protocol, options, features)
         except InputError as exc:
             raise kind.refusal(party, exc) from None
-
-
-def root_cause(group: BaseExceptionGroup) -> BaseException:
-    """The error that started a failure: a dropout is only a consequence of another."""
-    leaves: list[BaseException] = []
-
-    def collect(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                collect(inner)
-        elif not isinstance(exc, trio.Cancelled):
-            leaves.append(exc)
-
-    collect(group)
-    causes = [exc for exc in leaves if not isinstance(exc, PartyDropped)]
-    return (causes or leaves or [group])[0]
 
 
 # -- checks before and after a run ------------------------------------------------------

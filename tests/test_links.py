@@ -34,7 +34,7 @@ import pytest
 import trio
 from tcp_federation import connected_pair
 
-from fednorm.engine.errors import PartyDropped
+from fednorm.engine.errors import PartyDropped, ProtocolError
 from fednorm.engine.messages import Message, message
 from fednorm.engine.runtime import SERVER, Link, RoleContext
 from fednorm.transport.memory import link_pair
@@ -310,3 +310,56 @@ def test_every_link_the_package_defines_is_in_the_suite() -> None:
                     found.add(name)
     assert found == set(COVERED)
     assert set(COVERED.values()) <= set(IMPLEMENTATIONS)
+
+
+# -- sending while reading (what key setup relies on) ---------------------------------
+CROSSING = 24 * 2**20  # past what both loopback sockets buffer
+
+
+async def exchange(certs: Path, play: Callable[[RoleContext, int, Blob], Awaitable[Blob]],
+                   within: float) -> dict[int, Blob] | None:
+    """Both ends of a TCP link send each other a frame of CROSSING bytes at once, each
+    with ``play``; what each received, or None if they did not finish ``within`` s."""
+    async with tcp_pair_maker(certs)() as ends:
+        roles = {SERVER: RoleContext(SERVER, {1: ends.near}, "s", protocol="links",
+                                     timeout=LIMIT),
+                 1: RoleContext(1, {SERVER: ends.far}, "s", protocol="links", timeout=LIMIT)}
+        got: dict[int, Blob] = {}
+
+        async def run(me: int, peer: int) -> None:
+            got[me] = await play(roles[me], peer, Blob(data=bytes([me]) * CROSSING))
+
+        with trio.move_on_after(within):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, SERVER, 1)
+                nursery.start_soon(run, 1, SERVER)
+            return got
+    return None
+
+
+async def test_two_roles_sending_each_other_large_frames_do_not_block(certs: Path) -> None:
+    """A party sends its key shares while the server forwards it another party's: with
+    :meth:`RoleContext.sending` each reads while it sends, and both frames arrive."""
+    async def sending(rc: RoleContext, peer: int, blob: Blob) -> Blob:
+        async with rc.sending(peer, blob):
+            return await rc.receive(peer, Blob)
+
+    got = await exchange(certs, sending, LIMIT)
+    assert got is not None and got[SERVER].data == bytes([1]) * CROSSING
+    assert got[1].data == bytes([SERVER]) * CROSSING
+
+    async def send_then_receive(rc: RoleContext, peer: int, blob: Blob) -> Blob:
+        await rc.send(peer, blob)
+        return await rc.receive(peer, Blob)
+
+    assert await exchange(certs, send_then_receive, 5.0) is None  # both block
+
+
+async def test_a_failure_while_sending_is_raised_as_itself() -> None:
+    """Not wrapped in an exception group: a party's refusal of a forwarded share reaches
+    its caller (and its report) as the ProtocolError it is."""
+    _, party_end = link_pair(SERVER, 1)
+    party = RoleContext(1, {SERVER: party_end}, "s", protocol="links", timeout=LIMIT)
+    with pytest.raises(ProtocolError, match="party 2's share"):
+        async with party.sending(SERVER, Blob(data=b"share")):
+            raise ProtocolError("party 2's share is unsigned")

@@ -14,8 +14,7 @@ from importlib import metadata
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.cli import bench, demo, net, simulate, study
-from fednorm.engine.errors import FednormError, InputError
-from fednorm.session import root_cause
+from fednorm.engine.errors import FednormError, InputError, root_cause
 
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT
 
@@ -66,13 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     """The ``fednorm`` command's entry point: :func:`main`, then exit with its status.
 
-    After an interrupt a crypto call may still be running in an abandoned worker thread
-    (the role did not wait for it, to tell its peers at once); finalizing the interpreter
-    underneath native code would abort the process (SIGABRT) instead of exiting 130, so
-    then the process ends at once, its output flushed (nothing is half-written: outputs
-    are written only after a whole run succeeded)."""
+    After an interrupt or a failure a crypto call may still be running in an abandoned
+    worker thread (a role does not wait for it, to tell its peers at once; a party that
+    sends its key shares while it reads the others' abandons one branch when the other
+    fails); finalizing the interpreter underneath native code would abort the process
+    (SIGABRT) instead of exiting with the status, so then the process ends at once, its
+    output flushed (nothing is half-written: outputs are written only after a whole run
+    succeeded)."""
     status = main()
-    if status == INTERRUPTED and threading.active_count() > 1:
+    if status != 0 and threading.active_count() > 1:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -23,7 +23,7 @@ from exceptiongroup import BaseExceptionGroup
 from fednorm.cli.options import add_fit_options, fit_options
 from fednorm.cli.progress import TerminalProgress, add_quiet_option, progress_for
 from fednorm.engine.clock import run_trio
-from fednorm.engine.errors import InputError
+from fednorm.engine.errors import InputError, root_cause
 from fednorm.multihost.config import PartyConfig, ServerConfig, Timeouts
 from fednorm.multihost.files import (
     check_data_path,
@@ -37,7 +37,6 @@ from fednorm.multihost.server import Server, SessionOutcome
 from fednorm.protocols import METHODS
 from fednorm.protocols.base import ALLOW_UNFLOODED, UNUSABLE_DATA
 from fednorm.protocols.methods import split_methods
-from fednorm.session import root_cause
 from fednorm.transport.tcp import DEFAULT_MAX_FRAME, parse_address
 from fednorm.transport.tls import init_certs
 

@@ -9,11 +9,12 @@ opaque to this module: the CKKS layer registers encoders for its types with
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -156,18 +157,38 @@ def _body_start(data: bytes) -> int:
 SHARED_PARSE_BYTES = 1 << 16
 
 
-def decode_received(data: bytes, forwarding: bool = False) -> tuple[Header, Message]:
-    """:func:`decode_frame` of a frame a role received.  In a simulation the readers of
-    one frame object (a broadcast, a forwarded key share) share one parse
-    (:func:`~fednorm.engine.inprocess.parsed_once`), but for a message holding a numpy
-    array, which a reader may change: each such reader gets its own.  Frames under
-    :data:`SHARED_PARSE_BYTES` parse faster than they are looked up: each its own.
-    ``forwarding``: the role forwards what it receives (the server), so a large message
-    keeps the bytes it came in, for :func:`encode_body`."""
+class Received(NamedTuple):
+    """A received frame parsed: its header, its message and, if asked for, the SHA-256 of
+    its body as it travelled (what a party's transcript takes of a frame, :meth:`~fednorm.
+    engine.runtime.RoleContext.transcript`; hashed with the parse, in a worker thread,
+    and in a simulation shared with the parse by the frame's other readers)."""
+
+    header: Header
+    message: Message
+    body_digest: bytes = b""
+
+
+def decode_received(data: bytes, forwarding: bool = False, digest: bool = True) -> Received:
+    """:func:`decode_frame` of a frame a role received (``digest``: and its body's
+    digest).  In a simulation the readers of one frame object (a broadcast, a forwarded
+    key share) share one parse (:func:`~fednorm.engine.inprocess.parsed_once`), but for a
+    message holding a numpy array, which a reader may change: each such reader gets its
+    own.  Frames under :data:`SHARED_PARSE_BYTES` parse faster than they are looked up:
+    each its own.  ``forwarding``: the role forwards what it receives (the server), so a
+    large message keeps the bytes it came in, for :func:`encode_body`."""
     if len(data) < SHARED_PARSE_BYTES:
-        return decode_frame(data)
+        return _received_as(data, decode_frame, digest)
     parse = _decode_keeping_body if forwarding else decode_frame
-    return inprocess.parsed_once(data, parse, _without_arrays)
+    return inprocess.parsed_once(data, lambda frame: _received_as(frame, parse, digest),
+                                 _shareable(digest))
+
+
+def _received_as(data: bytes, parse: Callable[[bytes], tuple[Header, Message]],
+                 digest: bool) -> Received:
+    header, msg = parse(data)
+    if not digest:
+        return Received(header, msg)
+    return Received(header, msg, hashlib.sha256(memoryview(data)[_body_start(data):]).digest())
 
 
 _RECEIVED: weakref.WeakKeyDictionary[Any, bytes | memoryview] = weakref.WeakKeyDictionary()
@@ -198,8 +219,14 @@ def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
     return header, msg
 
 
-def _without_arrays(parsed: tuple[Header, Message]) -> bool:
-    return not any(isinstance(value, np.ndarray) for value in parsed[1].fields().values())
+def _shareable(digest: bool) -> Callable[[Received], bool]:
+    """Whether a reader may share its parse with the frame's other readers: not if the
+    message holds a numpy array (a reader may change it), nor if it lacks the body digest
+    the others may need (it was parsed for a role that keeps no transcript)."""
+    def shareable(parsed: Received) -> bool:
+        return digest and not any(isinstance(value, np.ndarray)
+                                  for value in parsed.message.fields().values())
+    return shareable
 
 
 def decode_frame(data: bytes) -> tuple[Header, Message]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+import trio
+from exceptiongroup import BaseExceptionGroup
+
 
 class FednormError(Exception):
     """Base class of every error fednorm raises on purpose."""
@@ -105,3 +108,20 @@ class RunAborted(PartyDropped):
                               else f"{peer} stopped the run: {reason}")
         self.peer = peer
         self.reason = reason
+
+
+def root_cause(group: BaseExceptionGroup) -> BaseException:
+    """The error that started a failure: a dropout is only a consequence of another, a
+    cancellation of the failure itself (the group, if it holds nothing else)."""
+    leaves: list[BaseException] = []
+
+    def collect(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                collect(inner)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+
+    collect(group)
+    causes = [exc for exc in leaves if not isinstance(exc, PartyDropped)]
+    return (causes or leaves or [group])[0]

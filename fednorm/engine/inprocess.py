@@ -94,6 +94,16 @@ def parsed_once(frame: bytes, parse: Callable[[bytes], T],
         return result
 
 
+def shared_parse(frame: bytes) -> Any | None:
+    """The parse another reader of ``frame`` already shared (:func:`parsed_once`), or None
+    (none yet, or not in an in-process run): looked up without waiting."""
+    if not active():
+        return None
+    with _LOCK:
+        entry = _PARSES.get(id(frame))
+    return entry.result if entry is not None and entry.shared else None
+
+
 def _entry(frame: bytes) -> _Parse:
     with _LOCK:
         entry = _PARSES.get(id(frame))  # a kept entry holds its frame: the id is its own

@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
+from exceptiongroup import BaseExceptionGroup
 
-from fednorm.engine.codec import Header, decode_received, encode_body, encode_frame, frame_body
-from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted
+from fednorm.engine import inprocess
+from fednorm.engine.codec import Header, Received, decode_received, encode_body, encode_frame
+from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted, root_cause
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
+from fednorm.engine.traffic import TrafficStats
 
 if TYPE_CHECKING:  # the crypto layer is loaded by the roles that use it, not here
     from fednorm.engine.ckks.keys import HeldKeys
@@ -57,36 +60,15 @@ class Link(Protocol):
 
 
 @dataclass
-class TrafficStats:
-    """What one role put on and took off the wire."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
-    rounds: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-
-    def count_sent(self, kind: str, size: int) -> None:
-        self.bytes_sent += size
-        self.messages_sent += 1
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + size
-
-    def count_received(self, size: int) -> None:
-        self.bytes_received += size
-        self.messages_received += 1
-
-
-@dataclass
 class _GatheredRound:
     """What one :meth:`RoleContext.gather` read: each party's frame (kept for a tracer
     that wants frames), its parse or its error, and the error that stopped the reading."""
 
     frames: dict[int, bytes] = field(default_factory=dict)
-    parsed: dict[int, tuple[Header, Message] | Exception] = field(default_factory=dict)
+    parsed: dict[int, Received | Exception] = field(default_factory=dict)
     unread: Exception | None = None
 
-    def outcome(self, party: int) -> tuple[Header, Message]:
+    def outcome(self, party: int) -> Received:
         """``party``'s parsed frame, or its error, else the one that stopped the reading."""
         outcome = self.parsed.get(party, self.unread)
         if isinstance(outcome, Exception):
@@ -227,31 +209,35 @@ class RoleContext:
         self.stats.count_received(len(frame))
         return frame
 
-    async def _parse(self, frame: bytes) -> tuple[Header, Message]:
-        # Crypto objects take milliseconds to parse: off the event loop (codec docs).
-        small = len(frame) < _INLINE_DECODE_BYTES
-        return decode_received(frame) if small else \
-            await self.run_sync(decode_received, frame, self.is_server)
+    async def _parse(self, frame: bytes) -> Received:
+        # Crypto objects and a party's transcript digest of a body take milliseconds: off
+        # the event loop (codec docs); a server keeps no transcript.
+        transcribed = not self.is_server
+        if len(frame) < _INLINE_DECODE_BYTES:
+            return decode_received(frame, digest=transcribed)
+        shared = inprocess.shared_parse(frame) if transcribed else None
+        return shared or await self.run_sync(decode_received, frame, self.is_server,
+                                             transcribed)
 
-    def _accept(self, peer: int, frame: bytes, parsed: tuple[Header, Message],
+    def _accept(self, peer: int, frame: bytes, parsed: Received,
                 accepted: Mapping[type[Message], str]) -> Message:
         """Check a parsed frame against ``peer``'s conversation; count it received."""
-        header, msg = parsed
+        header, msg, body_digest = parsed
         self._trace_frame("received", peer, header, msg, frame)
         self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
         if peer == SERVER and header.protocol.rsplit("/", 1)[-1] not in self._untranscribed:
-            for part in (header.protocol.encode(), header.kind.encode(), frame_body(frame)):
+            for part in (header.protocol.encode(), header.kind.encode(), body_digest):
                 self._transcript.update(len(part).to_bytes(8, "big") + part)
         return msg
 
     # -- what the server told this party ------------------------------------------
     def transcript(self) -> bytes:
-        """A party: the digest of every message (scope, kind, body) the server sent it in
-        this step, but those of the scopes left out (:meth:`leave_out_of_transcript`).
-        Uploads signed with it are bound to what their party was told; a party checking
-        another's signature against its own digest learns whether both were told the
-        same (the server's broadcasts are the same for all)."""
+        """A party: the digest of every message (scope, kind, the body's SHA-256) the server
+        sent it in this step, but those of the scopes left out (:meth:`leave_out_of_
+        transcript`).  Uploads signed with it are bound to what their party was told; a
+        party checking another's signature against its own digest learns whether both
+        were told the same (the server's broadcasts are the same for all)."""
         return self._transcript.copy().digest()
 
     def leave_out_of_transcript(self, *scopes: str) -> None:
@@ -292,6 +278,21 @@ class RoleContext:
             raise ProtocolError(
                 f"frame from {who} is for protocol {header.protocol!r}, expected {protocol!r}"
             )
+
+    @asynccontextmanager
+    async def sending(self, peer: int, msg: Message) -> AsyncIterator[None]:
+        """``msg`` sent to ``peer`` while the block runs (reading what ``peer`` sends
+        meanwhile): over TCP two roles that only send large frames to each other would
+        both block.  A failure of the block or of the send is raised as itself."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.send, peer, msg)
+                yield
+        except BaseExceptionGroup as group:
+            cause = root_cause(group)
+            if cause is group:
+                raise
+            raise cause from None
 
     async def broadcast(self, msg: Message) -> None:
         """Server: send the same message to every party (its body encoded once)."""
@@ -356,9 +357,8 @@ class RoleContext:
         """Parse ``frame`` in a worker thread and check its header; a failure is kept as
         the party's outcome (raised later, in party order) and stops the reading."""
         try:
-            gathered.parsed[party] = await self._parse(frame)
-            header, msg = gathered.parsed[party]  # type: ignore[misc]
-            self._check_header(party, header, accepted, msg)
+            parsed = gathered.parsed[party] = await self._parse(frame)
+            self._check_header(party, parsed.header, accepted, parsed.message)
         except Exception as exc:
             gathered.parsed.setdefault(party, exc)  # a bad header: again in _accept
             reading.cancel()

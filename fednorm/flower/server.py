@@ -26,8 +26,9 @@ from fednorm.engine.errors import (
     ProtocolTimeout,
     RunAborted,
 )
-from fednorm.engine.runtime import SERVER, Link, TrafficStats, role_name
+from fednorm.engine.runtime import SERVER, Link, role_name
 from fednorm.engine.tracing import Tracer
+from fednorm.engine.traffic import TrafficStats
 from fednorm.flower.content import (
     MESSAGE_TYPE,
     Answer,

@@ -30,7 +30,7 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.clock import run_trio
-from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError
+from fednorm.engine.errors import FednormError, InputError, PartyDropped, ProtocolError, root_cause
 from fednorm.engine.runtime import SERVER, role_name
 from fednorm.flower.localpipe import (
     READY,
@@ -50,7 +50,6 @@ from fednorm.session import (
     abort_reason,
     check_session_inputs,
     play_session,
-    root_cause,
 )
 from fednorm.transport.tls import party_keyring
 

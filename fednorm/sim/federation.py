@@ -23,10 +23,11 @@ from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine.ckks import in_process_run
 from fednorm.engine.clock import run_trio
-from fednorm.engine.errors import InputError
-from fednorm.engine.runtime import SERVER, TrafficStats, role_name
+from fednorm.engine.errors import InputError, root_cause
+from fednorm.engine.runtime import SERVER, role_name
 from fednorm.engine.signing import Keyring, trusted_setup
 from fednorm.engine.tracing import Tracer
+from fednorm.engine.traffic import TrafficStats
 from fednorm.protocols import FitOptions, Normalizer, get_protocol
 from fednorm.protocols.base import Protocol
 from fednorm.protocols.decryptions import require_decryptions_within
@@ -36,7 +37,6 @@ from fednorm.session import (
     check_federation_data,
     check_party_inputs,
     play_session,
-    root_cause,
 )
 from fednorm.sim.tables import party_tables
 from fednorm.transport.memory import StarLinks, memory_star

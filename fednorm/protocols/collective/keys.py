@@ -20,10 +20,11 @@ sums) and stops with a :class:`ProtocolError` unless the server's joint public k
 round-1 aggregate and installed evaluation keys are its own aggregates; it encrypts
 under its own.  A server that deviates cannot make it use a key whose secret it knows.
 
-A party sends its shares only once the earlier parties' have reached it, and the server
-reads the parties in order, forwarding each party's shares before reading the next: so
-nobody waits on a link its peer is busy sending on (over TCP, both would block), and the
-server holds one party's shares at a time, not P.
+The server reads the parties in order, forwarding each party's shares before reading the
+next, so it holds one party's shares at a time, not P.  A party sends its shares as soon
+as it has made them and reads what the server forwards while they go (:func:`_sending`):
+it never waits on a link its peer is busy sending on (over TCP, both would block), and the
+parties' shares queue at the server instead of each waiting for the one before.
 
 Without relinearization (a protocol that never multiplies two ciphertexts) the third
 round and its 25 MB-per-party shares are skipped.  Secret keys never leave
@@ -32,7 +33,8 @@ round and its 25 MB-per-party shares are skipped.  Secret keys never leave
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol, TypeVar
 
 import openfhe
@@ -167,10 +169,8 @@ async def setup_party(
 async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.KeyCheck
                            ) -> tuple[ckks.PartyKeys, ckks.JointRoundOne]:
     """Party: every party's round-one shares added up in party order, its own among
-    them, every other one signature-checked first; its own sent once the earlier
-    parties' have arrived (they come in party order) — or at once over a link that
-    moves in rounds (:func:`_eager`).  Returns its keys and the server's round one,
-    which ends the forwarded shares."""
+    them, every other one signature-checked first; its own sent at once (:func:`_sending`).
+    Returns its keys and the server's round one, which ends the forwarded shares."""
     lead, lead_digest = None, b""
     if rc.me != LEAD:
         lead = await rc.receive(SERVER, ckks.LeadKeys)
@@ -178,15 +178,11 @@ async def _party_round_one(rc: RoleContext, setup: ckks.KeySetup, check: ckks.Ke
     keys = await rc.run_sync(setup.generate_keys, lead)
     mine = await rc.run_sync(setup.generate_share, keys, 1, lead)
     mine, digest = await signed_with_digest(rc, mine)
-    if lead is not None:
-        await rc.run_sync(check.add, lead, lead_digest)
-    eager = _eager(rc)
-    if eager:
-        await rc.send(SERVER, mine)
-    for party in range(LEAD + 1, rc.me):
-        await _add_round_one(rc, party, await rc.receive(SERVER, ckks.KeyShares), check)
-    if not eager:
-        await rc.send(SERVER, mine)
+    async with _sending(rc, mine):
+        if lead is not None:
+            await rc.run_sync(check.add, lead, lead_digest)
+        for party in range(LEAD + 1, rc.me):
+            await _add_round_one(rc, party, await rc.receive(SERVER, ckks.KeyShares), check)
     await rc.run_sync(check.add, mine, digest)
     del mine  # ~31 MB a party at ring 2^15, and a simulation holds P parties
     party = rc.me
@@ -206,31 +202,38 @@ async def _add_round_one(rc: RoleContext, party: int, msg: ckks.KeyShares,
 
 async def _party_round_two(rc: RoleContext, setup: ckks.KeySetup, keys: ckks.PartyKeys,
                            round_one: ckks.JointRoundOne, check: ckks.KeyCheck) -> None:
-    """Party: its round-two relinearization share, made on its own round-one aggregate,
-    sent once the earlier parties' have arrived (at once over a link that moves in
-    rounds, :func:`_eager`); every party's added up, every other one signature-checked
-    first."""
+    """Party: its round-two relinearization share, made on its own round-one aggregate
+    and sent at once (:func:`_sending`); every party's added up in party order, every
+    other one signature-checked first."""
     share = await rc.run_sync(setup.generate_share, keys, 2, round_one)
-    (share, digest), eager = await signed_with_digest(rc, share), _eager(rc)
-    if eager:
-        await rc.send(SERVER, share)
-    for party in range(LEAD, round_one.joint.n_parties + 1):
-        if party == rc.me:
-            if not eager:
-                await rc.send(SERVER, share)
-            await rc.run_sync(check.add, share, digest)
-        else:
-            other = await rc.receive(SERVER, ckks.RelinRound2)
-            step = await verified_digest(rc, party, other)
-            await rc.run_sync(check.add, other, step)
+    share, digest = await signed_with_digest(rc, share)
+    async with _sending(rc, share):
+        for party in range(LEAD, rc.me):
+            await _add_round_two(rc, party, check)
+    await rc.run_sync(check.add, share, digest)
+    for party in range(rc.me + 1, round_one.joint.n_parties + 1):
+        await _add_round_two(rc, party, check)
 
 
-def _eager(rc: RoleContext) -> bool:
-    """Whether a party sends its shares before the earlier parties' reach it.  Over TCP it
-    waits for them: the server forwards them while it reads, and a party busy sending
-    25 MB could not read them (both would block).  Over a link that moves in rounds (a
-    Flower node) nothing blocks, and waiting would cost a round per earlier party."""
-    return rc.moves_in_rounds(SERVER)
+async def _add_round_two(rc: RoleContext, party: int, check: ckks.KeyCheck) -> None:
+    other = await rc.receive(SERVER, ckks.RelinRound2)
+    await rc.run_sync(check.add, other, await verified_digest(rc, party, other))
+
+
+def _sending(rc: RoleContext, share: Message) -> AbstractAsyncContextManager[None]:
+    """``share`` sent to the server while the block reads the earlier parties' shares,
+    which the server forwards before it reads this one (:meth:`~fednorm.engine.runtime.
+    RoleContext.sending`); over a link that moves in rounds (a Flower node) sent before
+    the block, since reading an empty inbox there ends the party's turn."""
+    if rc.moves_in_rounds(SERVER):
+        return _sent_first(rc, share)
+    return rc.sending(SERVER, share)
+
+
+@asynccontextmanager
+async def _sent_first(rc: RoleContext, share: Message) -> AsyncIterator[None]:
+    await rc.send(SERVER, share)
+    yield
 
 
 H = TypeVar("H", bound=ckks.HeldKeys)

@@ -3,9 +3,11 @@ bytes as protocol errors, one parse shared by a broadcast's readers, and the cod
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
+import openfhe
 import pytest
 from ckks_federation import FRESH_ABS_TOL, CkksFederation
 
@@ -157,4 +159,22 @@ def test_codec_registration(fed: CkksFederation) -> None:
     with pytest.raises(ProtocolError):
         registered[17][2](encode(ct))  # a ciphertext is not a public key
 
+
+
+
+def test_a_key_share_is_signed_as_its_bytes_travel(fed: CkksFederation) -> None:
+    """What a key share's signature covers (:func:`serial.wire_digest`): its maker
+    digests the payload its encoding sends, a receiver the payload it parsed, kept from
+    the parse, so no share is serialized again to be checked.  A public key made here
+    and its parse serialize differently, so these are not :func:`serial.object_digest`,
+    the digest of the parsed form that key comparisons use."""
+    share = fed.parties[1].public_key_share
+    made = openfhe.Serialize(share, openfhe.BINARY)
+    framed = fed.ctx.to_bytes(share)
+    parsed = fed.ctx.from_bytes("public_key", framed)
+    assert framed.endswith(made)
+    payload = hashlib.sha256(made).digest()
+    assert serial.wire_digest(share) == serial.wire_digest(parsed, received=True) == payload
+    assert serial.object_digest(parsed) != payload
+    assert serial.object_digest(parsed) == serial.object_digest(share)
 

@@ -316,7 +316,7 @@ def test_the_parties_of_a_simulation_share_each_step_of_their_key_checks() -> No
     def checked(received: list[ckks.SetupShares]) -> ckks.JointRoundOne:
         check = ckks.KeyCheck(setup)
         for share in received:  # each with the digest its maker signed
-            check.add(share, ckks.objects_digest(
+            check.add(share, ckks.wire_digests(
                 (share.public_key, share.relin_share, share.rotation_share)))
         return check.round_one.result()
 

@@ -99,7 +99,7 @@ from fednorm.engine.ckks.multiparty import (
     SumDecryption,
 )
 from fednorm.engine.ckks.presets import PAPER, PRESETS, TEST, CkksPreset, get_preset
-from fednorm.engine.ckks.serial import KINDS, object_digest, objects_digest
+from fednorm.engine.ckks.serial import KINDS, object_digest, wire_digest, wire_digests
 from fednorm.engine.inprocess import in_process_run
 
 __all__ = [
@@ -177,7 +177,6 @@ __all__ = [
     "maximum",
     "minimum",
     "object_digest",
-    "objects_digest",
     "plan_compare",
     "plan_inverse",
     "rotate_by",
@@ -185,5 +184,7 @@ __all__ = [
     "setup_locally",
     "sum_rotation_indices",
     "tree_maximum",
+    "wire_digest",
+    "wire_digests",
     "zero_bits",
 ]

@@ -97,12 +97,14 @@ SERIALIZED_AS_PARSED = frozenset({"eval_key", "eval_key_map"})
 """Kinds whose parsed object serializes to the very bytes it was parsed from (openfhe
 1.6.1, tested): the SHA-256 of the payload is :func:`object_digest` of the object."""
 _RECEIVED_DIGESTS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+_PAYLOAD_DIGESTS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
 _RECEIVED_LOCK = threading.Lock()
 
 
 def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     """SHA-256 of an OpenFHE object's BINARY serialization, the same for equal objects:
-    what parties compare to check that they hold the same keys, and sign.
+    what parties compare to check that they hold the same keys (a key share's signature
+    covers its bytes as they travel instead, :func:`wire_digest`).
 
     Measured on openfhe 1.6.1: a public key made in this process serializes its towers
     sharing one parameter object, a parsed one with a copy per tower, 632 bytes longer
@@ -110,7 +112,7 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     parsed, so a public key is digested as it parses; evaluation keys and their maps
     serialize alike either way (``tests/test_collective.py`` checks both).  ``parsed``:
     the caller knows ``obj`` came off the wire, so its bytes are already in that form
-    (a key share a party checks: a third of the digest's cost, at 6 MB a key), and an
+    (a third of the digest's cost, at 6 MB a key), and an
     evaluation key's digest is the one taken of its payload as it was parsed
     (:func:`remember_received`), with no serialization at all — whatever ``parsed``
     says, since such a key serializes alike either way.  Any other parsed object, any
@@ -138,11 +140,28 @@ def object_digest(obj: Any, *, parsed: bool = False) -> bytes:
     return digest
 
 
-def objects_digest(objs: Iterable[Any], *, parsed: bool = False) -> bytes:
-    """One digest of several objects in order (None: an absent one, told apart)."""
+def wire_digest(obj: Any, *, received: bool = False) -> bytes:
+    """SHA-256 of ``obj``'s bytes on the wire, which a key share's signature covers: of
+    the payload it was parsed from if ``received`` (kept at its parse,
+    :func:`remember_received`: nothing is serialized again), else of its serialization,
+    the payload its maker's encoding sends (:func:`frame`).  Unlike
+    :func:`object_digest` it tells the forms of one public key apart (made here or
+    parsed): a signature binds the bytes its receiver parses, whatever their form."""
+    kind_of(obj)  # refuses secret keys
+    if received:
+        with _RECEIVED_LOCK:
+            kept = _PAYLOAD_DIGESTS.get(obj)
+        if kept is not None:
+            return kept
+    return hashlib.sha256(openfhe.Serialize(obj, openfhe.BINARY)).digest()
+
+
+def wire_digests(objs: Iterable[Any], *, received: bool = False) -> bytes:
+    """One :func:`wire_digest` of several objects in order (None: an absent one, told
+    apart)."""
     total = hashlib.sha256()
     for obj in objs:
-        total.update(b"\0" * 32 if obj is None else object_digest(obj, parsed=parsed))
+        total.update(b"\0" * 32 if obj is None else wire_digest(obj, received=received))
     return total.digest()
 
 
@@ -192,11 +211,13 @@ def unframe_digested(kind_name: str, data: bytes, fingerprint: bytes) -> tuple[b
 
 
 def remember_received(kind_name: str, obj: Any, payload_sha256: bytes) -> None:
-    """Keep the digest of a key share parsed from a payload of that SHA-256 for
-    :func:`object_digest` (a party checks each share's signature against it: a 25 MB key
-    need not be serialized again to be digested), for as long as the object lives."""
-    if kind_name in SERIALIZED_AS_PARSED:
-        with _RECEIVED_LOCK:
+    """Keep the SHA-256 of the payload ``obj`` was parsed from, for as long as it lives:
+    its :func:`wire_digest` (a party checks each key share's signature against it: a
+    25 MB key need not be serialized again to be digested) and, for a kind that
+    serializes to the bytes it was parsed from, its :func:`object_digest` too."""
+    with _RECEIVED_LOCK:
+        _PAYLOAD_DIGESTS[obj] = payload_sha256
+        if kind_name in SERIALIZED_AS_PARSED:
             _RECEIVED_DIGESTS[obj] = payload_sha256
 
 

@@ -49,7 +49,7 @@ from fednorm.engine.ckks.multiparty.keygen import (
     RotationShare,
     RotationSum,
 )
-from fednorm.engine.ckks.serial import object_digest, objects_digest
+from fednorm.engine.ckks.serial import object_digest, wire_digest, wire_digests
 from fednorm.engine.errors import ProtocolError
 from fednorm.engine.messages import Message, Signed, message
 
@@ -69,8 +69,8 @@ class SetupShares(Signed):
     rotation_share: openfhe.EvalKeyMap | None
 
     def share_digest(self, parsed: bool = False) -> bytes:
-        return objects_digest((self.public_key, self.relin_share, self.rotation_share),
-                              parsed=parsed)
+        return wire_digests((self.public_key, self.relin_share, self.rotation_share),
+                            received=parsed)
 
 
 @message("ckks.lead_keys")
@@ -93,7 +93,7 @@ class RelinRound2(Signed):
     share: openfhe.EvalKey
 
     def share_digest(self, parsed: bool = False) -> bytes:
-        return object_digest(self.share, parsed=parsed)
+        return wire_digest(self.share, received=parsed)
 
 
 @message("ckks.joint_round1")

@@ -168,27 +168,42 @@ class Received(NamedTuple):
     body_digest: bytes = b""
 
 
-def decode_received(data: bytes, forwarding: bool = False, digest: bool = True) -> Received:
-    """:func:`decode_frame` of a frame a role received (``digest``: and its body's
-    digest).  In a simulation the readers of one frame object (a broadcast, a forwarded
-    key share) share one parse (:func:`~fednorm.engine.inprocess.parsed_once`), but for a
-    message holding a numpy array, which a reader may change: each such reader gets its
-    own.  Frames under :data:`SHARED_PARSE_BYTES` parse faster than they are looked up:
-    each its own.  ``forwarding``: the role forwards what it receives (the server), so a
-    large message keeps the bytes it came in, for :func:`encode_body`."""
+Transcribed = Callable[[Header], bool]
+"""Which received frames' body digests a role takes (by header): its transcript's."""
+
+
+def every_frame(header: Header) -> bool:
+    return True
+
+
+def decode_received(data: bytes, forwarding: bool = False,
+                    transcribed: Transcribed | None = every_frame) -> Received:
+    """:func:`decode_frame` of a frame a role received, with its :func:`body_digest` if
+    ``transcribed`` says so (None: a role that keeps no transcript).  In a simulation the
+    readers of one frame object (a broadcast, a forwarded key share) share one parse
+    (:func:`~fednorm.engine.inprocess.parsed_once`), but for a message holding a numpy
+    array, which a reader may change: each such reader gets its own.  Frames under
+    :data:`SHARED_PARSE_BYTES` parse faster than they are looked up: each its own.
+    ``forwarding``: the role forwards what it receives (the server), so a large message
+    keeps the bytes it came in, for :func:`encode_body`."""
     if len(data) < SHARED_PARSE_BYTES:
-        return _received_as(data, decode_frame, digest)
+        return _received_as(data, decode_frame, transcribed)
     parse = _decode_keeping_body if forwarding else decode_frame
-    return inprocess.parsed_once(data, lambda frame: _received_as(frame, parse, digest),
-                                 _shareable(digest))
+    return inprocess.parsed_once(data, lambda frame: _received_as(frame, parse, transcribed),
+                                 _shareable(transcribed))
+
+
+def body_digest(data: bytes) -> bytes:
+    """The SHA-256 of a well-formed frame's body as it travelled."""
+    return hashlib.sha256(memoryview(data)[_body_start(data):]).digest()
 
 
 def _received_as(data: bytes, parse: Callable[[bytes], tuple[Header, Message]],
-                 digest: bool) -> Received:
+                 transcribed: Transcribed | None) -> Received:
     header, msg = parse(data)
-    if not digest:
+    if transcribed is None or not transcribed(header):
         return Received(header, msg)
-    return Received(header, msg, hashlib.sha256(memoryview(data)[_body_start(data):]).digest())
+    return Received(header, msg, body_digest(data))
 
 
 _RECEIVED: weakref.WeakKeyDictionary[Any, bytes | memoryview] = weakref.WeakKeyDictionary()
@@ -219,13 +234,13 @@ def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
     return header, msg
 
 
-def _shareable(digest: bool) -> Callable[[Received], bool]:
+def _shareable(transcribed: Transcribed | None) -> Callable[[Received], bool]:
     """Whether a reader may share its parse with the frame's other readers: not if the
-    message holds a numpy array (a reader may change it), nor if it lacks the body digest
-    the others may need (it was parsed for a role that keeps no transcript)."""
+    message holds a numpy array (a reader may change it), nor if it was parsed for a role
+    that keeps no transcript (the parties reading it do)."""
     def shareable(parsed: Received) -> bool:
-        return digest and not any(isinstance(value, np.ndarray)
-                                  for value in parsed.message.fields().values())
+        return transcribed is not None and not any(
+            isinstance(value, np.ndarray) for value in parsed.message.fields().values())
     return shareable
 
 

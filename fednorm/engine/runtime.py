@@ -11,7 +11,6 @@ Whoever watches a role (progress, benchmarks, tests) gives its context a tracer
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -22,12 +21,20 @@ import trio
 from exceptiongroup import BaseExceptionGroup
 
 from fednorm.engine import inprocess
-from fednorm.engine.codec import Header, Received, decode_received, encode_body, encode_frame
+from fednorm.engine.codec import (
+    Header,
+    Received,
+    body_digest,
+    decode_received,
+    encode_body,
+    encode_frame,
+)
 from fednorm.engine.errors import ProtocolError, ProtocolTimeout, RunAborted, root_cause
 from fednorm.engine.messages import Abort, Message
 from fednorm.engine.signing import Keyring
 from fednorm.engine.tracing import CryptoEvent, Direction, FrameEvent, PhaseEvent, Tracers
 from fednorm.engine.traffic import TrafficStats
+from fednorm.engine.transcript import Transcript
 
 if TYPE_CHECKING:  # the crypto layer is loaded by the roles that use it, not here
     from fednorm.engine.ckks.keys import HeldKeys
@@ -106,8 +113,7 @@ class RoleContext:
         self._receive_round = dict.fromkeys(self._links, 0)
         self._limiter = worker_limiter
         self._tracers = Tracers.of(tracer)
-        self._transcript = hashlib.sha256()
-        self._untranscribed: set[str] = set()
+        self._transcript = Transcript()
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -210,11 +216,10 @@ class RoleContext:
         return frame
 
     async def _parse(self, frame: bytes) -> Received:
-        # Crypto objects and a party's transcript digest of a body take milliseconds: off
-        # the event loop (codec docs); a server keeps no transcript.
-        transcribed = not self.is_server
+        # Parses and a party's digests of bodies take ms: off the event loop (codec docs).
+        transcribed = None if self.is_server else self._transcript.takes
         if len(frame) < _INLINE_DECODE_BYTES:
-            return decode_received(frame, digest=transcribed)
+            return decode_received(frame, transcribed=transcribed)
         shared = inprocess.shared_parse(frame) if transcribed else None
         return shared or await self.run_sync(decode_received, frame, self.is_server,
                                              transcribed)
@@ -222,28 +227,24 @@ class RoleContext:
     def _accept(self, peer: int, frame: bytes, parsed: Received,
                 accepted: Mapping[type[Message], str]) -> Message:
         """Check a parsed frame against ``peer``'s conversation; count it received."""
-        header, msg, body_digest = parsed
+        header, msg, digest = parsed
         self._trace_frame("received", peer, header, msg, frame)
         self._check_header(peer, header, accepted, msg)
         self._receive_round[peer] += 1
-        if peer == SERVER and header.protocol.rsplit("/", 1)[-1] not in self._untranscribed:
-            for part in (header.protocol.encode(), header.kind.encode(), body_digest):
-                self._transcript.update(len(part).to_bytes(8, "big") + part)
+        if peer == SERVER and self._transcript.takes(header):  # digest: b"" if not taken
+            self._transcript.add(header, digest or body_digest(frame))
         return msg
 
     # -- what the server told this party ------------------------------------------
     def transcript(self) -> bytes:
-        """A party: the digest of every message (scope, kind, the body's SHA-256) the server
-        sent it in this step, but those of the scopes left out (:meth:`leave_out_of_
-        transcript`).  Uploads signed with it are bound to what their party was told; a
-        party checking another's signature against its own digest learns whether both
-        were told the same (the server's broadcasts are the same for all)."""
-        return self._transcript.copy().digest()
+        """A party: the digest of what the server told it in this step
+        (:class:`~fednorm.engine.transcript.Transcript`)."""
+        return self._transcript.digest()
 
     def leave_out_of_transcript(self, *scopes: str) -> None:
         """Messages of these scopes (last part of their protocol id) differ between
         parties by design, or are checked otherwise: not in :meth:`transcript`."""
-        self._untranscribed.update(scopes)
+        self._transcript.leave_out(*scopes)
 
     def moves_in_rounds(self, peer: int) -> bool:
         """Whether frames to ``peer`` move in a host framework's rounds (:class:`Link`):
@@ -289,8 +290,7 @@ class RoleContext:
                 nursery.start_soon(self.send, peer, msg)
                 yield
         except BaseExceptionGroup as group:
-            cause = root_cause(group)
-            if cause is group:
+            if (cause := root_cause(group)) is group:
                 raise
             raise cause from None
 

@@ -21,10 +21,11 @@ round-1 aggregate and installed evaluation keys are its own aggregates; it encry
 under its own.  A server that deviates cannot make it use a key whose secret it knows.
 
 The server reads the parties in order, forwarding each party's shares before reading the
-next, so it holds one party's shares at a time, not P.  A party sends its shares as soon
-as it has made them and reads what the server forwards while they go (:func:`_sending`):
-it never waits on a link its peer is busy sending on (over TCP, both would block), and the
-parties' shares queue at the server instead of each waiting for the one before.
+next, so it parses and holds one party's shares at a time, not P.  A party sends its
+shares as soon as it has made them and reads what the server forwards while they go
+(:func:`_sending`): it never waits on a link its peer is busy sending on (over TCP, both
+would block), and the parties' shares queue in their links (a simulation's in-memory
+links hold every unread frame) instead of each party waiting for the one before.
 
 Without relinearization (a protocol that never multiplies two ciphertexts) the third
 round and its 25 MB-per-party shares are skipped.  Secret keys never leave

@@ -160,8 +160,6 @@ def test_codec_registration(fed: CkksFederation) -> None:
         registered[17][2](encode(ct))  # a ciphertext is not a public key
 
 
-
-
 def test_a_key_share_is_signed_as_its_bytes_travel(fed: CkksFederation) -> None:
     """What a key share's signature covers (:func:`serial.wire_digest`): its maker
     digests the payload its encoding sends, a receiver the payload it parsed, kept from
@@ -177,4 +175,3 @@ def test_a_key_share_is_signed_as_its_bytes_travel(fed: CkksFederation) -> None:
     assert serial.wire_digest(share) == serial.wire_digest(parsed, received=True) == payload
     assert serial.object_digest(parsed) != payload
     assert serial.object_digest(parsed) == serial.object_digest(share)
-

@@ -179,7 +179,8 @@ def every_frame(header: Header) -> bool:
 def decode_received(data: bytes, forwarding: bool = False,
                     transcribed: Transcribed | None = every_frame) -> Received:
     """:func:`decode_frame` of a frame a role received, with its :func:`body_digest` if
-    ``transcribed`` says so (None: a role that keeps no transcript).  In a simulation the
+    ``transcribed`` says so (None: a role that keeps no transcript, the server, whose
+    frames no other role reads: each parsed alone).  In a simulation the
     readers of one frame object (a broadcast, a forwarded key share) share one parse
     (:func:`~fednorm.engine.inprocess.parsed_once`), but for a message holding a numpy
     array, which a reader may change: each such reader gets its own.  Frames under
@@ -189,8 +190,10 @@ def decode_received(data: bytes, forwarding: bool = False,
     if len(data) < SHARED_PARSE_BYTES:
         return _received_as(data, decode_frame, transcribed)
     parse = _decode_keeping_body if forwarding else decode_frame
+    if transcribed is None:  # the server: no other reader has its frames
+        return _received_as(data, parse, None)
     return inprocess.parsed_once(data, lambda frame: _received_as(frame, parse, transcribed),
-                                 _shareable(transcribed))
+                                 _without_arrays)
 
 
 def body_digest(data: bytes) -> bytes:
@@ -234,14 +237,10 @@ def _decode_keeping_body(data: bytes) -> tuple[Header, Message]:
     return header, msg
 
 
-def _shareable(transcribed: Transcribed | None) -> Callable[[Received], bool]:
+def _without_arrays(parsed: Received) -> bool:
     """Whether a reader may share its parse with the frame's other readers: not if the
-    message holds a numpy array (a reader may change it), nor if it was parsed for a role
-    that keeps no transcript (the parties reading it do)."""
-    def shareable(parsed: Received) -> bool:
-        return transcribed is not None and not any(
-            isinstance(value, np.ndarray) for value in parsed.message.fields().values())
-    return shareable
+    message holds a numpy array (a reader may change it)."""
+    return not any(isinstance(value, np.ndarray) for value in parsed.message.fields().values())
 
 
 def decode_frame(data: bytes) -> tuple[Header, Message]:

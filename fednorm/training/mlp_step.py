@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,8 +29,9 @@ from torch.func import functional_call
 
 from fednorm.engine.errors import InputError
 
-if TYPE_CHECKING:  # fedavg imports this module
+if TYPE_CHECKING:  # fedavg imports this module, slots imports fedavg
     from fednorm.training.fedavg import TrainConfig
+    from fednorm.training.slots import StepSlots
 from fednorm.training.models import (
     ChannelNorm,
     Dense,
@@ -58,7 +60,7 @@ class MixedRuns:
     has one, else one with any norm); a run without some of its parameters or buffers
     (no norm, or a norm without running statistics) carries the reference's initial
     values there, which its zero gradients leave untouched and which are dropped again
-    on the way out. Each run's norm is applied to its own slots (:meth:`norm_groups`).
+    on the way out. Each run's norm is applied to its own slots (:meth:`norm_slots`).
     """
 
     def __init__(self, models: list[FedNet]) -> None:
@@ -91,13 +93,13 @@ class MixedRuns:
     def from_union(self, run: int, state: State) -> State:
         return {own: state[name] for name, own in self.names[run].items() if own is not None}
 
-    def norm_groups(self, runs: list[int]) -> list[tuple[nn.Module | None, list[int]]]:
-        """The active runs' norms, each with its runs' positions among ``runs``."""
-        groups: dict[tuple, tuple[nn.Module | None, list[int]]] = {}
-        for position, run in enumerate(runs):
+    def norm_slots(self, slot_runs: np.ndarray) -> list[tuple[nn.Module | None, np.ndarray]]:
+        """Each norm of the stacked runs with its slots (ascending), given every slot's run."""
+        kinds: dict[tuple, tuple[nn.Module | None, list[int]]] = {}
+        for slot, run in enumerate(slot_runs):
             norm = self.norms[run]
-            groups.setdefault(_norm_kind(norm), (norm, []))[1].append(position)
-        return list(groups.values())
+            kinds.setdefault(_norm_kind(norm), (norm, []))[1].append(slot)
+        return [(norm, np.asarray(slots, dtype=np.int64)) for norm, slots in kinds.values()]
 
 
 def _norm_kind(norm: nn.Module | None) -> tuple:
@@ -166,21 +168,20 @@ class MLPStep:
         mask: Tensor,
         targets: Tensor,
         task: str,
-        runs: list[int],
+        slots: StepSlots,
         config: TrainConfig,
-    ) -> tuple[Tensor, tuple, Tensor]:
-        """Each slot's per-row losses (masked), the batch-norm statistics, and the flat
-        gradient rows of Σ_slots (mean masked loss) with respect to ``params`` (given and
-        returned in the stored layout: Dense weights (slots, in, out)). ``runs`` are the
-        stacked runs, client-major (slot ``c · len(runs) + i`` is run ``runs[i]``)."""
-        saved, stats, output = self._forward(params, x, mask, runs)
+    ) -> tuple[Tensor, tuple, list[Tensor]]:
+        """Each slot's per-row losses (masked), the batch-norm statistics, and the
+        gradients (one tensor per parameter, in ``params`` order) of Σ_slots (mean masked
+        loss) with respect to ``params`` (given and returned in the stored layout: Dense
+        weights (slots, in, out)). ``slots`` gives the dropout masks and which slots each
+        norm takes."""
+        saved, stats, output = self._forward(params, x, mask, slots)
         losses, delta = loss_and_gradient(output, targets, mask, task, config)
         grads = self._backward(saved, params, delta)
-        slots = len(x)
-        # One concatenation: bmm into strided views of the flat rows copies anyway.
-        return losses, tuple(stats), torch.cat([grads[n].reshape(slots, -1) for n in params], 1)
+        return losses, tuple(stats), [grads[n] for n in params]
 
-    def _forward(self, params: dict[str, Tensor], x: Tensor, mask: Tensor, runs: list[int]
+    def _forward(self, params: dict[str, Tensor], x: Tensor, mask: Tensor, slots: StepSlots
                  ) -> tuple[list[Saved], list, Tensor]:
         saved: list[Saved] = []
         stats: list = []
@@ -194,12 +195,12 @@ class MLPStep:
                 x = torch.relu(x)
                 record.tensor = x
             elif isinstance(layer, SharedDropout):
-                if layer.p:
-                    keep = layer.keep_mask(x, len(runs))
+                if layer.p and slots.dropout is not None:
+                    keep = slots.dropout.keep(layer.p, x.shape[1:], x.dtype)
                     record.tensor = keep
-                    x = (x.view(keep.shape[0], len(runs), *x.shape[1:]) * keep).view(x.shape)
+                    x = x * keep
             elif self.mixed is not None:
-                x = self._mixed_norm_forward(name, params, x, mask, record, stats, runs)
+                x = self._mixed_norm_forward(name, params, x, mask, record, stats, slots)
             else:
                 x = self._norm_forward(layer, name, params, x, mask, record, stats)
             saved.append(record)
@@ -225,17 +226,15 @@ class MLPStep:
         return out.detach()
 
     def _mixed_norm_forward(self, name: str, params: dict[str, Tensor], x: Tensor,
-                            mask: Tensor, record: Saved, stats: list, runs: list[int]
+                            mask: Tensor, record: Saved, stats: list, slots: StepSlots
                             ) -> Tensor:
         """Each run's own norm (or none) on its slots, as one autograd graph."""
         assert self.mixed is not None
-        slots, rows, channels = x.shape
-        width = len(runs)
-        clients = slots // width
-        batch_stats = [torch.zeros(clients, width, channels, dtype=x.dtype),
-                       torch.ones(clients, width, channels, dtype=x.dtype),
-                       torch.ones(clients, width, dtype=x.dtype)]
-        groups = self.mixed.norm_groups(runs)
+        count, channels = x.shape[0], x.shape[-1]
+        batch_stats = [torch.zeros(count, channels, dtype=x.dtype),
+                       torch.ones(count, channels, dtype=x.dtype),
+                       torch.ones(count, dtype=x.dtype)]
+        groups = [(norm, index) for norm, index in slots.norm_groups if len(index)]
         if all(norm is None for norm, _ in groups):
             self._keep_batch_stats(stats, batch_stats)
             return x  # the runs with a norm have stopped: no graph (_backward: identity)
@@ -243,22 +242,17 @@ class MLPStep:
         bias = params[f"{name}.bias"].detach().requires_grad_()
         record.norm_input = x.detach().requires_grad_()
         record.norm_params = (weight, bias)
-        per_run = {"x": record.norm_input.view(clients, width, rows, channels),
-                   "weight": weight.view(clients, width, channels),
-                   "bias": bias.view(clients, width, channels)}
-        run_mask = mask.view(clients, width, rows)
-        parts, order = [], []
+        parts = []
         with torch.enable_grad():
-            for norm, positions in groups:
-                index = torch.tensor(positions)
-                part = per_run["x"][:, index]
+            for norm, index in groups:
+                part = record.norm_input[index]
                 if norm is not None:
-                    part = self._group_norm_forward(norm, per_run, run_mask, index, part,
-                                                    batch_stats)
+                    part = self._group_norm_forward(
+                        norm, part, {"weight": weight[index], "bias": bias[index]},
+                        mask[index], index, batch_stats)
                 parts.append(part)
-                order += positions
-            joined = torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(order))]
-            out = joined.reshape(slots, rows, channels)
+            order = torch.cat([index for _, index in groups])
+            out = torch.cat(parts)[torch.argsort(order)]
         self._keep_batch_stats(stats, batch_stats)
         record.tensor = out
         return out.detach()
@@ -268,24 +262,18 @@ class MLPStep:
         norm (runs without it get mean 0, variance 1)."""
         assert self.mixed is not None
         if any(isinstance(norm, MaskedBatchNorm) for norm in self.mixed.norms):
-            stats.append(tuple(t.reshape(-1, *t.shape[2:]) for t in batch_stats))
+            stats.append(tuple(batch_stats))
 
     @staticmethod
-    def _group_norm_forward(norm: nn.Module, per_run: dict[str, Tensor], run_mask: Tensor,
-                            index: Tensor, part: Tensor, batch_stats: list[Tensor]) -> Tensor:
+    def _group_norm_forward(norm: nn.Module, part: Tensor, params: dict[str, Tensor],
+                            mask: Tensor, index: Tensor, batch_stats: list[Tensor]) -> Tensor:
         """One norm on its runs' slots; batch statistics land in their slots."""
-        clients, count, rows, channels = part.shape
-        params = {key: per_run[key][:, index].reshape(clients * count, channels)
-                  for key in ("weight", "bias")}
-        flat = part.reshape(clients * count, rows, channels)
-        if isinstance(norm, MaskedBatchNorm):
-            mask = run_mask[:, index].reshape(clients * count, rows)
-            out, group_stats = functional_call(norm, params, (flat, mask), strict=False)
-            for full, values in zip(batch_stats, group_stats, strict=True):
-                full[:, index] = values.view(clients, count, *values.shape[1:])
-        else:
-            out = functional_call(norm, params, (flat,))
-        return out.view(clients, count, rows, channels)
+        if not isinstance(norm, MaskedBatchNorm):
+            return functional_call(norm, params, (part,))
+        out, group_stats = functional_call(norm, params, (part, mask), strict=False)
+        for full, values in zip(batch_stats, group_stats, strict=True):
+            full[index] = values
+        return out
 
     def _backward(self, saved: list[Saved], params: dict[str, Tensor], delta: Tensor
                   ) -> dict[str, Tensor]:
@@ -302,9 +290,7 @@ class MLPStep:
                 delta = delta * (record.tensor > 0)
             elif isinstance(layer, SharedDropout):
                 if record.tensor is not None:
-                    keep = record.tensor
-                    delta = (delta.view(keep.shape[0], -1, *delta.shape[1:]) * keep
-                             ).view(delta.shape)
+                    delta = delta * record.tensor
             elif record.norm_input is None:  # a mixed stack's norm layer, no norm left
                 grads[f"{name}.weight"] = torch.zeros_like(params[f"{name}.weight"])
                 grads[f"{name}.bias"] = torch.zeros_like(params[f"{name}.bias"])

@@ -37,13 +37,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fednorm.engine.errors import InputError
+
+if TYPE_CHECKING:  # slots imports this module (through fedavg)
+    from fednorm.training.slots import DropoutDraws
 
 ActivationNorm = Literal["none", "batch", "layer", "group", "instance"]
 ACTIVATION_NORMS: tuple[ActivationNorm, ...] = ("none", "batch", "layer", "group", "instance")
@@ -135,25 +138,18 @@ class MaxPool(nn.MaxPool2d):
 
 
 class SharedDropout(nn.Dropout):
-    """``nn.Dropout``, whose stacked form can share its masks between stacked runs.
+    """``nn.Dropout``, whose stacked form takes its masks from the stack.
 
-    Rows stacked as (clients · runs, B, units), client-major, get one mask per client,
-    drawn as a contiguous (clients, 1, B, units) tensor and broadcast over the runs: the
-    draws each of those runs would make if trained alone from the same seed. Unstacked
-    rows (B, units) are plain ``F.dropout``.
+    Stacked rows (slots, B, units) are multiplied by the step's keep masks
+    (:class:`fednorm.training.slots.DropoutDraws`: one per client, shared by the runs of
+    a federation, the draws each run would make alone). Rows without draws are plain
+    ``F.dropout``.
     """
 
-    def forward(self, x: Tensor, runs: int = 1) -> Tensor:
-        if not self.training or self.p == 0.0 or x.dim() < 3:
+    def forward(self, x: Tensor, draws: DropoutDraws | None = None) -> Tensor:
+        if not self.training or self.p == 0.0 or draws is None:
             return super().forward(x)
-        keep = self.keep_mask(x, runs)
-        return (x.view(keep.shape[0], runs, *x.shape[1:]) * keep).view(x.shape)
-
-    def keep_mask(self, x: Tensor, runs: int) -> Tensor:
-        """The scaled keep mask (clients, 1, B, units) for stacked rows ``x``."""
-        clients = x.shape[0] // runs
-        keep = torch.empty(clients, 1, *x.shape[1:], dtype=x.dtype).bernoulli_(1.0 - self.p)
-        return keep.div_(1.0 - self.p)
+        return x * draws.keep(self.p, x.shape[1:], x.dtype)
 
 
 class Flatten(nn.Module):
@@ -235,10 +231,10 @@ class FedNet(nn.Module):
         self.image_shape = image_shape
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, runs: int = 1
+        self, x: Tensor, mask: Tensor | None = None, dropout: DropoutDraws | None = None
     ) -> tuple[Tensor, tuple]:
-        """``runs`` > 1: the stacked rows are client-major (clients · runs) and dropout
-        masks are shared by the runs of a client (see :class:`SharedDropout`)."""
+        """Stacked rows take their dropout masks from ``dropout`` (see
+        :class:`SharedDropout`)."""
         if self.image_shape is not None:
             x = x.reshape(*x.shape[:-1], *self.image_shape)
         stats: list[BatchStats] = []
@@ -248,7 +244,7 @@ class FedNet(nn.Module):
                 if batch_stats is not None:
                     stats.append(batch_stats)
             elif isinstance(layer, SharedDropout):
-                x = layer(x, runs)
+                x = layer(x, dropout)
             else:
                 x = layer(x)
         return x, tuple(stats)

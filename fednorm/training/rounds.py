@@ -49,7 +49,8 @@ from fednorm.training.fedavg import (
     task_loss,
 )
 from fednorm.training.mlp_step import MixedRuns, MLPStep
-from fednorm.training.models import Dense, FedNet, update_running_stats
+from fednorm.training.models import Dense, FedNet, SharedDropout, update_running_stats
+from fednorm.training.slots import Federation, SlotPlan, StepSlots
 
 
 class BatchedRound:
@@ -64,12 +65,21 @@ class BatchedRound:
         return states[0], losses[0]
 
 
+ROW_ALIGN = 64  # values; a multiple of every vector width torch's CPU kernels use
+
+
 class ParamLayout:
     """Where each parameter sits in a flat row of stacked parameters.
 
     Dense weights are stored transposed, (in, out), and handed to the model as the
     transposed view (see :class:`fednorm.training.models.Dense`); everything else is
     stored in its own shape.
+
+    A row ends in zeros up to a multiple of :data:`ROW_ALIGN` values. Why: torch's fused
+    Adam rounds the last values of a tensor (its tail, after the vectorized body)
+    differently, so without the padding the last parameter of the last slot would move
+    by an ulp depending on how many slots a step has, and a run would not give the same
+    result alone and inside a stack; the zeros' gradients are zero and stay zero.
     """
 
     def __init__(self, model: FedNet) -> None:
@@ -78,10 +88,17 @@ class ParamLayout:
         self.shapes = {name: (p.shape[::-1] if name in dense else p.shape)
                        for name, p in model.named_parameters()}
         self.transposed = dense & set(self.shapes)
+        self.padding = -sum(math.prod(shape) for shape in self.shapes.values()) % ROW_ALIGN
 
     def flatten(self, state: State) -> Tensor:
-        return torch.cat([self._stored(name, state[name].detach()).reshape(-1)
-                          for name in self.shapes])
+        values = [self._stored(name, state[name].detach()).reshape(-1) for name in self.shapes]
+        return torch.cat([*values, values[0].new_zeros(self.padding)])
+
+    def gradient_rows(self, gradients: Sequence[Tensor]) -> Tensor:
+        """Each parameter's gradients (slots, *stored shape), in layout order, as flat rows."""
+        slots = len(gradients[0])
+        return torch.cat([*(g.reshape(slots, -1) for g in gradients),
+                          gradients[0].new_zeros(slots, self.padding)], 1)
 
     def storage_views(self, flat: Tensor) -> State:
         """Views into flat rows: (slots, P) -> (slots, *stored shape), or P -> stored shape."""
@@ -141,56 +158,54 @@ class AdamState:
              beta2=config.betas[1], eps=config.eps)
 
 
-def _tile(per_run: Tensor, clients: int) -> Tensor:
-    """(runs, ...) -> (clients · runs, ...), client-major."""
-    return per_run.repeat(clients, *[1] * (per_run.dim() - 1))
-
-
 class StackedRound:
     """One FedAvg round of several **runs** at once, every client of every run together.
 
-    The runs share their clients' row counts, targets and batch plan and the model's
-    architecture (the study's input normalizations of one partition, for instance) and
-    differ in their features and weights. Slots are client-major: slot ``c · R + r`` is
-    client ``c`` (in batch-count order) of run ``r``, so the slots that still have a batch
-    at a step are a prefix of the stack, as in :class:`BatchedRound`. Runs share nothing
-    but the dropout masks, which are drawn once per client and step (the same draws each
-    run would make alone: every run starts from the same seed and draws the same shapes).
-    A call trains any subset of the runs, so runs that stopped early cost nothing.
+    Each run has its own weights and features; runs of one federation share their
+    clients' row counts, targets and batch plan (the study's input normalizations of one
+    partition), runs of different federations share nothing but the network's shape
+    (the partitions of one dataset and seed, and their central models). One slot per
+    client and run, laid out as :mod:`fednorm.training.slots` describes, so the slots that
+    still have a batch at a step are a prefix of the stack. Runs share nothing but their
+    federation's dropout masks (the draws each would make alone). A call trains any
+    subset of the runs, so runs that stopped early cost nothing.
 
     ``model`` is the runs' network, or one network per run: MLPs may then differ in
-    their activation norm (one stack for all the study's normalizations of a partition;
-    see :class:`fednorm.training.mlp_step.MixedRuns`), other networks must be identical.
+    their activation norm (see :class:`fednorm.training.mlp_step.MixedRuns`), other
+    networks must be identical. ``federations`` names each run's federation (default:
+    all one).
     """
 
     def __init__(self, model: FedNet | Sequence[FedNet], runs: Sequence[ClientTensors],
-                 task: Task, config: TrainConfig):
+                 task: Task, config: TrainConfig, federations: Sequence[int] | None = None):
         models = [model] * len(runs) if isinstance(model, FedNet) else list(model)
-        if len(models) != len(runs):
-            raise InputError("one network per stacked run is needed")
+        names = [0] * len(runs) if federations is None else list(federations)
+        if not len(models) == len(names) == len(runs):
+            raise InputError("one network and one federation per stacked run are needed")
         self.mixed = MixedRuns(models) if all(map(mlp_step.supports, models)) else None
         model = self.mixed.reference if self.mixed is not None else models[0]
-        first = runs[0]
-        for other in runs[1:]:
-            if other.sizes != first.sizes or not torch.equal(other.y, first.y):
+        members: dict[int, list[int]] = {}
+        for run, name in enumerate(names):
+            members.setdefault(name, []).append(run)
+        for fed_runs in members.values():
+            first = runs[fed_runs[0]]
+            if any(runs[r].sizes != first.sizes or not torch.equal(runs[r].y, first.y)
+                   for r in fed_runs[1:]):
                 raise InputError("stacked runs must share their clients' rows and targets")
         self.model, self.task, self.config = model, task, config
-        self.sizes, self.y = first.sizes, first.y
-        self.features = torch.stack([run.X for run in runs], dim=1)  # (rows, runs, features)
-        n_batches = np.array([math.ceil(n / config.batch_size) for n in self.sizes])
-        self.order = np.argsort(-n_batches, kind="stable")  # most batches first
-        sizes = np.asarray(self.sizes, dtype=np.float64)[self.order]
-        self.weights = torch.tensor(sizes / sizes.sum(), dtype=first.X.dtype)
-        self.offsets = first.offsets
+        self.federations = [Federation.of(runs[fed_runs[0]], fed_runs, config)
+                            for fed_runs in members.values()]
+        self.features = torch.cat([run.X for run in runs])  # run after run
+        self.targets = torch.cat([run.y for run in runs])  # the same rows' targets
+        self.row_offsets = np.cumsum([0, *(len(run.X) for run in runs)])[:-1].tolist()
+        self.n_runs = len(runs)
         self.layout = ParamLayout(model)
         self.manual = MLPStep(model, self.mixed) if self.mixed is not None else None
+        self.has_dropout = any(isinstance(layer, SharedDropout) and layer.p
+                               for layer in model.layers)
         self.buffer_names = [name for name, _ in model.named_buffers()]
         self.stat_names = model.running_stat_names()
         self.saved_adam: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-
-    @property
-    def n_runs(self) -> int:
-        return self.features.shape[1]
 
     def __call__(self, states: Sequence[State], round_index: int,
                  runs: Sequence[int] | None = None) -> tuple[list[State], list[float]]:
@@ -200,27 +215,40 @@ class StackedRound:
         if len(states) != len(runs):
             raise InputError("one global state per stacked run is needed")
         self.model.train()
-        clients, width = len(self.order), len(runs)
-        rows, mask, active = self._padded_plan(round_index)
-        features = self.features[:, runs] if width < self.n_runs else self.features
+        plan = SlotPlan(self.federations, runs, self.row_offsets, self.config, round_index,
+                        self.features.dtype)
         states = [self._to_union(run, state) for run, state in zip(runs, states, strict=True)]
-        flat = torch.stack([self.layout.flatten(s) for s in states])
-        flat = flat.expand(clients, *flat.shape).reshape(clients * width, -1).contiguous()
-        buffers = {n: _tile(torch.stack([s[n] for s in states]), clients)
+        flat = torch.stack([self.layout.flatten(s) for s in states])[plan.slot_run]
+        buffers = {n: torch.stack([s[n] for s in states])[plan.slot_run]
                    for n in self.buffer_names}
-        adam_state = self._adam_state(runs, flat)
-        loss_sum = torch.zeros(clients * width, dtype=flat.dtype)
-        for step, k in enumerate(active):
-            loss_sum[: k * width] += self._step(
-                flat, adam_state, buffers, features, rows[:k, step], mask[:k, step], runs)
-        self._keep_adam(runs, adam_state)
-        merged = torch.tensordot(self.weights, flat.view(clients, width, -1), dims=1)
-        merged_buffers = {n: torch.tensordot(self.weights, b.view(clients, width, *b.shape[1:]),
-                                             dims=1) for n, b in buffers.items()}
-        run_losses = loss_sum.view(clients, width).sum(0) / sum(self.sizes)
-        return ([self._from_union(run, {**self.layout.unflatten(merged[i]),
-                                        **{n: b[i] for n, b in merged_buffers.items()}})
-                 for i, run in enumerate(runs)], [float(loss) for loss in run_losses])
+        adam_state = self._adam_state(plan, flat)
+        norm_slots = (self.mixed.norm_slots(np.asarray(runs)[plan.slot_run.numpy()])
+                      if self.manual is not None and self.manual.mixed is not None else [])
+        loss_sum = torch.zeros(len(flat), dtype=flat.dtype)
+        for step, count in enumerate(plan.active):
+            slots = StepSlots(count, plan.dropout(step, count) if self.has_dropout else None,
+                              [(norm, torch.from_numpy(index[: np.searchsorted(index, count)]))
+                               for norm, index in norm_slots])
+            loss_sum[:count] += self._step(flat, adam_state, buffers, plan.rows(step, count),
+                                           slots)
+        self._keep_adam(plan, adam_state)
+        return self._merge(plan, flat, buffers, loss_sum)
+
+    def _merge(self, plan: SlotPlan, flat: Tensor, buffers: State, loss_sum: Tensor
+               ) -> tuple[list[State], list[float]]:
+        """FedAvg within each federation: its clients' rows, weighted by their sizes."""
+        merged: dict[int, tuple[State, float]] = {}
+        for order, (fed, fed_runs) in enumerate(plan.federations):
+            slots, shape = plan.federation_slots[order], (len(fed.order), len(fed_runs))
+            weights = torch.tensordot(fed.weights, flat[slots].view(*shape, -1), dims=1)
+            averaged = {n: torch.tensordot(fed.weights, b[slots].view(*shape, *b.shape[1:]),
+                                           dims=1) for n, b in buffers.items()}
+            losses = loss_sum[slots].view(shape).sum(0) / sum(fed.sizes)
+            for i, run in enumerate(fed_runs):
+                state = {**self.layout.unflatten(weights[i]),
+                         **{n: b[i] for n, b in averaged.items()}}
+                merged[run] = (self._from_union(run, state), float(losses[i]))
+        return [merged[run][0] for run in plan.runs], [merged[run][1] for run in plan.runs]
 
     def _to_union(self, run: int, state: State) -> State:
         return state if self.mixed is None else self.mixed.to_union(run, state)
@@ -228,79 +256,63 @@ class StackedRound:
     def _from_union(self, run: int, state: State) -> State:
         return state if self.mixed is None else self.mixed.from_union(run, state)
 
-    def _step(self, flat: Tensor, adam_state: AdamState, buffers: State, features: Tensor,
-              rows: Tensor, mask: Tensor, runs: list[int]) -> Tensor:
-        """One mini-batch of the first ``k`` clients of every run; returns each slot's
-        summed loss."""
-        k, width = len(rows), len(runs)
-        slots = k * width
-        batch = features[rows].transpose(1, 2).reshape(slots, rows.shape[1], -1)
-        slot_mask = mask.repeat_interleave(width, dim=0)
-        targets = self.y[rows].repeat_interleave(width, dim=0)
-        head = {n: b[:slots] for n, b in buffers.items()}
+    def _step(self, flat: Tensor, adam_state: AdamState, buffers: State,
+              rows: tuple[Tensor, Tensor], slots: StepSlots) -> Tensor:
+        """One mini-batch of the first ``slots.count`` slots; returns each slot's summed
+        loss."""
+        count = slots.count
+        index, slot_mask = rows
+        batch, targets = self.features[index], self.targets[index]
+        head = {n: b[:count] for n, b in buffers.items()}
         if self.manual is not None:
-            losses, stats, grad = self.manual(self.layout.storage_views(flat[:slots]), batch,
-                                              slot_mask, targets, self.task, runs, self.config)
+            losses, stats, grads = self.manual(self.layout.storage_views(flat[:count]), batch,
+                                               slot_mask, targets, self.task, slots,
+                                               self.config)
+            grad = self.layout.gradient_rows(grads)
         else:
-            losses, stats, grad = self._autograd_step(flat[:slots], head, batch, slot_mask,
-                                                      targets, width)
+            losses, stats, grad = self._autograd_step(flat[:count], head, batch, slot_mask,
+                                                      targets, slots)
         with torch.no_grad():
-            adam_state.step(flat[:slots], grad, slots, self.config)
+            adam_state.step(flat[:count], grad, count, self.config)
             update_running_stats(head, self.stat_names, stats)
         return losses.sum(1)
 
     def _autograd_step(self, flat: Tensor, head: State, batch: Tensor, slot_mask: Tensor,
-                       targets: Tensor, width: int) -> tuple[Tensor, tuple, Tensor]:
+                       targets: Tensor, slots: StepSlots) -> tuple[Tensor, tuple, Tensor]:
         """Masked per-row losses, batch statistics and the flat gradient rows, through
         ``functional_call`` and autograd (any :class:`FedNet`)."""
-        slots = len(flat)
         # One leaf per parameter (views of the flat rows): a leaf that is a slice would
         # make backward build a full-size gradient for every parameter.
         leaves = {n: p.detach().requires_grad_() for n, p in
                   self.layout.storage_views(flat).items()}
         output, stats = functional_call(
-            self.model, {**self.layout.model_views(leaves), **head}, (batch, slot_mask, width))
+            self.model, {**self.layout.model_views(leaves), **head},
+            (batch, slot_mask, slots.dropout))
         losses = task_loss(output, targets, self.task, self.config) * slot_mask
         grads = torch.autograd.grad((losses.sum(1) / slot_mask.sum(1)).sum(),
                                     list(leaves.values()))
-        return (losses.detach(), stats,
-                torch.cat([g.reshape(slots, -1) for g in grads], 1))
+        return losses.detach(), stats, self.layout.gradient_rows(grads)
 
-    def _adam_state(self, runs: list[int], flat: Tensor) -> AdamState:
+    def _adam_state(self, plan: SlotPlan, flat: Tensor) -> AdamState:
         """Fresh moments, or (``persist_optimizer``) the runs' own from earlier rounds."""
         state = AdamState.fresh(flat, per_slot=self.config.persist_optimizer)
-        if self.config.persist_optimizer and all(r in self.saved_adam for r in runs):
-            clients = len(self.order)
-            for index, tensor in enumerate((state.m, state.v, state.steps)):
-                saved = torch.stack([self.saved_adam[r][index] for r in runs], dim=1)
-                tensor.copy_(saved.reshape(clients * len(runs), *saved.shape[2:]))
+        if self.config.persist_optimizer and all(r in self.saved_adam for r in plan.runs):
+            for order, (_, fed_runs) in enumerate(plan.federations):
+                slots = plan.federation_slots[order]
+                for index, tensor in enumerate((state.m, state.v, state.steps)):
+                    saved = torch.stack([self.saved_adam[r][index] for r in fed_runs], dim=1)
+                    tensor[slots] = saved.reshape(len(slots), *saved.shape[2:])
         return state
 
-    def _keep_adam(self, runs: list[int], state: AdamState) -> None:
+    def _keep_adam(self, plan: SlotPlan, state: AdamState) -> None:
         if not self.config.persist_optimizer:
             return
-        clients = len(self.order)
-        views = [t.view(clients, len(runs), *t.shape[1:]) for t in (state.m, state.v, state.steps)]
-        for position, run in enumerate(runs):
-            self.saved_adam[run] = tuple(v[:, position].clone() for v in views)
-
-    def _padded_plan(self, round_index: int) -> tuple[Tensor, Tensor, list[int]]:
-        """Global row indices (client, step, slot), the real-row mask, and active counts.
-
-        ``active[s]`` is how many clients (a prefix, by the batch-count order) have a
-        batch at step ``s``.
-        """
-        config = self.config
-        plan = batch_plan(self.sizes, config.batch_size, config.seed, round_index)
-        steps = len(plan[self.order[0]])
-        rows = np.zeros((len(plan), steps, config.batch_size), dtype=np.int64)
-        mask = np.zeros(rows.shape, dtype=np.float32)
-        for slot, client in enumerate(self.order):
-            for step, batch in enumerate(plan[client]):
-                rows[slot, step, : len(batch)] = self.offsets[client] + batch
-                mask[slot, step, : len(batch)] = 1.0
-        active = [int(n) for n in (mask.sum(axis=2) > 0).sum(axis=0)]
-        return torch.from_numpy(rows), torch.from_numpy(mask).to(self.features.dtype), active
+        for order, (fed, fed_runs) in enumerate(plan.federations):
+            slots = plan.federation_slots[order]
+            views = [t[slots].view(len(fed.order), len(fed_runs), *t.shape[1:])
+                     for t in (state.m, state.v, state.steps)]
+            for position, run in enumerate(fed_runs):
+                self.saved_adam[run] = tuple(v[:, position].clone() for v in views)
 
 
 class SequentialRound:

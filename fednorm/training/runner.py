@@ -106,60 +106,98 @@ class PreparedRun:
     fitted: str | None = None  # a fitted reference (baselines.FITTED), not trained
 
 
+@dataclass
+class TrainedRun:
+    """A prepared run as a stack trains it: its federation and its partition's setting."""
+
+    prepared: PreparedRun
+    federation: tuple[int, bool]  # (partition, pooled): runs that share their clients
+    config: TrainConfig
+    scale: TargetScale | None
+
+    @property
+    def clients(self) -> list[ClientData]:
+        assert self.prepared.normalized is not None
+        return self.prepared.normalized.clients
+
+
+# MLP partitions of one dataset, seed and privacy trained as one stack (a job): enough
+# to step their central models (one client, ten times the steps of a federation's
+# round) together, few enough that a stopped grid loses little.
+PARTITIONS_PER_JOB = 7
+
+
 def run_cell(cell: Cell, settings: RunSettings) -> dict[str, object]:
     """Run one cell and return its results row; bad data for this cell is a failed row."""
     return run_cells([cell], settings)[0][1]
 
 
 def run_cells(cells: list[Cell], settings: RunSettings) -> list[tuple[Cell, dict[str, object]]]:
-    """Run cells of one partition (dataset, skew, clients, seed, privacy); the ones whose
-    networks are identical train stacked (see :class:`StackedRound`) unless
-    ``settings.stack`` is off or the trainer is sequential.
+    """Run cells of one dataset, seed and privacy, of one or more partitions: the runs
+    whose networks can stack train together (see :func:`run_partitions`).
 
     A stacked run's ``seconds`` is its own normalization time plus its share of the
     stack's training time.
     """
     first = cells[0]
-    partition_key = (first.dataset, first.skew, first.clients, first.seed, first.privacy)
-    if any((c.dataset, c.skew, c.clients, c.seed, c.privacy) != partition_key for c in cells):
-        raise InputError("cells run together must share dataset, skew, clients, seed, privacy")
+    if any((c.dataset, c.seed, c.privacy) != (first.dataset, first.seed, first.privacy)
+           for c in cells):
+        raise InputError("cells run together must share dataset, seed and privacy")
     dataset = cached_dataset(first.dataset, settings.data_dir)
-    started = time.perf_counter()
-    try:
-        clients = make_clients(dataset, first.clients, first.skew, first.seed)
-        if settings.tuning:
-            clients = tuning_clients(clients, first.seed)
-    except InputError as exc:  # e.g. more clients than the rows allow
-        seconds = time.perf_counter() - started
-        return [(c, _error_row(c, dataset, exc, seconds)) for c in cells]
-    return run_partition(dataset, clients, cells, settings)
+    partitions, failed = [], []
+    for group in partition_groups(cells):
+        started = time.perf_counter()
+        try:
+            clients = make_clients(dataset, group[0].clients, group[0].skew, group[0].seed)
+            if settings.tuning:
+                clients = tuning_clients(clients, group[0].seed)
+        except InputError as exc:  # e.g. more clients than the rows allow
+            seconds = time.perf_counter() - started
+            failed += [(c, _error_row(c, dataset, exc, seconds)) for c in group]
+            continue
+        partitions.append((clients, group))
+    return failed + (run_partitions(dataset, partitions, settings) if partitions else [])
 
 
 def run_partition(dataset: Dataset, clients: list[ClientData], cells: list[Cell],
                   settings: RunSettings, on_trained: TrainedHook | None = None
                   ) -> list[tuple[Cell, dict[str, object]]]:
-    """:func:`run_cells` on clients already made; ``on_trained`` is told when each
-    training group has finished, before it is scored (see :data:`TrainedHook`)."""
-    first = cells[0]
-    scale = None
-    if dataset.task == "regression":
-        clients, scale = standardize_targets(clients)
-    config = settings.train_config(dataset, first.seed, clients)
-    prepared = [_prepare(cell, dataset, clients, settings.fit_options) for cell in cells]
+    """:func:`run_partitions` of one partition."""
+    return run_partitions(dataset, [(clients, cells)], settings, on_trained)
+
+
+def run_partitions(dataset: Dataset, partitions: list[tuple[list[ClientData], list[Cell]]],
+                   settings: RunSettings, on_trained: TrainedHook | None = None
+                   ) -> list[tuple[Cell, dict[str, object]]]:
+    """Cells of partitions whose clients are made: every partition's runs are
+    normalized, the runs whose networks stack (all MLPs of the partitions, each
+    partition's runs and its central model a federation of their own; identical networks
+    otherwise) train as one stack, and the fitted references are fitted. ``on_trained``
+    is told when each training group has finished, before it is scored (see
+    :data:`TrainedHook`)."""
     spec = model_spec(dataset.name, dataset.image_shape)
-    groups: dict[object, list[PreparedRun]] = {}
-    for run in prepared:
-        if run.normalized is None or run.fitted is not None:
-            continue
-        stackable = _stacking(settings) and len(run.normalized.clients) == len(clients)
-        key = _stack_key(spec, run.activation) if stackable else id(run)
-        groups.setdefault(key, []).append(run)
+    prepared, groups = [], {}
+    for index, (clients, cells) in enumerate(partitions):
+        scale = None
+        if dataset.task == "regression":
+            clients, scale = standardize_targets(clients)
+        config = settings.train_config(dataset, cells[0].seed, clients)
+        runs = [_prepare(cell, dataset, clients, settings.fit_options) for cell in cells]
+        prepared += [(run, scale) for run in runs]
+        for run in runs:
+            if run.normalized is None or run.fitted is not None:
+                continue
+            trained = TrainedRun(run, (index, len(run.normalized.clients) != len(clients)),
+                                 config, scale)
+            key = ((_stack_key(spec, run.activation), repr(config)) if _stacking(settings)
+                   else id(run))
+            groups.setdefault(key, []).append(trained)
     for group in groups.values():
-        _train_group(dataset, group, settings, config, scale, on_trained)
-    for run in prepared:
+        _train_group(dataset, group, settings, on_trained)
+    for run, scale in prepared:
         if run.normalized is not None and run.fitted is not None:
             _fit_reference(dataset, run, scale, on_trained)
-    return [(run.cell, run.row) for run in prepared]
+    return [(run.cell, run.row) for run, _ in prepared]
 
 
 def _stack_key(spec: ModelSpec, activation: str) -> object:
@@ -203,28 +241,26 @@ def _error_row(cell: Cell, dataset: Dataset, exc: InputError, seconds: float
     return row
 
 
-def _train_group(dataset: Dataset, group: list[PreparedRun], settings: RunSettings,
-                 config: TrainConfig, scale: TargetScale | None,
+def _train_group(dataset: Dataset, group: list[TrainedRun], settings: RunSettings,
                  on_trained: TrainedHook | None) -> None:
-    """Train one stack of identical networks (or a single run) and fill in the rows."""
+    """Train one stack (or a single run) and fill in the rows."""
     started = time.perf_counter()
-    federations = [run.normalized.clients for run in group if run.normalized is not None]
     trained = (None if on_trained is None
-               else lambda: on_trained([run.cell for run in group]))
+               else lambda: on_trained([run.prepared.cell for run in group]))
     if len(group) == 1:
-        results = [train_and_test(dataset, federations[0], group[0].activation, config,
-                                  settings.trainer, scale, trained)]
+        (run,) = group
+        results = [train_and_test(dataset, run.clients, run.prepared.activation, run.config,
+                                  settings.trainer, run.scale, trained)]
     else:
-        results = train_and_test_stacked(dataset, federations,
-                                         [run.activation for run in group], config, scale,
-                                         trained)
+        results = train_and_test_stacked(dataset, group, trained)
     share = (time.perf_counter() - started) / len(group)
     for run, (outcome, metrics) in zip(group, results, strict=True):
-        run.row.update(metrics)
-        run.row.update(
+        row = run.prepared.row
+        row.update(metrics)
+        row.update(
             status="ok", best_val_loss=outcome.best_val_loss, rounds=outcome.rounds,
-            best_round=outcome.best_round, max_rounds=config.max_rounds,
-            seconds=round(float(run.row["norm_seconds"]) + share, 3),
+            best_round=outcome.best_round, max_rounds=run.config.max_rounds,
+            seconds=round(float(row["norm_seconds"]) + share, 3),
         )
 
 
@@ -272,31 +308,32 @@ def train_and_test(
 
 def train_and_test_stacked(
     dataset: Dataset,
-    federations: list[list[ClientData]],
-    activations: list[str],
-    config: TrainConfig,
-    scale: TargetScale | None = None,
+    runs: list[TrainedRun],
     trained: Callable[[], None] | None = None,
 ) -> list[tuple[TrainOutcome, dict[str, float]]]:
-    """:func:`train_and_test` for several federations of one partition (same rows and
-    targets, different features), each with its activation norm, trained stacked; each
-    gets the result it would get alone. The networks must be identical unless they are
-    MLPs (see :class:`StackedRound`)."""
+    """:func:`train_and_test` for several runs trained as one stack (one setting, one
+    seed), each with its activation norm and its federation; each gets the result it
+    would get alone. The networks must be identical unless they are MLPs (see
+    :class:`StackedRound`)."""
     assert dataset.task is not None
-    task = dataset.task
-    data = [client_tensors(clients, task) for clients in federations]
+    task, config = dataset.task, runs[0].config
+    data = [client_tensors(run.clients, task) for run in runs]
     # Each run's model as it would be built alone; this also leaves torch's generator
-    # where a lone run's training would find it (the dropout draws are shared).
-    models = [seeded_model(dataset, data[0], activation, config.seed)
-              for activation in activations]
-    outcomes = train_stacked(
-        models, StackedRound(models, data, task, config),
-        [model.state_dict() for model in models],
-        [eval_tensors(merge_val(clients), task) for clients in federations], task, config)
+    # where a lone run's training would find it (each federation's dropout stream starts
+    # there).
+    models = [seeded_model(dataset, data[0], run.prepared.activation, config.seed)
+              for run in runs]
+    names = {federation: i for i, federation in enumerate(dict.fromkeys(
+        run.federation for run in runs))}
+    stack = StackedRound(models, data, task, config, [names[run.federation] for run in runs])
+    outcomes = train_stacked(models, stack, [model.state_dict() for model in models],
+                             [eval_tensors(merge_val(run.clients), task) for run in runs],
+                             task, config)
     if trained is not None:
         trained()
-    return [(outcome, score_on_test(model, outcome, merge_test(clients), task, config, scale))
-            for model, outcome, clients in zip(models, outcomes, federations, strict=True)]
+    return [(outcome, score_on_test(model, outcome, merge_test(run.clients), task, config,
+                                    run.scale))
+            for model, outcome, run in zip(models, outcomes, runs, strict=True)]
 
 
 def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: int) -> FedNet:
@@ -320,7 +357,7 @@ def run_grid(
     progress = Progress(len(pending), len(cells) - len(pending), stream or sys.stderr)
     progress.start()
     failed = 0
-    for results in _results(partition_groups(pending), settings, jobs):
+    for results in _results(job_groups(pending, settings), settings, jobs):
         for cell, row in results:
             store.append(row)
             failed += row["status"] != "ok"
@@ -337,6 +374,25 @@ def partition_groups(cells: list[Cell]) -> list[list[Cell]]:
         key = (cell.dataset, cell.skew, cell.clients, cell.seed, cell.privacy)
         groups.setdefault(key, []).append(cell)
     return list(groups.values())
+
+
+def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
+    """Cells grouped into jobs, in grid order: up to :data:`PARTITIONS_PER_JOB`
+    partitions of one dataset, seed and privacy when their networks are MLPs that stack,
+    one partition otherwise."""
+    jobs: dict[tuple, list[list[Cell]]] = {}
+    for partition in partition_groups(cells):
+        first = partition[0]
+        dataset = cached_dataset(first.dataset, settings.data_dir)
+        together = (_stacking(settings)
+                    and isinstance(model_spec(dataset.name, dataset.image_shape), MLPSpec))
+        key = (first.dataset, first.seed, first.privacy) if together else id(partition)
+        chunks = jobs.setdefault(key, [[]])
+        if len(chunks[-1]) == PARTITIONS_PER_JOB:
+            chunks.append([])
+        chunks[-1].append(partition)
+    return [[cell for partition in chunk for cell in partition]
+            for chunks in jobs.values() for chunk in chunks]
 
 
 def _results(

@@ -3,7 +3,7 @@
 
 A grid is what the study costs to re-run after any change to training, so its wall time
 has a target (at most 2 h at two worker processes on the 2-core machine the project is
-measured on). The section drives the real grid (:func:`~fednorm.training.runner.run_grid`
+measured on). The section drives the real grid (:func:`~fednorm.training.jobs.run_grid`
 over :func:`~fednorm.training.grid.build_grid`'s cells) into a results file of its own in a
 temporary directory, and reports its wall time and, per dataset, the runs, failures,
 runs stopped by the round cap and the runs' summed seconds (normalization plus their
@@ -36,7 +36,8 @@ def study_grid(request: GridRequest, jobs: int, command: str = "",
 
     ``max_rounds`` caps training (smoke runs only: a capped grid is not the study's).
     """
-    from fednorm.training.runner import RunSettings, run_grid
+    from fednorm.training.jobs import run_grid
+    from fednorm.training.runner import RunSettings
 
     cells = build_grid(request)
     started, t0 = now()

@@ -89,7 +89,7 @@ def run_settings(args: argparse.Namespace, options: FitOptions, **training: obje
 def run_into(cells: list, out: Path, settings: Any, jobs: int) -> Any:
     """Run the cells not yet in ``out``; ``kill <pid>`` stops the workers too, and leaves
     the results file complete."""
-    from fednorm.training.runner import run_grid
+    from fednorm.training.jobs import run_grid
 
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:

@@ -1,4 +1,4 @@
-"""Running the grid: each cell goes data → normalization → FedAvg → test metrics → CSV row.
+"""Running a job's cells: each cell goes data → normalization → FedAvg → test metrics → CSV row.
 
 Two choices keep the networks' numbers meaningful:
 
@@ -17,21 +17,15 @@ Two choices keep the networks' numbers meaningful:
   counts, the same kind of aggregate FedAvg's sample weights reveal) is available as
   the alternative; measured on HCV it did worse (``results/README.md``).
 
-Cells are independent, so ``jobs > 1`` runs them in worker processes (spawned, one
-torch thread each: the models are small, and two processes keep two cores busier than
-two threads inside tiny matrix products). Only the parent writes the results file.
+How cells are grouped into jobs and run in worker processes: :mod:`fednorm.training.jobs`.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from multiprocessing import get_context
-from typing import TextIO
 
 import torch
 
@@ -50,7 +44,6 @@ from fednorm.training.fedavg import (
 from fednorm.training.grid import (
     COLUMNS,
     Cell,
-    ResultStore,
 )
 from fednorm.training.models import (
     FedNet,
@@ -65,7 +58,6 @@ from fednorm.training.normalization import (
     NormalizedFederation,
     normalize_clients,
 )
-from fednorm.training.progress import Progress
 from fednorm.training.rounds import BatchedRound, SequentialRound, StackedRound
 from fednorm.training.settings import RunSettings, Trainer
 from fednorm.training.tensors import (
@@ -81,13 +73,6 @@ from fednorm.training.tuning import tuning_clients
 # Called with a training group's cells once their training has ended, before any of
 # them is scored: the one point after which test labels may be read.
 TrainedHook = Callable[[list[Cell]], None]
-
-
-@dataclass
-class GridSummary:
-    ran: int
-    skipped: int
-    failed: int
 
 
 @lru_cache(maxsize=4)
@@ -119,12 +104,6 @@ class TrainedRun:
     def clients(self) -> list[ClientData]:
         assert self.prepared.normalized is not None
         return self.prepared.normalized.clients
-
-
-# MLP partitions of one dataset, seed and privacy trained as one stack (a job): enough
-# to step their central models (one client, ten times the steps of a federation's
-# round) together, few enough that a stopped grid loses little.
-PARTITIONS_PER_JOB = 7
 
 
 def run_cell(cell: Cell, settings: RunSettings) -> dict[str, object]:
@@ -189,7 +168,7 @@ def run_partitions(dataset: Dataset, partitions: list[tuple[list[ClientData], li
                 continue
             trained = TrainedRun(run, (index, len(run.normalized.clients) != len(clients)),
                                  config, scale)
-            key = ((_stack_key(spec, run.activation), repr(config)) if _stacking(settings)
+            key = ((_stack_key(spec, run.activation), repr(config)) if stacking(settings)
                    else id(run))
             groups.setdefault(key, []).append(trained)
     for group in groups.values():
@@ -206,7 +185,7 @@ def _stack_key(spec: ModelSpec, activation: str) -> object:
     return spec if isinstance(spec, MLPSpec) else architecture_key(spec, activation)
 
 
-def _stacking(settings: RunSettings) -> bool:
+def stacking(settings: RunSettings) -> bool:
     return settings.stack and settings.trainer == "batched"
 
 
@@ -343,30 +322,6 @@ def seeded_model(dataset: Dataset, data: ClientTensors, activation: str, seed: i
                        n_outputs(dataset), activation, dataset.image_shape)
 
 
-def run_grid(
-    cells: list[Cell],
-    store: ResultStore,
-    settings: RunSettings,
-    jobs: int = 1,
-    stream: TextIO | None = None,
-) -> GridSummary:
-    """Run every cell not yet in ``store``, appending one row per finished run."""
-    pending = store.pending(cells)
-    for name in dict.fromkeys(cell.dataset for cell in pending):
-        cached_dataset(name, settings.data_dir)  # a missing file fails before any training
-    progress = Progress(len(pending), len(cells) - len(pending), stream or sys.stderr)
-    progress.start()
-    failed = 0
-    for results in _results(job_groups(pending, settings), settings, jobs):
-        for cell, row in results:
-            store.append(row)
-            failed += row["status"] != "ok"
-            progress.advance(cell.label(), float(row["seconds"] or math.nan),
-                             row["status"] != "ok")
-    progress.close()
-    return GridSummary(len(pending), len(cells) - len(pending), failed)
-
-
 def partition_groups(cells: list[Cell]) -> list[list[Cell]]:
     """Cells grouped by partition (dataset, skew, clients, seed, privacy), in grid order."""
     groups: dict[tuple, list[Cell]] = {}
@@ -374,47 +329,3 @@ def partition_groups(cells: list[Cell]) -> list[list[Cell]]:
         key = (cell.dataset, cell.skew, cell.clients, cell.seed, cell.privacy)
         groups.setdefault(key, []).append(cell)
     return list(groups.values())
-
-
-def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
-    """Cells grouped into jobs, in grid order: up to :data:`PARTITIONS_PER_JOB`
-    partitions of one dataset, seed and privacy when their networks are MLPs that stack,
-    one partition otherwise."""
-    jobs: dict[tuple, list[list[Cell]]] = {}
-    for partition in partition_groups(cells):
-        first = partition[0]
-        dataset = cached_dataset(first.dataset, settings.data_dir)
-        together = (_stacking(settings)
-                    and isinstance(model_spec(dataset.name, dataset.image_shape), MLPSpec))
-        key = (first.dataset, first.seed, first.privacy) if together else id(partition)
-        chunks = jobs.setdefault(key, [[]])
-        if len(chunks[-1]) == PARTITIONS_PER_JOB:
-            chunks.append([])
-        chunks[-1].append(partition)
-    return [[cell for partition in chunk for cell in partition]
-            for chunks in jobs.values() for chunk in chunks]
-
-
-def _results(
-    groups: list[list[Cell]], settings: RunSettings, jobs: int
-) -> Iterator[list[tuple[Cell, dict[str, object]]]]:
-    """Each partition's (cell, row) pairs as they finish, in this process or in ``jobs``
-    workers.
-
-    Leaving early (an error, Ctrl-C, or SIGTERM turned into SystemExit by the CLI)
-    terminates the workers instead of letting them finish cells nobody will record.
-    """
-    if jobs <= 1 or len(groups) <= 1:
-        torch.set_num_threads(settings.threads)
-        for cells in groups:
-            yield run_cells(cells, settings)
-        return
-    context = get_context("spawn")
-    with context.Pool(jobs, initializer=torch.set_num_threads, initargs=(settings.threads,),
-                      maxtasksperchild=None) as pool:
-        yield from pool.imap_unordered(_run_cells_job, [(c, settings) for c in groups])
-
-
-def _run_cells_job(job: tuple[list[Cell], RunSettings]) -> list[tuple[Cell, dict[str, object]]]:
-    cells, settings = job
-    return run_cells(cells, settings)

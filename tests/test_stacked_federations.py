@@ -17,8 +17,8 @@ from fednorm.training.fedavg import (  # noqa: E402
     train_federated,
     train_stacked,
 )
-from fednorm.training.grid import GridRequest, build_grid  # noqa: E402
-from fednorm.training.jobs import PARTITIONS_PER_JOB, job_groups  # noqa: E402
+from fednorm.training.grid import PARTITIONS_PER_JOB, GridRequest, build_grid  # noqa: E402
+from fednorm.training.jobs import job_groups  # noqa: E402
 from fednorm.training.models import MLPSpec, build_model  # noqa: E402
 from fednorm.training.rounds import BatchedRound, StackedRound  # noqa: E402
 from fednorm.training.runner import RunSettings  # noqa: E402

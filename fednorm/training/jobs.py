@@ -1,13 +1,12 @@
 """Running the grid: cells grouped into jobs, each job run in this process or in a worker.
 
-A job is the cells of up to ``partitions_per_job`` partitions of one dataset, seed and
-privacy (:class:`fednorm.training.grid.DatasetDefaults`; :data:`PARTITIONS_PER_JOB` for
-other data): they train as one stack (:func:`fednorm.training.runner.run_partitions`),
-so their central models, each ten times a federation's steps a round, and their
-single-run norms step together. Jobs are
-independent, so ``jobs > 1`` runs them in worker processes (spawned, one torch thread
-each: the models are small, and two processes keep two cores busier than two threads
-inside tiny matrix products). Only the parent writes the results file, a job's rows as
+A job is the cells of up to :attr:`~fednorm.training.grid.DatasetDefaults.partitions_per_job`
+partitions of one dataset, seed and privacy (7 for tabular data, whose MLPs train as one
+stack: :func:`fednorm.training.runner.run_partitions`, so that the partitions' central
+models, each with ten times a federation's steps a round, step together; 1 for images).
+Jobs are independent, so ``jobs > 1`` runs them in worker processes (spawned, one torch
+thread each: the models are small, and two processes keep two cores busier than two
+threads inside tiny matrix products). Only the parent writes the results file, a job's rows as
 the job ends, so a stopped grid loses at most the jobs it was running.
 """
 
@@ -22,7 +21,7 @@ from typing import TextIO
 
 import torch
 
-from fednorm.training.grid import DATASETS, Cell, ResultStore
+from fednorm.training.grid import DATASETS, PARTITIONS_PER_JOB, Cell, ResultStore
 from fednorm.training.progress import Progress
 from fednorm.training.runner import (
     RunSettings,
@@ -31,8 +30,6 @@ from fednorm.training.runner import (
     run_cells,
     stacking,
 )
-
-PARTITIONS_PER_JOB = 7  # few enough that a stopped grid loses little
 
 
 @dataclass

@@ -103,44 +103,48 @@ class SlotPlan:
                  row_offsets: Sequence[int], config: TrainConfig, round_index: int,
                  dtype: torch.dtype) -> None:
         position = {run: i for i, run in enumerate(runs)}
-        active = [(f, [r for r in fed.runs if r in position])
-                  for f, fed in enumerate(federations)]
-        active = [(f, fed_runs) for f, fed_runs in active if fed_runs]
-        pairs = sorted(((-int(federations[f].n_batches[rank]), order, rank)
-                        for order, (f, _) in enumerate(active)
-                        for rank in range(len(federations[f].order))))
-        plans = [federations[f].padded_plan(config, round_index) for f, _ in active]
-        steps = max(len(plan[0][0]) for plan in plans)
-        self.steps = steps
+        active = [(fed, [r for r in fed.runs if r in position]) for fed in federations]
+        self.runs = list(runs)
+        self.federations = [(fed, fed_runs) for fed, fed_runs in active if fed_runs]
+        # (client, federation) pairs, most batches first: (-batches, federation, client)
+        pairs = sorted((-int(fed.n_batches[rank]), order, rank)
+                       for order, (fed, _) in enumerate(self.federations)
+                       for rank in range(len(fed.order)))
+        self._lay_out_batches(pairs, config, round_index, dtype)
+        self._lay_out_slots(pairs, position, row_offsets)
+
+    def _lay_out_batches(self, pairs: list[tuple[int, int, int]], config: TrainConfig,
+                         round_index: int, dtype: torch.dtype) -> None:
+        """Each pair's batches of the round, and how many clients of each federation
+        (and slots in all) have a batch at each step."""
+        plans = [fed.padded_plan(config, round_index) for fed, _ in self.federations]
+        steps = max(len(rows[0]) for rows, _ in plans)
         pair_rows = np.zeros((len(pairs), steps, config.batch_size), dtype=np.int64)
         pair_mask = np.zeros(pair_rows.shape, dtype=np.float32)
-        slot_pair, slot_run, slot_offset, slot_fed, slot_rank = [], [], [], [], []
-        for p, (_, order, rank) in enumerate(pairs):
+        self.clients = np.zeros((len(plans), steps), dtype=np.int64)
+        for p, (negative_batches, order, rank) in enumerate(pairs):
             rows, mask = plans[order]
             pair_rows[p, : rows.shape[1]], pair_mask[p, : rows.shape[1]] = rows[rank], mask[rank]
-            for run in active[order][1]:
-                slot_pair.append(p)
-                slot_run.append(position[run])
-                slot_offset.append(row_offsets[run])
-                slot_fed.append(order)
-                slot_rank.append(rank)
-        self.runs = list(runs)
-        self.federations = [(federations[f], fed_runs) for f, fed_runs in active]
+            self.clients[order, :-negative_batches] += 1
         self.pair_rows = torch.from_numpy(pair_rows)
         self.pair_mask = torch.from_numpy(pair_mask).to(dtype)
-        self.slot_pair, self.slot_run = torch.tensor(slot_pair), torch.tensor(slot_run)
-        self.slot_offset = torch.tensor(slot_offset).unsqueeze(1)
-        self.slot_fed, self.slot_rank = torch.tensor(slot_fed), torch.tensor(slot_rank)
         n_batches = np.array([-key for key, _, _ in pairs])
-        slot_end = np.cumsum([len(active[order][1]) for _, order, _ in pairs])
+        slot_end = np.cumsum([len(self.federations[order][1]) for _, order, _ in pairs])
         self.active = [int(slot_end[(n_batches > s).sum() - 1]) for s in range(steps)]
-        clients = np.zeros((len(active), steps), dtype=np.int64)  # active clients per step
-        for _, order, rank in pairs:
-            clients[order, : int(federations[active[order][0]].n_batches[rank])] += 1
-        self.clients = clients
+
+    def _lay_out_slots(self, pairs: list[tuple[int, int, int]], position: dict[int, int],
+                       row_offsets: Sequence[int]) -> None:
+        """Every pair's slots, one per active run of its federation."""
+        slots = [(p, position[run], row_offsets[run], order, rank)
+                 for p, (_, order, rank) in enumerate(pairs)
+                 for run in self.federations[order][1]]
+        columns = (torch.tensor(column) for column in zip(*slots, strict=True))
+        pair, run, offset, federation, rank = columns
+        self.slot_pair, self.slot_run, self.slot_offset = pair, run, offset.unsqueeze(1)
+        self.slot_fed, self.slot_rank = federation, rank
         # Each federation's slots, client-major then run: its (clients, runs) block.
-        self.federation_slots = [torch.nonzero(self.slot_fed == order).squeeze(1)
-                                 for order in range(len(active))]
+        self.federation_slots = [torch.nonzero(federation == order).squeeze(1)
+                                 for order in range(len(self.federations))]
 
     def rows(self, step: int, count: int) -> tuple[Tensor, Tensor]:
         """The first ``count`` slots' rows in the stack's tables and their real-row mask."""

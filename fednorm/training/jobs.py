@@ -64,8 +64,9 @@ def run_grid(
 
 
 def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
-    """Cells grouped into jobs, in grid order (see the module doc); one partition a job
-    when stacking is off."""
+    """Cells grouped into jobs (see the module doc; one partition a job when stacking is
+    off), seed after seed and, within a seed, the datasets with the most rows first: a
+    grid then ends on short jobs, and no worker waits long for the other's last one."""
     jobs: dict[tuple, list[list[Cell]]] = {}
     for partition in partition_groups(cells):
         first = partition[0]
@@ -75,8 +76,14 @@ def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
         if len(chunks[-1]) == (size if stacking(settings) else 1):
             chunks.append([])
         chunks[-1].append(partition)
+    seeds = list(dict.fromkeys((cell.seed, cell.privacy) for cell in cells))
+
+    def order(key: tuple) -> tuple[int, int]:
+        dataset, seed, privacy = key
+        return seeds.index((seed, privacy)), -len(cached_dataset(dataset, settings.data_dir).X)
+
     return [[cell for partition in chunk for cell in partition]
-            for chunks in jobs.values() for chunk in chunks]
+            for key in sorted(jobs, key=order) for chunk in jobs[key]]
 
 
 def _results(

@@ -15,9 +15,11 @@ A round can be computed three ways that give the same result:
   their number of batches, so at each step the clients that still have a batch are a
   prefix of the stack and finished ones cost nothing.
 * :class:`StackedRound`, which :class:`BatchedRound` is one run of, also stacks
-  **several runs** that share a partition and an architecture (the study's input
-  normalizations of one skew, client count and seed) and trains them as one batch,
-  each with its own weights, features and (in :func:`train_stacked`) early stopping.
+  **several runs** that share an architecture and trains them as one batch, each with
+  its own weights, features and (in :func:`train_stacked`) early stopping: the runs of
+  one federation (the study's input normalizations of one partition) share its clients,
+  and several federations (the partitions of one dataset and seed, their central
+  models) can share a stack (:mod:`fednorm.training.slots`).
   The products are so small that their fixed costs dominate: a step of nine stacked
   runs took about three times one run's (13 vs 4.2 ms of CPU, Parkinson's MLP, 10
   clients; see ``bench/RESULTS.md``).

@@ -17,11 +17,16 @@ from fednorm.training.fedavg import (  # noqa: E402
     train_federated,
     train_stacked,
 )
-from fednorm.training.grid import PARTITIONS_PER_JOB, GridRequest, build_grid  # noqa: E402
+from fednorm.training.grid import (  # noqa: E402
+    PARTITIONS_PER_JOB,
+    Cell,
+    GridRequest,
+    build_grid,
+)
 from fednorm.training.jobs import job_groups  # noqa: E402
 from fednorm.training.models import MLPSpec, build_model  # noqa: E402
 from fednorm.training.rounds import BatchedRound, StackedRound  # noqa: E402
-from fednorm.training.runner import RunSettings  # noqa: E402
+from fednorm.training.runner import RunSettings, run_cells  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,3 +118,9 @@ def test_the_grid_stacks_mlp_partitions_of_a_dataset_and_seed_and_images_one_by_
         ((job[0].seed, job[0].dataset) for job in jobs), key=lambda k: (k[0], k[1] != "digits"))
     unstacked = job_groups(cells, RunSettings(stack=False))
     assert all(len({(c.skew, c.clients) for c in job}) == 1 for job in unstacked)
+
+
+def test_a_job_holds_one_dataset_seed_and_privacy():
+    cells = [Cell("bcw", "iid", 3, "none", 0), Cell("bcw", "iid", 3, "none", 1)]
+    with pytest.raises(InputError, match="share dataset, seed and privacy"):
+        run_cells(cells, RunSettings(max_rounds=1))

@@ -180,8 +180,8 @@ def run_partitions(dataset: Dataset, partitions: list[tuple[list[ClientData], li
 
 
 def _stack_key(spec: ModelSpec, activation: str) -> object:
-    """Runs with equal keys train in one stack: all MLPs of a partition (they differ at
-    most in their activation norm), identical networks otherwise."""
+    """Runs with equal keys (and settings) train in one stack: all MLPs of a job (they
+    differ at most in their activation norm), identical networks otherwise."""
     return spec if isinstance(spec, MLPSpec) else architecture_key(spec, activation)
 
 

@@ -82,7 +82,8 @@ class DatasetDefaults:
         """Partitions of one seed trained as one stack (:mod:`fednorm.training.jobs`), so
         that their central models step together. Images keep one: torch's convolutions
         round a slot differently with the stack's size (digits seed 0: 42 of 294 rows
-        moved), and on digits seven a job were slower (10.0 against 8.7 min at --jobs 2)."""
+        moved), and on digits seven partitions a job were slower (10.0 against 8.7 min at
+        --jobs 2; bench/runs/2026-12-07-partitions-stacked.md)."""
         return PARTITIONS_PER_JOB if self.kind == "tabular" else 1
 
     @property

@@ -240,13 +240,13 @@ class StackedRound:
                ) -> tuple[list[State], list[float]]:
         """FedAvg within each federation: its clients' rows, weighted by their sizes."""
         merged: dict[int, tuple[State, float]] = {}
-        for order, (fed, fed_runs) in enumerate(plan.federations):
-            slots, shape = plan.federation_slots[order], (len(fed.order), len(fed_runs))
+        for block in plan.blocks:
+            fed, slots, shape = block.federation, block.slots, block.shape
             weights = torch.tensordot(fed.weights, flat[slots].view(*shape, -1), dims=1)
             averaged = {n: torch.tensordot(fed.weights, b[slots].view(*shape, *b.shape[1:]),
                                            dims=1) for n, b in buffers.items()}
             losses = loss_sum[slots].view(shape).sum(0) / sum(fed.sizes)
-            for i, run in enumerate(fed_runs):
+            for i, run in enumerate(block.runs):
                 state = {**self.layout.unflatten(weights[i]),
                          **{n: b[i] for n, b in averaged.items()}}
                 merged[run] = (self._from_union(run, state), float(losses[i]))
@@ -299,21 +299,19 @@ class StackedRound:
         """Fresh moments, or (``persist_optimizer``) the runs' own from earlier rounds."""
         state = AdamState.fresh(flat, per_slot=self.config.persist_optimizer)
         if self.config.persist_optimizer and all(r in self.saved_adam for r in plan.runs):
-            for order, (_, fed_runs) in enumerate(plan.federations):
-                slots = plan.federation_slots[order]
+            for block in plan.blocks:
                 for index, tensor in enumerate((state.m, state.v, state.steps)):
-                    saved = torch.stack([self.saved_adam[r][index] for r in fed_runs], dim=1)
-                    tensor[slots] = saved.reshape(len(slots), *saved.shape[2:])
+                    saved = torch.stack([self.saved_adam[r][index] for r in block.runs], dim=1)
+                    tensor[block.slots] = saved.reshape(len(block.slots), *saved.shape[2:])
         return state
 
     def _keep_adam(self, plan: SlotPlan, state: AdamState) -> None:
         if not self.config.persist_optimizer:
             return
-        for order, (fed, fed_runs) in enumerate(plan.federations):
-            slots = plan.federation_slots[order]
-            views = [t[slots].view(len(fed.order), len(fed_runs), *t.shape[1:])
+        for block in plan.blocks:
+            views = [t[block.slots].view(*block.shape, *t.shape[1:])
                      for t in (state.m, state.v, state.steps)]
-            for position, run in enumerate(fed_runs):
+            for position, run in enumerate(block.runs):
                 self.saved_adam[run] = tuple(v[:, position].clone() for v in views)
 
 

@@ -58,15 +58,15 @@ class Federation:
 
     def padded_plan(self, config: TrainConfig, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         """This round's batches as federation rows (clients in order, steps, batch size)
-        and the real-row mask; padding points at row 0 with mask 0."""
+        and the real-row mask; padding rows point at the federation's first row, mask 0."""
         plan = batch_plan(self.sizes, config.batch_size, config.seed, round_index)
         steps, size = int(self.n_batches[0]), config.batch_size
         rows = np.zeros((len(self.order), steps, size), dtype=np.int64)
         mask = np.zeros(rows.shape, dtype=np.float32)
         for rank, client in enumerate(self.order):
-            # Only a client's last batch is short, so its padding is at the end.
             if not plan[client]:
                 continue
+            # Only a client's last batch is short, so its padding is at the end.
             permutation = np.concatenate(plan[client])
             rows[rank].reshape(-1)[: len(permutation)] = permutation + self.offsets[client]
             mask[rank].reshape(-1)[: len(permutation)] = 1.0
@@ -96,6 +96,20 @@ class StepSlots:
     norm_groups: list[tuple[nn.Module | None, Tensor]]  # each norm and its slots
 
 
+@dataclass
+class Block:
+    """A federation's active runs and their slots, client-major then run: the
+    ``(clients, runs)`` block the federation has alone (its FedAvg, losses, Adam state)."""
+
+    federation: Federation
+    runs: list[int]
+    slots: Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.federation.order), len(self.runs)
+
+
 class SlotPlan:
     """One round's slots for a set of active runs (see the module doc)."""
 
@@ -104,47 +118,49 @@ class SlotPlan:
                  dtype: torch.dtype) -> None:
         position = {run: i for i, run in enumerate(runs)}
         active = [(fed, [r for r in fed.runs if r in position]) for fed in federations]
+        active = [(fed, fed_runs) for fed, fed_runs in active if fed_runs]
         self.runs = list(runs)
-        self.federations = [(fed, fed_runs) for fed, fed_runs in active if fed_runs]
-        # (client, federation) pairs, most batches first: (-batches, federation, client)
-        pairs = sorted((-int(fed.n_batches[rank]), order, rank)
-                       for order, (fed, _) in enumerate(self.federations)
-                       for rank in range(len(fed.order)))
-        self._lay_out_batches(pairs, config, round_index, dtype)
-        self._lay_out_slots(pairs, position, row_offsets)
+        # (client, federation) pairs, most batches first (ties: federation, then client)
+        ranked = sorted((-int(fed.n_batches[rank]), order, rank)
+                        for order, (fed, _) in enumerate(active)
+                        for rank in range(len(fed.order)))
+        pairs = [(order, rank, -negative) for negative, order, rank in ranked]
+        self._lay_out_batches(active, pairs, config, round_index, dtype)
+        self._lay_out_slots(active, pairs, position, row_offsets)
 
-    def _lay_out_batches(self, pairs: list[tuple[int, int, int]], config: TrainConfig,
+    def _lay_out_batches(self, active: list[tuple[Federation, list[int]]],
+                         pairs: list[tuple[int, int, int]], config: TrainConfig,
                          round_index: int, dtype: torch.dtype) -> None:
         """Each pair's batches of the round, and how many clients of each federation
         (and slots in all) have a batch at each step."""
-        plans = [fed.padded_plan(config, round_index) for fed, _ in self.federations]
-        steps = max(len(rows[0]) for rows, _ in plans)
+        plans = [fed.padded_plan(config, round_index) for fed, _ in active]
+        steps = max(batches for _, _, batches in pairs)
         pair_rows = np.zeros((len(pairs), steps, config.batch_size), dtype=np.int64)
         pair_mask = np.zeros(pair_rows.shape, dtype=np.float32)
-        self.clients = np.zeros((len(plans), steps), dtype=np.int64)
-        for p, (negative_batches, order, rank) in enumerate(pairs):
+        self.active_clients = np.zeros((len(active), steps), dtype=np.int64)
+        for p, (order, rank, batches) in enumerate(pairs):
             rows, mask = plans[order]
-            pair_rows[p, : rows.shape[1]], pair_mask[p, : rows.shape[1]] = rows[rank], mask[rank]
-            self.clients[order, :-negative_batches] += 1
+            pair_rows[p, :batches] = rows[rank, :batches]
+            pair_mask[p, :batches] = mask[rank, :batches]
+            self.active_clients[order, :batches] += 1
         self.pair_rows = torch.from_numpy(pair_rows)
         self.pair_mask = torch.from_numpy(pair_mask).to(dtype)
-        n_batches = np.array([-key for key, _, _ in pairs])
-        slot_end = np.cumsum([len(self.federations[order][1]) for _, order, _ in pairs])
-        self.active = [int(slot_end[(n_batches > s).sum() - 1]) for s in range(steps)]
+        batches = np.array([batches for _, _, batches in pairs])
+        slot_end = np.cumsum([len(active[order][1]) for order, _, _ in pairs])
+        self.active = [int(slot_end[(batches > s).sum() - 1]) for s in range(steps)]
 
-    def _lay_out_slots(self, pairs: list[tuple[int, int, int]], position: dict[int, int],
+    def _lay_out_slots(self, active: list[tuple[Federation, list[int]]],
+                       pairs: list[tuple[int, int, int]], position: dict[int, int],
                        row_offsets: Sequence[int]) -> None:
         """Every pair's slots, one per active run of its federation."""
         slots = [(p, position[run], row_offsets[run], order, rank)
-                 for p, (_, order, rank) in enumerate(pairs)
-                 for run in self.federations[order][1]]
+                 for p, (order, rank, _) in enumerate(pairs) for run in active[order][1]]
         columns = (torch.tensor(column) for column in zip(*slots, strict=True))
         pair, run, offset, federation, rank = columns
         self.slot_pair, self.slot_run, self.slot_offset = pair, run, offset.unsqueeze(1)
         self.slot_fed, self.slot_rank = federation, rank
-        # Each federation's slots, client-major then run: its (clients, runs) block.
-        self.federation_slots = [torch.nonzero(federation == order).squeeze(1)
-                                 for order in range(len(self.federations))]
+        self.blocks = [Block(fed, fed_runs, torch.nonzero(federation == order).squeeze(1))
+                       for order, (fed, fed_runs) in enumerate(active)]
 
     def rows(self, step: int, count: int) -> tuple[Tensor, Tensor]:
         """The first ``count`` slots' rows in the stack's tables and their real-row mask."""
@@ -153,9 +169,9 @@ class SlotPlan:
                 self.pair_mask[pairs, step])
 
     def dropout(self, step: int, count: int) -> DropoutDraws:
-        counts = self.clients[:, step]
+        counts = self.active_clients[:, step]
         starts = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)[:-1]]))
         index = starts[self.slot_fed[:count]] + self.slot_rank[:count]
-        streams = [(fed.dropout, int(n)) for (fed, _), n in zip(self.federations, counts,
-                                                                 strict=True) if n]
+        streams = [(block.federation.dropout, int(n))
+                   for block, n in zip(self.blocks, counts, strict=True) if n]
         return DropoutDraws(streams, index)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 
+from fednorm.engine import inprocess
 from fednorm.engine.codec import (
     SHARED_PARSE_BYTES,
     Header,
@@ -56,6 +57,15 @@ def test_in_a_simulation_the_readers_of_one_frame_object_share_its_parse() -> No
     assert second[1] is first[1]
     assert equal_bytes[1] is not first[1] and equal_bytes[1].data == first[1].data
     assert decode_received(BIG)[1] is not first[1]  # the run ended: nothing kept
+
+
+def test_a_role_without_a_transcript_parses_alone_and_keeps_no_frame() -> None:
+    """The server (no transcript) reads frames no other role reads: in a simulation its
+    parse is its own and the frame is not kept for readers that never come."""
+    with in_process_run():
+        first = decode_received(BIG, transcribed=None)
+        assert decode_received(BIG, transcribed=None)[1] is not first[1]
+        assert id(BIG) not in inprocess._PARSES
 
 
 def test_a_message_with_an_array_and_a_small_frame_are_each_reader_s_own() -> None:

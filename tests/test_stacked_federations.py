@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fednorm.engine.errors import InputError  # noqa: E402
-from fednorm.training import rounds  # noqa: E402
 from fednorm.training.fedavg import (  # noqa: E402
     ClientTensors,
     TrainConfig,
@@ -27,6 +26,7 @@ from fednorm.training.jobs import job_groups  # noqa: E402
 from fednorm.training.models import MLPSpec, build_model  # noqa: E402
 from fednorm.training.rounds import BatchedRound, StackedRound  # noqa: E402
 from fednorm.training.runner import RunSettings, run_cells  # noqa: E402
+from fednorm.training.stack_params import ROW_ALIGN, ParamLayout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -88,11 +88,22 @@ def test_every_run_of_a_stack_of_federations_gets_its_lone_result_to_the_bit(per
             assert torch.equal(outcome.state[name], alone.state[name]), (f, norm, name)
 
 
-def test_a_stack_row_ends_in_zeros_up_to_the_alignment():
-    layout = rounds.ParamLayout(model("batch"))
-    row = layout.flatten(model("batch").state_dict())
-    assert len(row) % rounds.ROW_ALIGN == 0 and layout.padding > 0
-    assert torch.count_nonzero(row[len(row) - layout.padding:]) == 0
+def test_a_stack_row_is_segments_aligned_and_a_product_gradient_is_kept_as_it_comes():
+    network = model("batch")
+    layout = ParamLayout(network)
+    segments = layout.flatten(network.state_dict())
+    assert all(len(segment) % ROW_ALIGN == 0 for segment in segments)
+    own = [name for names in layout.segments if names[0] in layout.own for name in names]
+    assert own == ["layers.4.weight", "layers.7.weight"]  # 32·16 and 16·8 values
+    assert layout.padding > 0 and torch.count_nonzero(segments[-1][-layout.padding:]) == 0
+    assert len(ParamLayout(network, split=False).flatten(network.state_dict())) == 1
+    gradients = [torch.randn(3, *shape) for shape in layout.shapes.values()]
+    stacked = layout.gradient_segments(gradients)
+    weight = list(layout.shapes).index("layers.4.weight")
+    assert stacked[0].data_ptr() == gradients[weight].data_ptr()  # no copy
+    views = layout.storage_views(stacked)
+    assert all(torch.equal(views[name], g) for name, g in zip(layout.shapes, gradients,
+                                                               strict=True))
 
 
 def test_runs_of_one_federation_must_share_their_clients():

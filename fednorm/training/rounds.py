@@ -30,15 +30,12 @@ A round can be computed three ways that give the same result:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.func import functional_call
-from torch.optim.adam import adam
 
 from fednorm.engine.errors import InputError
 from fednorm.training import mlp_step
@@ -51,8 +48,9 @@ from fednorm.training.fedavg import (
     task_loss,
 )
 from fednorm.training.mlp_step import MixedRuns, MLPStep
-from fednorm.training.models import Dense, FedNet, SharedDropout, update_running_stats
+from fednorm.training.models import FedNet, SharedDropout, update_running_stats
 from fednorm.training.slots import Federation, SlotPlan, StepSlots
+from fednorm.training.stack_params import AdamState, ParamLayout, Segments
 
 
 class BatchedRound:
@@ -65,99 +63,6 @@ class BatchedRound:
     def __call__(self, state: State, round_index: int) -> tuple[State, float]:
         states, losses = self.stack([state], round_index)
         return states[0], losses[0]
-
-
-ROW_ALIGN = 64  # values; a multiple of every vector width torch's CPU kernels use
-
-
-class ParamLayout:
-    """Where each parameter sits in a flat row of stacked parameters.
-
-    Dense weights are stored transposed, (in, out), and handed to the model as the
-    transposed view (see :class:`fednorm.training.models.Dense`); everything else is
-    stored in its own shape.
-
-    A row ends in zeros up to a multiple of :data:`ROW_ALIGN` values. Why: torch's fused
-    Adam rounds the last values of a tensor (its tail, after the vectorized body)
-    differently, so without the padding the last parameter of the last slot would move
-    by an ulp depending on how many slots a step has, and a run would not give the same
-    result alone and inside a stack; the zeros' gradients are zero and stay zero.
-    """
-
-    def __init__(self, model: FedNet) -> None:
-        dense = {f"{name}.weight" for name, module in model.named_modules()
-                 if isinstance(module, Dense)}
-        self.shapes = {name: (p.shape[::-1] if name in dense else p.shape)
-                       for name, p in model.named_parameters()}
-        self.transposed = dense & set(self.shapes)
-        self.padding = -sum(math.prod(shape) for shape in self.shapes.values()) % ROW_ALIGN
-
-    def flatten(self, state: State) -> Tensor:
-        values = [self._stored(name, state[name].detach()).reshape(-1) for name in self.shapes]
-        return torch.cat([*values, values[0].new_zeros(self.padding)])
-
-    def gradient_rows(self, gradients: Sequence[Tensor]) -> Tensor:
-        """Each parameter's gradients (slots, *stored shape), in layout order, as flat rows."""
-        slots = len(gradients[0])
-        return torch.cat([*(g.reshape(slots, -1) for g in gradients),
-                          gradients[0].new_zeros(slots, self.padding)], 1)
-
-    def storage_views(self, flat: Tensor) -> State:
-        """Views into flat rows: (slots, P) -> (slots, *stored shape), or P -> stored shape."""
-        lead = flat.shape[:-1]
-        views, offset = {}, 0
-        for name, shape in self.shapes.items():
-            size = math.prod(shape)
-            views[name] = flat[..., offset : offset + size].view(*lead, *shape)
-            offset += size
-        return views
-
-    def model_views(self, stored: State) -> State:
-        """Stored tensors as the model's parameters (Dense weights transposed back)."""
-        return {name: self._stored(name, t) for name, t in stored.items()}
-
-    def unflatten(self, flat: Tensor) -> State:
-        """One flat row as an ordinary (contiguous) parameter dict."""
-        return {name: t.contiguous() for name, t in
-                self.model_views(self.storage_views(flat)).items()}
-
-    def _stored(self, name: str, tensor: Tensor) -> Tensor:
-        return tensor.transpose(-1, -2) if name in self.transposed else tensor
-
-
-@dataclass
-class AdamState:
-    """Adam's moments (one row per slot) and step counts for a stacked round.
-
-    Fresh moments every round give every slot that has a batch at step ``s`` the same
-    step count (active slots are a prefix, see :class:`StackedRound`), so one shared step
-    count and one fused-Adam call over the whole flat prefix suffice. Moments kept across
-    rounds (``per_slot``) need a step count per slot, and a list of rows.
-    """
-
-    m: Tensor
-    v: Tensor
-    steps: Tensor
-    per_slot: bool
-
-    @classmethod
-    def fresh(cls, flat: Tensor, per_slot: bool) -> AdamState:
-        steps = torch.zeros(len(flat) if per_slot else 1, dtype=torch.float32)
-        return cls(torch.zeros_like(flat), torch.zeros_like(flat), steps, per_slot)
-
-    def step(self, params: Tensor, grad: Tensor, slots: int, config: TrainConfig) -> None:
-        """``torch.optim.Adam``'s update of the first ``slots`` rows, through torch's
-        functional fused Adam (the optimizer object's bookkeeping costs more than the
-        update itself here)."""
-        if self.per_slot:
-            lists = [list(t.unbind(0)) for t in (params, grad, self.m[:slots],
-                                                  self.v[:slots], self.steps[:slots])]
-        else:
-            lists = [[params], [grad], [self.m[:slots]], [self.v[:slots]], [self.steps]]
-        param_list, grad_list, m_list, v_list, step_list = lists
-        adam(param_list, grad_list, m_list, v_list, [], step_list, fused=True, amsgrad=False,
-             maximize=False, weight_decay=0.0, lr=config.lr, beta1=config.betas[0],
-             beta2=config.betas[1], eps=config.eps)
 
 
 class StackedRound:
@@ -201,13 +106,13 @@ class StackedRound:
         self.targets = torch.cat([run.y for run in runs])  # the same rows' targets
         self.row_offsets = np.cumsum([0, *(len(run.X) for run in runs)])[:-1].tolist()
         self.n_runs = len(runs)
-        self.layout = ParamLayout(model)
+        self.layout = ParamLayout(model, split=not config.persist_optimizer)
         self.manual = MLPStep(model, self.mixed) if self.mixed is not None else None
         self.has_dropout = any(isinstance(layer, SharedDropout) and layer.p
                                for layer in model.layers)
         self.buffer_names = [name for name, _ in model.named_buffers()]
         self.stat_names = model.running_stat_names()
-        self.saved_adam: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self.saved_adam: dict[int, tuple[Tensor, ...]] = {}
 
     def __call__(self, states: Sequence[State], round_index: int,
                  runs: Sequence[int] | None = None) -> tuple[list[State], list[float]]:
@@ -220,34 +125,35 @@ class StackedRound:
         plan = SlotPlan(self.federations, runs, self.row_offsets, self.config, round_index,
                         self.features.dtype)
         states = [self._to_union(run, state) for run, state in zip(runs, states, strict=True)]
-        flat = torch.stack([self.layout.flatten(s) for s in states])[plan.slot_run]
+        segments = self.layout.stack([self.layout.flatten(s) for s in states], plan.slot_run)
         buffers = {n: torch.stack([s[n] for s in states])[plan.slot_run]
                    for n in self.buffer_names}
-        adam_state = self._adam_state(plan, flat)
+        adam_state = self._adam_state(plan, segments)
         norm_slots = (self.mixed.norm_slots(np.asarray(runs)[plan.slot_run.numpy()])
                       if self.manual is not None and self.manual.mixed is not None else [])
-        loss_sum = torch.zeros(len(flat), dtype=flat.dtype)
+        loss_sum = torch.zeros(len(plan.slot_run), dtype=segments[0].dtype)
         for step, count in enumerate(plan.active):
             slots = StepSlots(count, plan.dropout(step, count) if self.has_dropout else None,
                               [(norm, torch.from_numpy(index[: np.searchsorted(index, count)]))
                                for norm, index in norm_slots])
-            loss_sum[:count] += self._step(flat, adam_state, buffers, plan.rows(step, count),
+            loss_sum[:count] += self._step(segments, adam_state, buffers, plan.rows(step, count),
                                            slots)
         self._keep_adam(plan, adam_state)
-        return self._merge(plan, flat, buffers, loss_sum)
+        return self._merge(plan, segments, buffers, loss_sum)
 
-    def _merge(self, plan: SlotPlan, flat: Tensor, buffers: State, loss_sum: Tensor
+    def _merge(self, plan: SlotPlan, segments: Segments, buffers: State, loss_sum: Tensor
                ) -> tuple[list[State], list[float]]:
         """FedAvg within each federation: its clients' rows, weighted by their sizes."""
         merged: dict[int, tuple[State, float]] = {}
         for block in plan.blocks:
             fed, slots, shape = block.federation, block.slots, block.shape
-            weights = torch.tensordot(fed.weights, flat[slots].view(*shape, -1), dims=1)
+            weights = [torch.tensordot(fed.weights, b[slots].view(*shape, -1), dims=1)
+                       for b in segments]
             averaged = {n: torch.tensordot(fed.weights, b[slots].view(*shape, *b.shape[1:]),
                                            dims=1) for n, b in buffers.items()}
             losses = loss_sum[slots].view(shape).sum(0) / sum(fed.sizes)
             for i, run in enumerate(block.runs):
-                state = {**self.layout.unflatten(weights[i]),
+                state = {**self.layout.unflatten([w[i] for w in weights]),
                          **{n: b[i] for n, b in averaged.items()}}
                 merged[run] = (self._from_union(run, state), float(losses[i]))
         return [merged[run][0] for run in plan.runs], [merged[run][1] for run in plan.runs]
@@ -258,7 +164,7 @@ class StackedRound:
     def _from_union(self, run: int, state: State) -> State:
         return state if self.mixed is None else self.mixed.from_union(run, state)
 
-    def _step(self, flat: Tensor, adam_state: AdamState, buffers: State,
+    def _step(self, segments: Segments, adam_state: AdamState, buffers: State,
               rows: tuple[Tensor, Tensor], slots: StepSlots) -> Tensor:
         """One mini-batch of the first ``slots.count`` slots; returns each slot's summed
         loss."""
@@ -266,41 +172,42 @@ class StackedRound:
         index, slot_mask = rows
         batch, targets = self.features[index], self.targets[index]
         head = {n: b[:count] for n, b in buffers.items()}
+        params = [segment[:count] for segment in segments]
         if self.manual is not None:
-            losses, stats, grads = self.manual(self.layout.storage_views(flat[:count]), batch,
+            losses, stats, grads = self.manual(self.layout.storage_views(params), batch,
                                                slot_mask, targets, self.task, slots,
                                                self.config)
-            grad = self.layout.gradient_rows(grads)
+            grad = self.layout.gradient_segments(grads)
         else:
-            losses, stats, grad = self._autograd_step(flat[:count], head, batch, slot_mask,
+            losses, stats, grad = self._autograd_step(params, head, batch, slot_mask,
                                                       targets, slots)
         with torch.no_grad():
-            adam_state.step(flat[:count], grad, count, self.config)
+            adam_state.step(params, grad, count, self.config)
             update_running_stats(head, self.stat_names, stats)
         return losses.sum(1)
 
-    def _autograd_step(self, flat: Tensor, head: State, batch: Tensor, slot_mask: Tensor,
+    def _autograd_step(self, params: Segments, head: State, batch: Tensor, slot_mask: Tensor,
                        targets: Tensor, slots: StepSlots) -> tuple[Tensor, tuple, Tensor]:
-        """Masked per-row losses, batch statistics and the flat gradient rows, through
+        """Masked per-row losses, batch statistics and the gradient segments, through
         ``functional_call`` and autograd (any :class:`FedNet`)."""
-        # One leaf per parameter (views of the flat rows): a leaf that is a slice would
+        # One leaf per parameter (views of the segments): a leaf that is a slice would
         # make backward build a full-size gradient for every parameter.
         leaves = {n: p.detach().requires_grad_() for n, p in
-                  self.layout.storage_views(flat).items()}
+                  self.layout.storage_views(params).items()}
         output, stats = functional_call(
             self.model, {**self.layout.model_views(leaves), **head},
             (batch, slot_mask, slots.dropout))
         losses = task_loss(output, targets, self.task, self.config) * slot_mask
         grads = torch.autograd.grad((losses.sum(1) / slot_mask.sum(1)).sum(),
                                     list(leaves.values()))
-        return losses.detach(), stats, self.layout.gradient_rows(grads)
+        return losses.detach(), stats, self.layout.gradient_segments(grads)
 
-    def _adam_state(self, plan: SlotPlan, flat: Tensor) -> AdamState:
+    def _adam_state(self, plan: SlotPlan, segments: Segments) -> AdamState:
         """Fresh moments, or (``persist_optimizer``) the runs' own from earlier rounds."""
-        state = AdamState.fresh(flat, per_slot=self.config.persist_optimizer)
+        state = AdamState.fresh(segments, per_slot=self.config.persist_optimizer)
         if self.config.persist_optimizer and all(r in self.saved_adam for r in plan.runs):
             for block in plan.blocks:
-                for index, tensor in enumerate((state.m, state.v, state.steps)):
+                for index, tensor in enumerate(state.slot_tensors()):
                     saved = torch.stack([self.saved_adam[r][index] for r in block.runs], dim=1)
                     tensor[block.slots] = saved.reshape(len(block.slots), *saved.shape[2:])
         return state
@@ -310,7 +217,7 @@ class StackedRound:
             return
         for block in plan.blocks:
             views = [t[block.slots].view(*block.shape, *t.shape[1:])
-                     for t in (state.m, state.v, state.steps)]
+                     for t in state.slot_tensors()]
             for position, run in enumerate(block.runs):
                 self.saved_adam[run] = tuple(v[:, position].clone() for v in views)
 

@@ -124,9 +124,9 @@ def test_the_grid_stacks_mlp_partitions_of_a_dataset_and_seed_and_images_one_by_
     bcw = [keys for job, keys in zip(jobs, partitions, strict=True) if job[0].dataset == "bcw"]
     assert max(map(len, bcw)) == PARTITIONS_PER_JOB
     assert sorted(cells, key=repr) == sorted((c for job in jobs for c in job), key=repr)
-    # Seed after seed, the dataset with more rows (digits: 1,797; BCW: 569) first.
-    assert [(job[0].seed, job[0].dataset) for job in jobs] == sorted(
-        ((job[0].seed, job[0].dataset) for job in jobs), key=lambda k: (k[0], k[1] != "digits"))
+    # The dataset with more rows (digits: 1,797; BCW: 569) first over all seeds, then by seed.
+    assert [(job[0].dataset, job[0].seed) for job in jobs] == sorted(
+        ((job[0].dataset, job[0].seed) for job in jobs), key=lambda k: (k[0] != "digits", k[1]))
     unstacked = job_groups(cells, RunSettings(stack=False))
     assert all(len({(c.skew, c.clients) for c in job}) == 1 for job in unstacked)
 

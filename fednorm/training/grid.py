@@ -54,7 +54,10 @@ RegressionLoss = Literal["mae", "mse"]
 Selection = Literal["loss", "f1", "macro_f1"]
 
 
-PARTITIONS_PER_JOB = 7  # MLP partitions a job; few enough that a stopped grid loses little
+# MLP partitions a job: all of a dataset and seed in the paper grid (7 skews x 3 client
+# counts), so that a step's fixed costs are paid once for all of them; a stopped grid
+# loses the jobs it was running (a Parkinson's job, estimated: about half an hour).
+PARTITIONS_PER_JOB = 21
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,9 @@ class DatasetDefaults:
     @property
     def partitions_per_job(self) -> int:
         """Partitions of one seed trained as one stack (:mod:`fednorm.training.jobs`), so
-        that their central models step together. Images keep one: torch's convolutions
+        that their central models and their largest clients' last batches step
+        together (Parkinson's seed 0 at 20 rounds: 243.9 s as three jobs of seven, 222.2 s
+        as one; bench/runs/2026-12-07-segments.md). Images keep one: torch's convolutions
         round a slot differently with the stack's size (digits seed 0: 42 of 294 rows
         moved), and on digits seven partitions a job were slower (10.0 against 8.7 min at
         --jobs 2; bench/runs/2026-12-07-partitions-stacked.md)."""

@@ -1,9 +1,10 @@
 """Running the grid: cells grouped into jobs, each job run in this process or in a worker.
 
 A job is the cells of up to :attr:`~fednorm.training.grid.DatasetDefaults.partitions_per_job`
-partitions of one dataset, seed and privacy (7 for tabular data, whose MLPs train as one
-stack: :func:`fednorm.training.runner.run_partitions`, so that the partitions' central
-models, each with ten times a federation's steps a round, step together; 1 for images).
+partitions of one dataset, seed and privacy (all 21 of the grid's for tabular data, whose
+MLPs train as one stack: :func:`fednorm.training.runner.run_partitions`, so that the
+partitions' central models, each with ten times a federation's steps a round, and their
+largest clients' last batches step together; 1 for images).
 Jobs are independent, so ``jobs > 1`` runs them in worker processes (spawned, one torch
 thread each: the models are small, and two processes keep two cores busier than two
 threads inside tiny matrix products). Only the parent writes the results file, a job's rows as
@@ -65,7 +66,7 @@ def run_grid(
 
 def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
     """Cells grouped into jobs (see the module doc; one partition a job when stacking is
-    off), seed after seed and, within a seed, the datasets with the most rows first: a
+    off), the datasets with the most rows first over all seeds (then seed after seed): a
     grid then ends on short jobs, and no worker waits long for the other's last one."""
     jobs: dict[tuple, list[list[Cell]]] = {}
     for partition in partition_groups(cells):
@@ -80,7 +81,7 @@ def job_groups(cells: list[Cell], settings: RunSettings) -> list[list[Cell]]:
 
     def order(key: tuple) -> tuple[int, int]:
         dataset, seed, privacy = key
-        return seeds.index((seed, privacy)), -len(cached_dataset(dataset, settings.data_dir).X)
+        return -len(cached_dataset(dataset, settings.data_dir).X), seeds.index((seed, privacy))
 
     return [[cell for partition in chunk for cell in partition]
             for key in sorted(jobs, key=order) for chunk in jobs[key]]

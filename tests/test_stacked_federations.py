@@ -93,7 +93,7 @@ def test_a_stack_row_is_segments_aligned_and_a_product_gradient_is_kept_as_it_co
     layout = ParamLayout(network)
     segments = layout.flatten(network.state_dict())
     assert all(len(segment) % ROW_ALIGN == 0 for segment in segments)
-    own = [name for names in layout.segments if names[0] in layout.own for name in names]
+    own = [name for names in layout.segment_names if names[0] in layout.own for name in names]
     assert own == ["layers.4.weight", "layers.7.weight"]  # 32·16 and 16·8 values
     assert layout.padding > 0 and torch.count_nonzero(segments[-1][-layout.padding:]) == 0
     assert len(ParamLayout(network, split=False).flatten(network.state_dict())) == 1

@@ -4,16 +4,17 @@ returns the sample-weighted average of every client's weights after one local ep
 A round can be computed three ways that give the same result:
 
 * :class:`BatchedRound` trains **all clients at once**: their parameters are stacked
-  along a leading client dimension (one flat row per client) and the model's layers
-  compute all clients together (see :mod:`fednorm.training.models`). MLPs take a
+  along a leading client dimension (one row per client, in segments:
+  :mod:`fednorm.training.stack_params`) and the model's layers compute all clients
+  together (see :mod:`fednorm.training.models`). MLPs take a
   hand-written forward and backward pass (:mod:`fednorm.training.mlp_step`); other
   networks get their stacked parameters swapped in with ``torch.func.functional_call``
   and ordinary autograd on the sum of the per-client losses, which yields every
   client's own gradient (clients share nothing). One call of torch's fused Adam kernel
-  updates every client's row. Clients with fewer rows get padded batches whose padded
-  rows are masked out of the loss and of batch-norm statistics; clients are ordered by
-  their number of batches, so at each step the clients that still have a batch are a
-  prefix of the stack and finished ones cost nothing.
+  updates every client's row, segment by segment. Clients with fewer rows get padded
+  batches whose padded rows are masked out of the loss and of batch-norm statistics;
+  clients are ordered by their number of batches, so at each step the clients that
+  still have a batch are a prefix of the stack and finished ones cost nothing.
 * :class:`StackedRound`, which :class:`BatchedRound` is one run of, also stacks
   **several runs** that share an architecture and trains them as one batch, each with
   its own weights, features and (in :func:`train_stacked`) early stopping: the runs of

@@ -56,11 +56,11 @@ class ParamLayout:
         sizes = {name: math.prod(shape) for name, shape in self.shapes.items()}
         own = [[name] for name, size in sizes.items() if split and size % ROW_ALIGN == 0]
         rest = [name for name in sizes if [name] not in own]
-        self.segments: list[list[str]] = own + ([rest] if rest else [])
+        self.segment_names: list[list[str]] = own + ([rest] if rest else [])
         self.own = {names[0] for names in own}  # parameters that are a segment of their own
         self.padding = -sum(sizes[name] for name in rest) % ROW_ALIGN
         self._place = {name: (index, offset, sizes[name])
-                       for index, names in enumerate(self.segments)
+                       for index, names in enumerate(self.segment_names)
                        for offset, name in zip(_offsets([sizes[n] for n in names]), names,
                                                strict=True)}
 
@@ -73,7 +73,7 @@ class ParamLayout:
     def stack(self, rows: Sequence[Segments], index: Tensor) -> Segments:
         """Runs' segments stacked, then the rows ``index`` picks (one per slot)."""
         return [torch.stack([row[segment] for row in rows])[index]
-                for segment in range(len(self.segments))]
+                for segment in range(len(self.segment_names))]
 
     def gradient_segments(self, gradients: Sequence[Tensor]) -> Segments:
         """Each parameter's gradients (slots, *stored shape), in layout order, as segments:
@@ -106,7 +106,7 @@ class ParamLayout:
         """Per-parameter values (leading dims, size) as segments; the shared segment ends in
         ``zeros(padding)``."""
         segments = []
-        for names in self.segments:
+        for names in self.segment_names:
             if names[0] in self.own:
                 segments.append(values[names[0]])
             else:

@@ -8,7 +8,7 @@ share one segment, each row ending in zeros up to a multiple of :data:`ROW_ALIGN
 * A segment of its own holds that parameter's gradient exactly as the batched product
   makes it, ``(slots, in, out)`` contiguous, so a step hands it to Adam as it is instead
   of copying every gradient into one row per slot first (that copy was 9 % of a
-  Parkinson's step; ``docs/PERFORMANCE.md``).
+  Parkinson's step with the other concatenations; ``bench/runs/2026-12-07-segments.md``).
 * Every segment's width is a multiple of :data:`ROW_ALIGN`, because torch's fused Adam
   rounds the last values of a tensor (its tail, after the vectorized body) differently:
   without it, the last parameter of the last slot would move by an ulp depending on how
